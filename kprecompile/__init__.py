@@ -1,0 +1,29 @@
+"""kprecompile: ahead-of-time Triton and AITER kernel precompilation for LLM serving."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .cache import CacheLayout  # noqa: E402
+from .errors import InputError, KprecompileError  # noqa: E402
+from .models import ModelConfig, load_model  # noqa: E402
+from .planning import Plan, plan  # noqa: E402
+from .serving import ServingParams  # noqa: E402
+from .targets import Target, resolve_target  # noqa: E402
+from .warming import WarmReport, warm  # noqa: E402
+
+__all__ = [
+    "CacheLayout",
+    "InputError",
+    "KprecompileError",
+    "ModelConfig",
+    "Plan",
+    "ServingParams",
+    "Target",
+    "WarmReport",
+    "__version__",
+    "load_model",
+    "plan",
+    "resolve_target",
+    "warm",
+]

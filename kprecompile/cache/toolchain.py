@@ -1,0 +1,100 @@
+"""The toolchain a cache was built with: what must match for its binaries to be served.
+
+Triton's own key hashes its version, its compiler sources and libtriton's bytes (DESIGN.md
+fact 6): a cache built under another Triton build or another Python never hits. Hashing the
+400 MB libtriton takes about half a second, so its result is remembered in the cache under a
+digest of the sizes and modification times of every file it reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from .files import write_atomic
+from .layout import CacheLayout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    triton_version: str
+    # sha256 of `triton.runtime.cache.triton_key()`.
+    triton_key: str
+    # Triton's install directory: on ROCm, HIP options hash the absolute paths of its bitcode.
+    triton_path: str
+    # The interpreter's cache tag (cpython-311): Triton wheels differ per Python ABI.
+    python: str
+    torch_version: str | None
+    aiter_version: str | None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _triton_key_inputs(triton_dir: Path) -> list[Path]:
+    """The files `triton_key()` reads (its own module, compiler, backends, language, libtriton)."""
+    files = [triton_dir / "runtime" / "cache.py"]
+    for sub in ("compiler", "backends", "language"):
+        for root, _, names in os.walk(triton_dir / sub):
+            files += [Path(root) / name for name in names if name.endswith(".py")]
+    files += sorted((triton_dir / "_C").glob("libtriton.*"))
+    return sorted(files)
+
+
+def _stat_digest(files: list[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        status = path.stat()
+        digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def triton_key_digest(layout: CacheLayout | None = None) -> str:
+    """sha256 of Triton's toolchain key, remembered in the cache by the stat of its inputs."""
+    import triton
+
+    triton_dir = Path(triton.__file__).parent
+    memo = None
+    if layout is not None:
+        memo = layout.toolchain_dir / f"{_stat_digest(_triton_key_inputs(triton_dir))}.json"
+        try:
+            return json.loads(memo.read_text())["triton_key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    from triton.runtime.cache import triton_key
+
+    digest = hashlib.sha256(triton_key().encode("utf-8")).hexdigest()
+    if memo is not None:
+        try:
+            write_atomic(memo, json.dumps({"triton_key": digest}).encode())
+        except OSError as error:  # a read-only cache still works, only slower
+            logger.debug("cannot remember the Triton key at %s: %s", memo, error)
+    return digest
+
+
+def current_toolchain(layout: CacheLayout | None = None) -> Toolchain:
+    import triton
+
+    return Toolchain(
+        triton_version=triton.__version__,
+        triton_key=triton_key_digest(layout),
+        triton_path=str(Path(triton.__file__).parent),
+        python=sys.implementation.cache_tag,
+        torch_version=_distribution_version("torch"),
+        aiter_version=_distribution_version("amd-aiter"),
+    )

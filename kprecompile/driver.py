@@ -1,0 +1,117 @@
+"""A Triton driver that reports a chosen target and never touches a GPU.
+
+Triton asks its active driver for the current target when it builds a kernel's binder and
+when it compiles. Making this driver active lets the library's real Python wrappers run on
+meta tensors as if on that GPU (they pick the same tuned configs), and lets `preload` compile
+for that GPU on a machine without one (DESIGN.md facts 1, 2, 5).
+
+Each target gets its own device index: `JITFunction.device_caches` is keyed by device index
+and remembers the target of the first driver it saw (DESIGN.md fact 12), so two targets must
+never share one. Indices start far above any real device ordinal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from .targets import TARGETS, Target
+
+_FIRST_DEVICE_INDEX = 1000
+
+
+class LaunchRefusedError(RuntimeError):
+    """Raised when something tries to launch a kernel through the cross-compile driver."""
+
+
+def device_index(target: Target) -> int:
+    return _FIRST_DEVICE_INDEX + list(TARGETS).index(target.name)
+
+
+def _make_driver_class():
+    from triton.backends.driver import DriverBase
+
+    class CrossCompileDriver(DriverBase):
+        def __init__(self, target: Target):
+            self.target = target
+            self.device = device_index(target)
+            self._gpu_target = target.gpu_target()
+
+        @classmethod
+        def is_active(cls) -> bool:
+            return False
+
+        def get_current_target(self):
+            return self._gpu_target
+
+        def get_current_device(self) -> int:
+            return self.device
+
+        def set_current_device(self, device: int) -> None:
+            if device != self.device:
+                raise LaunchRefusedError(f"cross-compile driver for {self.target.name} has no device {device}")
+
+        def get_current_stream(self, device: int | None = None) -> int:
+            return 0
+
+        def get_active_torch_device(self):
+            import torch
+
+            return torch.device("meta")
+
+        def map_python_to_cpp_type(self, ty: str) -> str:
+            raise LaunchRefusedError("the cross-compile driver builds no launchers")
+
+        def get_benchmarker(self):
+            # Autotuners benchmark every config: run each once so that every config's compile
+            # is seen, and report equal timings so that the first config wins.
+            def run_once(kernel_call, quantiles=None, **_: object):
+                kernel_call()
+                return [0.0, 0.0, 0.0] if quantiles else 0.0
+
+            return run_once
+
+        def get_empty_cache_for_benchmark(self):
+            import torch
+
+            return torch.empty(0, device="meta")
+
+        def clear_cache(self, cache) -> None:
+            pass
+
+        @property
+        def launcher_cls(self):
+            raise LaunchRefusedError(
+                f"a kernel reached launch under the cross-compile driver for {self.target.name}"
+            )
+
+        @property
+        def utils(self):
+            raise LaunchRefusedError(
+                f"a kernel reached launch under the cross-compile driver for {self.target.name}"
+            )
+
+    return CrossCompileDriver
+
+
+_driver_class = None
+
+
+def cross_compile_driver(target: Target):
+    global _driver_class
+    if _driver_class is None:
+        _driver_class = _make_driver_class()
+    return _driver_class(target)
+
+
+@contextlib.contextmanager
+def active_target(target: Target) -> Iterator[None]:
+    """Make Triton see `target` as the current GPU for the duration of the block."""
+    from triton.runtime import driver
+
+    previous = driver._active
+    driver.set_active(cross_compile_driver(target))
+    try:
+        yield
+    finally:
+        driver._active = previous

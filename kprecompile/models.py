@@ -1,0 +1,141 @@
+"""Model configs: shipped presets, `config.json` files, and the typed fields read from them.
+
+Only the fields that decide kernel shapes are read, each checked on the way in, so that a
+malformed config fails here with the field's name instead of deep inside a kernel wrapper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, ModelConfigError
+
+CONFIG_FILENAME = "config.json"
+_PRESETS_PACKAGE = "kprecompile.presets"
+
+
+@dataclass(frozen=True)
+class MlaDims:
+    """Multi-head latent attention dimensions (DeepSeek-V2/V3/R1 and alike)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    source: str
+    # sha256 of the config file's bytes: any edit to the config changes the manifest key.
+    digest: str
+    architectures: tuple[str, ...]
+    num_attention_heads: int
+    torch_dtype: str
+    mla: MlaDims | None
+
+
+def list_presets() -> list[str]:
+    files = resources.files(_PRESETS_PACKAGE).iterdir()
+    return sorted(f.name.removesuffix(".json") for f in files if f.name.endswith(".json"))
+
+
+def _expected_model() -> str:
+    return (
+        "a preset name (" + ", ".join(list_presets()) + "), a path to a config.json, "
+        "or a directory holding one"
+    )
+
+
+def _locate(spec: str) -> tuple[str, bytes, str]:
+    """Return (display name, file bytes, source path) for a preset name or a path."""
+    path = Path(spec)
+    if path.is_dir():
+        path = path / CONFIG_FILENAME
+        if not path.is_file():
+            raise InputError("--model", spec, f"a directory holding {CONFIG_FILENAME}; it has none")
+    if path.is_file():
+        try:
+            return spec, path.read_bytes(), str(path)
+        except OSError as error:
+            raise InputError("--model", spec, f"a readable file ({error.strerror})") from None
+    if spec in list_presets():
+        preset = resources.files(_PRESETS_PACKAGE) / f"{spec}.json"
+        return spec, preset.read_bytes(), f"preset {spec}"
+    raise InputError("--model", spec, _expected_model())
+
+
+def load_model(spec: str) -> ModelConfig:
+    """Read a model config from a preset name, a config.json path, or a directory."""
+    name, data, source = _locate(spec)
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelConfigError(CONFIG_FILENAME, f"<{len(data)} bytes>", f"valid JSON ({error})", source) from None
+    if not isinstance(raw, dict):
+        raise ModelConfigError(CONFIG_FILENAME, type(raw).__name__, "a JSON object", source)
+    return model_from_dict(raw, name=name, source=source, digest=hashlib.sha256(data).hexdigest())
+
+
+def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str | None = None) -> ModelConfig:
+    if digest is None:
+        digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+    fields = _FieldReader(raw, source)
+    mla = None
+    if raw.get("kv_lora_rank") is not None:
+        mla = MlaDims(
+            kv_lora_rank=fields.positive_int("kv_lora_rank"),
+            qk_nope_head_dim=fields.positive_int("qk_nope_head_dim"),
+            qk_rope_head_dim=fields.positive_int("qk_rope_head_dim"),
+            v_head_dim=fields.positive_int("v_head_dim"),
+        )
+    return ModelConfig(
+        name=name,
+        source=source,
+        digest=digest,
+        architectures=fields.string_list("architectures"),
+        num_attention_heads=fields.positive_int("num_attention_heads"),
+        torch_dtype=fields.choice("torch_dtype", ("bfloat16", "float16", "float32"), default="bfloat16"),
+        mla=mla,
+    )
+
+
+class _FieldReader:
+    """Typed reads of config fields, each failing with the field, the value and what was expected."""
+
+    _MISSING = object()
+
+    def __init__(self, raw: dict[str, Any], source: str):
+        self.raw = raw
+        self.source = source
+
+    def _get(self, field: str, default: object = _MISSING) -> object:
+        if field not in self.raw or self.raw[field] is None:
+            if default is self._MISSING:
+                raise ModelConfigError(field, None, "the field to be present", self.source)
+            return default
+        return self.raw[field]
+
+    def positive_int(self, field: str) -> int:
+        value = self._get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ModelConfigError(field, value, "a positive integer", self.source)
+        return value
+
+    def choice(self, field: str, choices: tuple[str, ...], default: str) -> str:
+        value = self._get(field, default)
+        if value not in choices:
+            raise ModelConfigError(field, value, "one of " + ", ".join(choices), self.source)
+        return value
+
+    def string_list(self, field: str) -> tuple[str, ...]:
+        value = self._get(field, [])
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ModelConfigError(field, value, "a list of strings", self.source)
+        return tuple(value)

@@ -1,0 +1,184 @@
+"""Capture the exact kernel specializations a library's real calls would compile.
+
+The calls run on meta tensors while the cross-compile driver reports the target and Triton's
+`jit_cache_hook` intercepts every launch that would compile: the hook records Triton's own
+specialization data and returns True, so nothing compiles and nothing launches. Because
+Triton's binder computes the specialization, it is the one a real launch computes
+(DESIGN.md fact 2). Each unique specialization becomes a `CompileJob` keyed by the hash
+Triton's cache uses for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .driver import active_target
+from .errors import TracingError
+from .targets import Target
+
+logger = logging.getLogger(__name__)
+
+# Options worth showing when a job is reported; the full set is in the specialization data.
+_REPORTED_OPTIONS = ("num_warps", "num_stages", "num_ctas", "waves_per_eu", "matrix_instr_nonkdim", "kpack")
+
+
+@dataclass(frozen=True)
+class CompileJob:
+    family: str
+    target: str
+    # `module:qualname` of the JITFunction; the module is importable in a fresh process.
+    kernel: str
+    # Triton's cache key for this specialization (hex sha256), the name of its cache entry.
+    key: str
+    # Triton's specialization data (JSON), replayed by `JITFunction.preload`.
+    specialization: str
+
+    @property
+    def kernel_name(self) -> str:
+        return self.kernel.rpartition(".")[2].rpartition(":")[2]
+
+    def describe_specialization(self) -> str:
+        """Constexpr values and launch options, e.g. `BLOCK_SIZE_M=16, ..., num_warps=4`."""
+        data = json.loads(self.specialization)
+        names = list(data["signature"])
+        parts = []
+        for path, value in zip(data["constant_keys"], data["constant_vals"]):
+            if len(path) == 1 and data["signature"].get(names[path[0]]) == "constexpr":
+                parts.append(f"{names[path[0]]}={_short(value)}")
+        options = data["options"]
+        parts += [f"{name}={options[name]}" for name in _REPORTED_OPTIONS if name in options]
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict[str, str]:
+        return {
+            "family": self.family,
+            "target": self.target,
+            "kernel": self.kernel,
+            "key": self.key,
+            "specialization": self.specialization,
+        }
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, dict) and "constexpr" in value:
+        value = value["constexpr"]
+    return str(value)
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    family: str
+    target: str
+    calls: int
+    jobs: tuple[CompileJob, ...]
+    seconds: float
+
+
+Call = tuple[str, Callable[[], object]]
+
+
+def trace_calls(
+    calls: Iterable[Call],
+    target: Target,
+    family: str,
+    fresh_modules: tuple[str, ...] = (),
+) -> TraceResult:
+    """Run `calls` (label, function) under `target` and collect the kernels they would compile.
+
+    Modules whose names start with one of `fresh_modules` are imported anew for this trace
+    and put back afterwards, so that per-arch state a library keeps in its modules (tuned
+    config tables, autotuner results, kernels' per-device caches) never leaks between targets.
+    """
+    started = time.perf_counter()
+    captured: dict[str, tuple[object, str]] = {}
+    backend_options = _OptionsParser(target)
+
+    def record(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+        data = compile["specialization_data"]
+        if data not in captured:
+            jit_function = fn.jit_function
+            captured[data] = (jit_function, _cache_key(jit_function, compile, data, backend_options))
+        return True
+
+    count = 0
+    from triton import knobs
+
+    with active_target(target), _fresh_modules(fresh_modules), knobs.runtime.scope():
+        knobs.runtime.jit_cache_hook = record
+        for label, call in calls:
+            try:
+                call()
+            except Exception as error:
+                raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
+            count += 1
+
+    jobs: dict[str, CompileJob] = {}
+    for data, (jit_function, key) in captured.items():
+        jobs.setdefault(key, CompileJob(family, target.name, _import_path(jit_function), key, data))
+    seconds = time.perf_counter() - started
+    logger.info("traced %s on %s: %d calls, %d kernels in %.2f s", family, target.name, count, len(jobs), seconds)
+    return TraceResult(family, target.name, count, tuple(jobs.values()), seconds)
+
+
+def _import_path(jit_function: Any) -> str:
+    return f"{jit_function.module}:{jit_function.fn.__qualname__}"
+
+
+class _OptionsParser:
+    """Parses serialized launch options the way `JITFunction.preload` does, once per target."""
+
+    def __init__(self, target: Target):
+        from triton.compiler.compiler import make_backend
+
+        self.backend = make_backend(target.gpu_target())
+
+    def parse(self, options: dict[str, Any]) -> Any:
+        # JSON turns tuples into lists; preload turns them back before parsing.
+        return self.backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+
+
+def _cache_key(jit_function: Any, compile: dict[str, Any], data: str, parser: _OptionsParser) -> str:
+    """The hash `triton.compile` will compute for this specialization: its cache entry's name."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import ASTSource
+    from triton.runtime.cache import get_cache_key
+
+    source = ASTSource(jit_function, compile["signature"], compile["constants"], compile["configs"][0])
+    options = parser.parse(json.loads(data)["options"])
+    # `triton.compile` re-parses the options dict together with the source's own options.
+    options = parser.backend.parse_options(dict(options.__dict__, **source.parse_options()))
+    key = get_cache_key(source, parser.backend, options, env_vars=get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+@contextlib.contextmanager
+def _fresh_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
+    if not prefixes:
+        yield
+        return
+
+    def matching() -> dict[str, Any]:
+        return {name: module for name, module in sys.modules.items() if name.startswith(prefixes)}
+
+    saved = matching()
+    for name in saved:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name in matching():
+            del sys.modules[name]
+        sys.modules.update(saved)
+        # Importing a submodule rebinds it on its parent package: point parents back too.
+        for name, module in saved.items():
+            parent, _, child = name.rpartition(".")
+            if parent in sys.modules:
+                setattr(sys.modules[parent], child, module)

@@ -1,0 +1,120 @@
+"""`warm`: plan, compile what is missing, and record the configuration as warm.
+
+Per target, the manifest key is computed first, from the model digest, serving parameters,
+toolchain and environment, without importing torch or tracing: when its manifest exists and
+every kernel it lists is in the cache, the target is warm and nothing else runs. Otherwise
+the target is planned, its missing kernels compiled, and its manifest written last, only
+when every kernel compiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .cache.entries import is_compiled
+from .cache.layout import CacheLayout
+from .cache.manifest import Manifest, manifest_key, manifest_parts, read_manifest, write_manifest
+from .cache.toolchain import current_toolchain
+from .compile import JobOutcome
+from .models import ModelConfig
+from .planning import FamilyPlan, plan
+from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, compile_jobs
+from .serving import ServingParams
+from .targets import Target
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelFailure:
+    family: str
+    target: str
+    kernel: str
+    specialization: str
+    error: str
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    model: str
+    targets: tuple[str, ...]
+    families: tuple[FamilyPlan, ...]
+    kernels: int
+    compiled: int
+    cached: int
+    failed: int
+    seconds: float
+    failures: tuple[KernelFailure, ...]
+    manifests: tuple[str, ...]
+    cache_dir: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _warm_from_manifest(layout: CacheLayout, key: str) -> Manifest | None:
+    manifest = read_manifest(layout, key)
+    if manifest is not None and all(is_compiled(layout, job.key) for job in manifest.jobs):
+        return manifest
+    return None
+
+
+def warm(
+    model: ModelConfig,
+    serving: ServingParams,
+    targets: Sequence[Target],
+    layout: CacheLayout,
+    *,
+    max_workers: int | None = None,
+    job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+    progress: bool = False,
+) -> WarmReport:
+    started = time.perf_counter()
+    toolchain = current_toolchain(layout).as_dict()
+    families: list[FamilyPlan] = []
+    outcomes: list[JobOutcome] = []
+    manifests: list[str] = []
+    for target in targets:
+        parts = manifest_parts(model.digest, serving.as_dict(), target.name, toolchain)
+        key = manifest_key(parts)
+        manifest = _warm_from_manifest(layout, key)
+        if manifest is not None:
+            logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
+            families += manifest.families
+            outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
+            manifests.append(str(layout.manifest_path(key)))
+            continue
+        target_plan = plan(model, serving, [target])
+        target_outcomes = compile_jobs(
+            target_plan.jobs,
+            layout,
+            max_workers=max_workers,
+            job_timeout_seconds=job_timeout_seconds,
+            progress=progress,
+        )
+        families += target_plan.families
+        outcomes += target_outcomes
+        if all(outcome.status != "failed" for outcome in target_outcomes):
+            manifests.append(write_manifest(layout, Manifest(key, parts, target_plan.families, target_plan.jobs)))
+    failures = tuple(
+        KernelFailure(o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or "")
+        for o in outcomes
+        if o.status == "failed"
+    )
+    return WarmReport(
+        model=model.name,
+        targets=tuple(target.name for target in targets),
+        families=tuple(families),
+        kernels=len(outcomes),
+        compiled=sum(o.status == "compiled" for o in outcomes),
+        cached=sum(o.status == "cached" for o in outcomes),
+        failed=len(failures),
+        seconds=time.perf_counter() - started,
+        failures=failures,
+        manifests=tuple(manifests),
+        cache_dir=str(layout.root),
+    )
