@@ -28,14 +28,38 @@ class ExitStatus(enum.IntEnum):
 def _selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """Options shared by every command that selects a configuration."""
     options = [
-        click.option("--model", "model_spec", required=True, metavar="MODEL",
-                     help="Preset name, path to a config.json, or a directory holding one."),
-        click.option("--tp", "tensor_parallel_size", type=int, default=1, show_default=True,
-                     help="Tensor-parallel size: attention heads are split across this many ranks."),
-        click.option("--target", "target_names", multiple=True, default=("auto",), show_default=True,
-                     metavar="TARGET", help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable."),
-        click.option("--max-batch", "max_batch_size", type=int, default=1024, show_default=True,
-                     help="Largest decode batch the FP8 BMM is planned for."),
+        click.option(
+            "--model",
+            "model_spec",
+            required=True,
+            metavar="MODEL",
+            help="Preset name, path to a config.json, or a directory holding one.",
+        ),
+        click.option(
+            "--tp",
+            "tensor_parallel_size",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Tensor-parallel size: attention heads are split across this many ranks.",
+        ),
+        click.option(
+            "--target",
+            "target_names",
+            multiple=True,
+            default=("auto",),
+            show_default=True,
+            metavar="TARGET",
+            help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable.",
+        ),
+        click.option(
+            "--max-batch",
+            "max_batch_size",
+            type=int,
+            default=1024,
+            show_default=True,
+            help="Largest decode batch the FP8 BMM is planned for.",
+        ),
         click.option("--json", "json_output", is_flag=True, help="Print one JSON document."),
     ]
     for option in reversed(options):
@@ -97,19 +121,42 @@ def _echo_families(families) -> None:
         rows.append((family.name, family.target, str(family.calls), kernels, parameters))
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[4])
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4])
 
 
 @cli.command()
 @_selection_options
-@click.option("--jobs", "max_workers", type=int, default=None,
-              help="Compile worker processes [default: the CPUs this process may use].")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].")
-@click.option("--job-timeout", "job_timeout_seconds", type=float, default=900.0, show_default=True,
-              help="Seconds one kernel may take to compile before it counts as failed.")
-def warm(model_spec, tensor_parallel_size, target_names, max_batch_size, json_output, max_workers,
-         cache_dir, job_timeout_seconds) -> None:
+@click.option(
+    "--jobs",
+    "max_workers",
+    type=int,
+    default=None,
+    help="Compile worker processes [default: the CPUs this process may use].",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
+)
+@click.option(
+    "--job-timeout",
+    "job_timeout_seconds",
+    type=float,
+    default=900.0,
+    show_default=True,
+    help="Seconds one kernel may take to compile before it counts as failed.",
+)
+def warm(
+    model_spec,
+    tensor_parallel_size,
+    target_names,
+    max_batch_size,
+    json_output,
+    max_workers,
+    cache_dir,
+    job_timeout_seconds,
+) -> None:
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     from .cache.layout import CacheLayout
     from .warming import warm as run_warm

@@ -81,15 +81,11 @@ def _make_driver_class():
 
         @property
         def launcher_cls(self):
-            raise LaunchRefusedError(
-                f"a kernel reached launch under the cross-compile driver for {self.target.name}"
-            )
+            raise LaunchRefusedError(f"a kernel reached launch under the cross-compile driver for {self.target.name}")
 
         @property
         def utils(self):
-            raise LaunchRefusedError(
-                f"a kernel reached launch under the cross-compile driver for {self.target.name}"
-            )
+            raise LaunchRefusedError(f"a kernel reached launch under the cross-compile driver for {self.target.name}")
 
     return CrossCompileDriver
 

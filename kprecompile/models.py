@@ -47,10 +47,7 @@ def list_presets() -> list[str]:
 
 
 def _expected_model() -> str:
-    return (
-        "a preset name (" + ", ".join(list_presets()) + "), a path to a config.json, "
-        "or a directory holding one"
-    )
+    return "a preset name (" + ", ".join(list_presets()) + "), a path to a config.json, or a directory holding one"
 
 
 def _locate(spec: str) -> tuple[str, bytes, str]:

@@ -76,9 +76,16 @@ def plan_family(family: FamilyShapes, target: Target) -> tuple[FamilyPlan, tuple
     return FamilyPlan(family.family, target.name, result.calls, len(result.jobs), family.parameters), result.jobs
 
 
-def plan(model: ModelConfig, serving: ServingParams, targets: Sequence[Target]) -> Plan:
+def plan(
+    model: ModelConfig,
+    serving: ServingParams,
+    targets: Sequence[Target],
+    families: Sequence[FamilyShapes] | None = None,
+) -> Plan:
+    """Trace every family's calls on every target. `families` defaults to `enumerate_shapes`."""
     started = time.perf_counter()
-    families = enumerate_shapes(model, serving)
+    if families is None:
+        families = enumerate_shapes(model, serving)
     plans: list[FamilyPlan] = []
     jobs: dict[str, CompileJob] = {}
     for target in targets:

@@ -50,7 +50,7 @@ class CompileJob:
         data = json.loads(self.specialization)
         names = list(data["signature"])
         parts = []
-        for path, value in zip(data["constant_keys"], data["constant_vals"]):
+        for path, value in zip(data["constant_keys"], data["constant_vals"], strict=True):
             if len(path) == 1 and data["signature"].get(names[path[0]]) == "constexpr":
                 parts.append(f"{names[path[0]]}={_short(value)}")
         options = data["options"]
@@ -111,7 +111,7 @@ def trace_calls(
     count = 0
     from triton import knobs
 
-    with active_target(target), _fresh_modules(fresh_modules), knobs.runtime.scope():
+    with active_target(target), isolated_modules(fresh_modules), knobs.runtime.scope():
         knobs.runtime.jit_cache_hook = record
         for label, call in calls:
             try:
@@ -160,7 +160,7 @@ def _cache_key(jit_function: Any, compile: dict[str, Any], data: str, parser: _O
 
 
 @contextlib.contextmanager
-def _fresh_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
+def isolated_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
     if not prefixes:
         yield
         return

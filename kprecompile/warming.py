@@ -24,6 +24,7 @@ from .models import ModelConfig
 from .planning import FamilyPlan, plan
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, compile_jobs
 from .serving import ServingParams
+from .shapes import enumerate_shapes
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def warm(
     progress: bool = False,
 ) -> WarmReport:
     started = time.perf_counter()
+    # Shapes first: every input error surfaces before anything is written to the cache.
+    shapes = enumerate_shapes(model, serving)
     toolchain = current_toolchain(layout).as_dict()
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
@@ -88,7 +91,7 @@ def warm(
             outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
             manifests.append(str(layout.manifest_path(key)))
             continue
-        target_plan = plan(model, serving, [target])
+        target_plan = plan(model, serving, [target], shapes)
         target_outcomes = compile_jobs(
             target_plan.jobs,
             layout,

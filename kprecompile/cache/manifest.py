@@ -43,7 +43,9 @@ class Manifest:
         return json.dumps(document, indent=1).encode()
 
 
-def manifest_parts(model_digest: str, serving: dict[str, Any], target: str, toolchain: dict[str, Any]) -> dict[str, Any]:
+def manifest_parts(
+    model_digest: str, serving: dict[str, Any], target: str, toolchain: dict[str, Any]
+) -> dict[str, Any]:
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return {

@@ -60,15 +60,24 @@ def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams) -> tuple[Fp8Bm
     for m in range(1, serving.max_batch_size + 1):
         shapes.append(
             Fp8BmmShape(
-                "q_nope_w_uk", heads, m, k=mla.qk_nope_head_dim, n=mla.kv_lora_rank,
+                "q_nope_w_uk",
+                heads,
+                m,
+                k=mla.qk_nope_head_dim,
+                n=mla.kv_lora_rank,
                 source_head_width=mla.qk_nope_head_dim + mla.qk_rope_head_dim,
                 activation_dtype=dtype,
             )
         )
         shapes.append(
             Fp8BmmShape(
-                "attn_out_w_uv", heads, m, k=mla.kv_lora_rank, n=mla.v_head_dim,
-                source_head_width=mla.kv_lora_rank, activation_dtype=dtype,
+                "attn_out_w_uv",
+                heads,
+                m,
+                k=mla.kv_lora_rank,
+                n=mla.v_head_dim,
+                source_head_width=mla.kv_lora_rank,
+                activation_dtype=dtype,
             )
         )
     return tuple(shapes)

@@ -1,0 +1,160 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kprecompile.cli import main
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--tp", "0"], "kprecompile: --tp: got 0, expected a positive integer"),
+        (["--tp", "-8"], "kprecompile: --tp: got -8, expected a positive integer"),
+        (["--tp", "abc"], "kprecompile: Invalid value for '--tp': 'abc' is not a valid integer."),
+        (["--tp", "3"], "kprecompile: --tp: got 3, expected a divisor of num_attention_heads = 128 of deepseek-r1"),
+        (
+            ["--target", "gfx9999"],
+            "kprecompile: --target: got 'gfx9999', expected one of gfx90a, gfx942, gfx950, sm80, sm89, sm90, sm100, "
+            "or auto",
+        ),
+        (["--target", "auto"], "kprecompile: --target: got 'auto', expected a visible GPU for auto-detection"),
+        (["--max-batch", "0"], "kprecompile: --max-batch: got 0, expected a positive integer"),
+        (["--jobs", "0"], "kprecompile: --jobs: got 0, expected a positive integer"),
+        (["--job-timeout", "-1"], "kprecompile: --job-timeout: got -1.0, expected a positive number of seconds"),
+    ],
+)
+def test_bad_options_exit_2_with_one_line_and_write_nothing(capsys, tmp_path, argv, message):
+    cache = tmp_path / "cache"
+    base = ["warm", "--model", "deepseek-r1", "--target", "gfx942", "--cache-dir", str(cache)]
+    if "--target" in argv:
+        base = base[:3] + base[5:]
+    status, out, err = run(capsys, *base, *argv)
+    assert status == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith(message), err
+    assert not cache.exists()
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("no-such-model", "kprecompile: --model: got 'no-such-model', expected a preset name (deepseek-r1, "),
+        ("{dir}", "kprecompile: --model: got '{dir}', expected a directory holding config.json; it has none"),
+        ("{dir}/config.json", "kprecompile: config.json in {dir}/config.json: got '<7 bytes>', expected valid JSON"),
+    ],
+)
+def test_bad_models_exit_2_with_one_line(capsys, tmp_path, model, message):
+    model = model.format(dir=tmp_path)
+    if model.endswith("config.json"):
+        (tmp_path / "config.json").write_text("{nope: ")
+    status, out, err = run(capsys, "plan", "--model", model, "--target", "gfx942")
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith(message.format(dir=tmp_path)), err
+
+
+def test_plan_json_schema(capsys):
+    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "gfx942", "--json")
+    assert status == 0
+    document = json.loads(out)
+    [family] = document["families"]
+    assert family["name"] == "fp8_bmm" and family["target"] == "gfx942"
+    assert family["calls"] == 2 * 1024
+    assert 0 < family["kernels"] < family["calls"]
+    assert document["kernels"] == family["kernels"]
+    assert family["parameters"]["heads_per_rank"] == 16
+
+
+def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
+    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
+    assert status == 0
+    [family] = json.loads(out)["families"]
+    assert family["kernels"] == 0
+    assert "ROCm targets only" in family["skipped"]
+
+
+def test_plan_of_a_model_without_mla_is_empty(capsys):
+    status, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--json")
+    assert status == 0
+    assert json.loads(out)["families"] == [] and json.loads(out)["kernels"] == 0
+
+
+def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
+    argv = [
+        "warm",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max-batch",
+        "3",
+        "--jobs",
+        "2",
+        "--cache-dir",
+        str(tmp_path),
+        "--json",
+    ]
+    status, out, err = run(capsys, *argv)
+    first = json.loads(out)
+    assert status == 0, err
+    assert first["compiled"] == first["kernels"] > 0 and first["failed"] == 0 and first["cached"] == 0
+
+    status, out, _ = run(capsys, *argv)
+    second = json.loads(out)
+    assert status == 0
+    assert (second["compiled"], second["cached"], second["failed"]) == (0, first["kernels"], 0)
+    assert set(second) >= {"compiled", "cached", "failed", "seconds", "failures", "families"}
+
+
+def test_console_script_prints_no_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "kprecompile", "plan", "--model", "deepseek-v2-lite", "--tp", "3", "--target", "gfx942"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KPRECOMPILE_CACHE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr
+        == "kprecompile: --tp: got 3, expected a divisor of num_attention_heads = 16 of deepseek-v2-lite\n"
+    )
+
+
+def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
+    status, out, _ = run(
+        capsys,
+        "warm",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max-batch",
+        "2",
+        "--jobs",
+        "2",
+        "--job-timeout",
+        "0.01",
+        "--cache-dir",
+        str(tmp_path),
+        "--json",
+    )
+    report = json.loads(out)
+    assert status == 1
+    assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
+    for failure in report["failures"]:
+        assert failure["error"] == "timed out after 0.01 s"
+        assert failure["kernel"].endswith(
+            ":_batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant_kernel"
+        )
+        assert "BLOCK_SIZE_M=" in failure["specialization"] and "num_warps=" in failure["specialization"]
+    assert report["manifests"] == []
+    assert not list((tmp_path / "manifests-v1").glob("*.json"))

@@ -1,0 +1,73 @@
+import pytest
+from helpers import SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
+
+from kprecompile.cache.entries import compiled_files, is_compiled
+from kprecompile.pool import compile_jobs
+from kprecompile.providers import provider_for
+from kprecompile.shapes.fp8_bmm import FAMILY
+from kprecompile.trace import trace_calls
+
+# m = 1 (the "== 1" class), 16 (divisible by 16), 17 (other), and one m in each of AITER's
+# config buckets above that (32, 64, 128, <= 256, larger).
+SPECIALIZATION_CLASS_M = (1, 16, 17, 32, 64, 128, 200, 300)
+
+
+@pytest.fixture(scope="module")
+def small_gfx942_plan():
+    from kprecompile.targets import TARGETS
+
+    gfx942 = TARGETS["gfx942"]
+    shapes = fp8_bmm_shapes(SPECIALIZATION_CLASS_M)
+    return trace_calls(fp8_bmm_calls(shapes, gfx942), gfx942, FAMILY, provider_for(FAMILY).module_prefixes)
+
+
+def test_small_gfx942_plan_compiles_hsaco_binaries_then_nothing(small_gfx942_plan, cache_layout):
+    jobs = small_gfx942_plan.jobs
+    assert small_gfx942_plan.calls == 2 * len(SPECIALIZATION_CLASS_M)
+
+    first = compile_jobs(jobs, cache_layout, max_workers=2)
+
+    assert [outcome.status for outcome in first] == ["compiled"] * len(jobs)
+    for job in jobs:
+        files = compiled_files(cache_layout, job.key)
+        hsaco = [path for path in files if path.suffix == ".hsaco"]
+        assert len(hsaco) == 1 and hsaco[0].read_bytes()[:4] == b"\x7fELF"
+
+    second = compile_jobs(jobs, cache_layout, max_workers=2)
+    assert [outcome.status for outcome in second] == ["cached"] * len(jobs)
+
+
+def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layout, sm90):
+    from sample_kernels import SEGFAULT, STATIC_ASSERT
+
+    calls = [sample_call("launch_fault", code) for code in (1, SEGFAULT, 2, STATIC_ASSERT, 3)]
+    jobs = trace_calls(calls, sm90, "sample", (SAMPLE_MODULE,)).jobs
+    assert len(jobs) == 5
+
+    outcomes = {
+        outcome.job.describe_specialization().split(",")[0]: outcome
+        for outcome in compile_jobs(jobs, cache_layout, max_workers=2)
+    }
+
+    assert {name: outcome.status for name, outcome in outcomes.items()} == {
+        "CODE=1": "compiled",
+        f"CODE={SEGFAULT}": "failed",
+        "CODE=2": "compiled",
+        f"CODE={STATIC_ASSERT}": "failed",
+        "CODE=3": "compiled",
+    }
+    assert outcomes[f"CODE={SEGFAULT}"].error == "worker died: killed by SIGSEGV"
+    assert "code 15 never compiles" in outcomes[f"CODE={STATIC_ASSERT}"].error
+    for outcome in outcomes.values():
+        assert is_compiled(cache_layout, outcome.job.key) == (outcome.status == "compiled")
+
+
+def test_a_job_past_its_timeout_fails_alone(cache_layout, sm90):
+    from sample_kernels import HANG
+
+    jobs = trace_calls([sample_call("launch_fault", code) for code in (HANG, 4)], sm90, "sample", (SAMPLE_MODULE,)).jobs
+
+    outcomes = compile_jobs(jobs, cache_layout, max_workers=2, job_timeout_seconds=20)
+
+    assert [outcome.status for outcome in outcomes] == ["failed", "compiled"]
+    assert outcomes[0].error == "timed out after 20 s"

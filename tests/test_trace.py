@@ -1,0 +1,110 @@
+import importlib
+import json
+
+import pytest
+import torch
+from helpers import SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
+from triton import knobs
+
+from kprecompile.driver import LaunchRefusedError, active_target
+from kprecompile.errors import TracingError
+from kprecompile.providers import provider_for
+from kprecompile.shapes.fp8_bmm import FAMILY
+from kprecompile.trace import isolated_modules, trace_calls
+
+FP8_BMM_MODULES = provider_for(FAMILY).module_prefixes
+
+
+def launch_path_keys(cache_dir, target, launch, fresh_modules):
+    """The cache keys Triton's own launch path computes: compile for real, stop at launch."""
+    keys = []
+
+    def listen(*, src, metadata, metadata_group, times, cache_hit):
+        keys.append(metadata["hash"])
+
+    with active_target(target), isolated_modules(fresh_modules), knobs.cache.scope(), knobs.compilation.scope():
+        knobs.cache.dir = str(cache_dir)
+        knobs.compilation.listener = listen
+        with pytest.raises(LaunchRefusedError):
+            launch()
+    return keys
+
+
+@pytest.mark.parametrize("m", [1, 17, 64])
+def test_traced_fp8_bmm_key_equals_the_launch_paths_key(tmp_path, gfx942, m):
+    [(label, call)] = fp8_bmm_calls(fp8_bmm_shapes([m])[:1], gfx942)
+
+    traced = trace_calls([(label, call)], gfx942, FAMILY, FP8_BMM_MODULES)
+    launched = launch_path_keys(tmp_path, gfx942, call, FP8_BMM_MODULES)
+
+    assert [job.key for job in traced.jobs] == launched
+
+
+def test_traced_key_of_own_kernel_equals_the_launch_paths_key_on_sm90(tmp_path, sm90):
+    label, call = sample_call("launch_add", 1000, 64)
+
+    traced = trace_calls([(label, call)], sm90, "sample", (SAMPLE_MODULE,))
+    launched = launch_path_keys(tmp_path, sm90, call, (SAMPLE_MODULE,))
+
+    assert [job.key for job in traced.jobs] == launched
+
+
+def test_specialization_classes_of_integers_are_distinct_kernels(sm90):
+    # n == 1, n divisible by 16, and any other n fall into three classes; two values of the
+    # same class share a kernel.
+    calls = [sample_call("launch_add", n, 64) for n in (1, 4096, 8192, 1000, 1001)]
+    result = trace_calls(calls, sm90, "sample", (SAMPLE_MODULE,))
+    assert result.calls == 5
+    assert len(result.jobs) == 3
+
+
+def test_every_autotune_config_becomes_a_job(sm90):
+    configs = importlib.import_module(SAMPLE_MODULE).SCALE_CONFIGS
+    for _ in range(2):  # a second trace re-imports the module: no autotuner result leaks in
+        result = trace_calls([sample_call("launch_scale", 1000)], sm90, "sample", (SAMPLE_MODULE,))
+        blocks = sorted(json.loads(job.specialization)["constant_vals"][-1] for job in result.jobs)
+        assert blocks == sorted(config.kwargs["BLOCK"] for config in configs)
+
+
+def test_heuristics_values_enter_the_specialization(sm90):
+    even = trace_calls([sample_call("launch_add", 4096, 64)], sm90, "sample", (SAMPLE_MODULE,))
+    odd = trace_calls([sample_call("launch_add", 4097, 64)], sm90, "sample", (SAMPLE_MODULE,))
+    assert "EVEN=True" in even.jobs[0].describe_specialization()
+    assert "EVEN=False" in odd.jobs[0].describe_specialization()
+
+
+def test_fp8_bmm_uses_each_targets_own_configs_in_one_process(gfx942, gfx950):
+    shapes = fp8_bmm_shapes([1, 200])
+    alone_950 = trace_calls(fp8_bmm_calls(shapes, gfx950), gfx950, FAMILY, FP8_BMM_MODULES)
+    after_942 = [
+        trace_calls(fp8_bmm_calls(shapes, gfx942), gfx942, FAMILY, FP8_BMM_MODULES),
+        trace_calls(fp8_bmm_calls(shapes, gfx950), gfx950, FAMILY, FP8_BMM_MODULES),
+    ][1]
+
+    assert [job.key for job in after_942.jobs] == [job.key for job in alone_950.jobs]
+    options = {json.loads(job.specialization)["options"]["arch"] for job in alone_950.jobs}
+    assert options == {"gfx950"}
+
+
+def test_fp8_dtype_follows_the_target(gfx942, gfx950):
+    shapes = fp8_bmm_shapes([1])[:1]
+    for target, fp8 in ((gfx942, "fp8e4b8"), (gfx950, "fp8e4nv")):
+        [job] = trace_calls(fp8_bmm_calls(shapes, target), target, FAMILY, FP8_BMM_MODULES).jobs
+        assert json.loads(job.specialization)["signature"]["b_ptr"] == f"*{fp8}"
+
+
+def test_tracing_leaves_the_library_modules_as_it_found_them(gfx942):
+    import sys
+
+    before = {name: module for name, module in sys.modules.items() if name.startswith(FP8_BMM_MODULES)}
+    trace_calls(fp8_bmm_calls(fp8_bmm_shapes([1]), gfx942), gfx942, FAMILY, FP8_BMM_MODULES)
+    after = {name: module for name, module in sys.modules.items() if name.startswith(FP8_BMM_MODULES)}
+    assert after == before
+
+
+def test_a_failing_library_call_names_the_call(sm90):
+    def broken():
+        torch.empty(3, device="meta").view(2, 2)
+
+    with pytest.raises(TracingError, match=r"tracing sample failed at broken call: RuntimeError: shape"):
+        trace_calls([("broken call", broken)], sm90, "sample")
