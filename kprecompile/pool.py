@@ -1,7 +1,8 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
 Jobs already in the cache are found in this process first; a pool is started only for the
-rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8). Workers are
+rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8), and it is
+started early, so that those imports overlap with the parent's tracing. Workers are
 spawned, not forked (Triton and torch do not survive fork). `pebble` runs each job with its
 own timeout and turns a worker that dies (a segfault in the compiler) or overruns into a
 failed job while the pool replaces the worker and carries on.
@@ -14,17 +15,21 @@ import multiprocessing
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
 from .cache.entries import is_compiled
 from .cache.layout import CacheLayout
 from .compile import JobOutcome, compile_job
+from .providers._imports import import_library_module
 from .trace import CompileJob
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
+# A worker that cannot start (its main module cannot be re-imported, say) would otherwise
+# leave the pool waiting forever.
+WORKER_START_TIMEOUT_SECONDS = 120.0
 
 
 def default_worker_count() -> int:
@@ -32,6 +37,125 @@ def default_worker_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
+
+
+def _prepare_worker(modules: tuple[str, ...]) -> None:
+    """Pool initializer: pay imports and Triton's toolchain hash before the first job arrives.
+
+    Workers start while the parent is still tracing, so this overlaps with the trace. It
+    never raises: a worker whose initializer failed would be restarted forever; a job that
+    needs what failed here fails on its own, with the real error.
+    """
+    try:
+        from triton.runtime.cache import triton_key
+
+        for name in modules:
+            import_library_module(name)
+        triton_key()
+    except Exception as error:  # reported by the jobs that need it
+        logger.debug("worker preparation failed: %s", error)
+
+
+def _worker_ready() -> int:
+    return os.getpid()
+
+
+class CompilePool:
+    """Spawned compile workers, started at construction so their start-up overlaps other work."""
+
+    def __init__(
+        self,
+        layout: CacheLayout,
+        *,
+        max_workers: int | None = None,
+        job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+        preload_modules: tuple[str, ...] = (),
+    ):
+        from pebble import ProcessPool
+
+        self.layout = layout
+        self.workers = max(1, max_workers or default_worker_count())
+        self.job_timeout_seconds = job_timeout_seconds
+        self._pool = ProcessPool(
+            max_workers=self.workers,
+            context=multiprocessing.get_context("spawn"),
+            initializer=_prepare_worker,
+            initargs=(preload_modules,),
+        )
+        # Scheduling starts the workers now; its result says a worker could start at all.
+        self._ready = self._pool.schedule(_worker_ready)
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._pool.stop()
+        self._pool.join()
+
+    def compile(self, jobs: Sequence[CompileJob], progress: bool = False) -> tuple[JobOutcome, ...]:
+        """Compile every job not yet in the cache; one outcome per job, in job order."""
+        from tqdm import tqdm
+
+        outcomes, missing = _check_cache(jobs, self.layout)
+        if missing:
+            logger.info("compiling %d kernels with %d workers", len(missing), self.workers)
+            with tqdm(
+                total=len(jobs),
+                initial=len(jobs) - len(missing),
+                desc="kprecompile",
+                unit="kernel",
+                file=sys.stderr,
+                disable=not progress,
+                dynamic_ncols=True,
+            ) as bar:
+                for outcome in self._run(missing):
+                    outcomes[outcome.job.key] = outcome
+                    bar.update(1)
+        return tuple(outcomes[job.key] for job in jobs)
+
+    def _run(self, jobs: list[CompileJob]) -> Iterator[JobOutcome]:
+        from concurrent.futures import as_completed
+
+        from pebble import ProcessExpired
+
+        try:
+            self._ready.result(timeout=WORKER_START_TIMEOUT_SECONDS)
+        except Exception as error:
+            detail = (
+                f"none was ready after {WORKER_START_TIMEOUT_SECONDS:g} s"
+                if isinstance(error, FutureTimeoutError)
+                else f"{type(error).__name__}: {error}"
+            )
+            reason = f"compile workers could not start ({detail}); their own error is on stderr"
+            yield from (JobOutcome(job, "failed", 0.0, reason) for job in jobs)
+            return
+        timeout = self.job_timeout_seconds
+        futures = {self._pool.schedule(compile_job, args=(job, self.layout), timeout=timeout): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                yield future.result()
+            except FutureTimeoutError:
+                yield JobOutcome(job, "failed", timeout, f"timed out after {timeout:g} s")
+            except ProcessExpired as error:
+                yield JobOutcome(job, "failed", 0.0, f"worker died: {_describe_exit(error.exitcode)}")
+            except Exception as error:  # the worker could not even run compile_job
+                yield JobOutcome(job, "failed", 0.0, f"{type(error).__name__}: {error}")
+
+
+def _check_cache(jobs: Sequence[CompileJob], layout: CacheLayout) -> tuple[dict[str, JobOutcome], list[CompileJob]]:
+    """In-process: outcomes of jobs already cached, and the jobs that are not."""
+    outcomes: dict[str, JobOutcome] = {}
+    missing = []
+    for job in jobs:
+        if is_compiled(layout, job.key):
+            outcomes[job.key] = JobOutcome(job, "cached", 0.0)
+        else:
+            missing.append(job)
+    return outcomes, missing
 
 
 def compile_jobs(
@@ -42,55 +166,13 @@ def compile_jobs(
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: bool = False,
 ) -> tuple[JobOutcome, ...]:
-    """Compile every job not yet in the cache; return one outcome per job, in job order."""
-    from tqdm import tqdm
-
-    outcomes: dict[str, JobOutcome] = {}
-    missing = []
-    for job in jobs:
-        if is_compiled(layout, job.key):
-            outcomes[job.key] = JobOutcome(job, "cached", 0.0)
-        else:
-            missing.append(job)
-    if missing:
-        workers = max(1, min(max_workers or default_worker_count(), len(missing)))
-        logger.info("compiling %d kernels with %d workers", len(missing), workers)
-        with tqdm(
-            total=len(jobs),
-            initial=len(jobs) - len(missing),
-            desc="kprecompile",
-            unit="kernel",
-            file=sys.stderr,
-            disable=not progress,
-            dynamic_ncols=True,
-        ) as bar:
-            for outcome in _run_pool(missing, layout, workers, job_timeout_seconds):
-                outcomes[outcome.job.key] = outcome
-                bar.update(1)
-    return tuple(outcomes[job.key] for job in jobs)
-
-
-def _run_pool(jobs: list[CompileJob], layout: CacheLayout, workers: int, timeout_seconds: float):
-    from concurrent.futures import as_completed
-
-    from pebble import ProcessExpired, ProcessPool
-
-    pool = ProcessPool(max_workers=workers, context=multiprocessing.get_context("spawn"))
-    try:
-        futures = {pool.schedule(compile_job, args=(job, layout), timeout=timeout_seconds): job for job in jobs}
-        for future in as_completed(futures):
-            job = futures[future]
-            try:
-                yield future.result()
-            except FutureTimeoutError:
-                yield JobOutcome(job, "failed", timeout_seconds, f"timed out after {timeout_seconds:g} s")
-            except ProcessExpired as error:
-                yield JobOutcome(job, "failed", 0.0, f"worker died: {_describe_exit(error.exitcode)}")
-            except Exception as error:  # the worker could not even run compile_job
-                yield JobOutcome(job, "failed", 0.0, f"{type(error).__name__}: {error}")
-    finally:
-        pool.stop()
-        pool.join()
+    """Compile every job not yet in the cache; no worker is started when none is missing."""
+    outcomes, missing = _check_cache(jobs, layout)
+    if not missing:
+        return tuple(outcomes[job.key] for job in jobs)
+    workers = min(max_workers or default_worker_count(), len(missing))
+    with CompilePool(layout, max_workers=workers, job_timeout_seconds=job_timeout_seconds) as pool:
+        return pool.compile(jobs, progress)
 
 
 def _describe_exit(exitcode: int | None) -> str:

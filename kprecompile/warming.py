@@ -22,9 +22,10 @@ from .cache.toolchain import current_toolchain
 from .compile import JobOutcome
 from .models import ModelConfig
 from .planning import FamilyPlan, plan
-from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, compile_jobs
+from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
+from .providers import provider_for
 from .serving import ServingParams
-from .shapes import enumerate_shapes
+from .shapes import FamilyShapes, enumerate_shapes
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,10 @@ class WarmReport:
         return asdict(self)
 
 
+def _library_modules(shapes: Sequence[FamilyShapes]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(prefix for family in shapes for prefix in provider_for(family.family).module_prefixes))
+
+
 def _warm_from_manifest(layout: CacheLayout, key: str) -> Manifest | None:
     manifest = read_manifest(layout, key)
     if manifest is not None and all(is_compiled(layout, job.key) for job in manifest.jobs):
@@ -81,28 +86,35 @@ def warm(
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
     manifests: list[str] = []
-    for target in targets:
-        parts = manifest_parts(model.digest, serving.as_dict(), target.name, toolchain)
-        key = manifest_key(parts)
-        manifest = _warm_from_manifest(layout, key)
-        if manifest is not None:
-            logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
-            families += manifest.families
-            outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
-            manifests.append(str(layout.manifest_path(key)))
-            continue
-        target_plan = plan(model, serving, [target], shapes)
-        target_outcomes = compile_jobs(
-            target_plan.jobs,
-            layout,
-            max_workers=max_workers,
-            job_timeout_seconds=job_timeout_seconds,
-            progress=progress,
-        )
-        families += target_plan.families
-        outcomes += target_outcomes
-        if all(outcome.status != "failed" for outcome in target_outcomes):
-            manifests.append(write_manifest(layout, Manifest(key, parts, target_plan.families, target_plan.jobs)))
+    pool: CompilePool | None = None
+    try:
+        for target in targets:
+            parts = manifest_parts(model.digest, serving.as_dict(), target.name, toolchain)
+            key = manifest_key(parts)
+            manifest = _warm_from_manifest(layout, key)
+            if manifest is not None:
+                logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
+                families += manifest.families
+                outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
+                manifests.append(str(layout.manifest_path(key)))
+                continue
+            if pool is None:
+                # Start workers now: their imports overlap with tracing.
+                pool = CompilePool(
+                    layout,
+                    max_workers=max_workers,
+                    job_timeout_seconds=job_timeout_seconds,
+                    preload_modules=_library_modules(shapes),
+                )
+            target_plan = plan(model, serving, [target], shapes)
+            target_outcomes = pool.compile(target_plan.jobs, progress)
+            families += target_plan.families
+            outcomes += target_outcomes
+            if all(outcome.status != "failed" for outcome in target_outcomes):
+                manifests.append(write_manifest(layout, Manifest(key, parts, target_plan.families, target_plan.jobs)))
+    finally:
+        if pool is not None:
+            pool.close()
     failures = tuple(
         KernelFailure(o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or "")
         for o in outcomes

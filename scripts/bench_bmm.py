@@ -74,6 +74,12 @@ def main() -> None:
     parser.add_argument("--target", default="gfx942")
     parser.add_argument("--max-batch", type=int, default=1024)
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--scaling",
+        default="",
+        metavar="N,N,...",
+        help="also time cold warms with these worker counts, for a pool-scaling table",
+    )
     parser.add_argument("--engine-sweep", metavar="CACHE_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_sweep:
@@ -112,6 +118,13 @@ def main() -> None:
         again_seconds, again_out = timed(warm, env)
         sweep, cold, again = json.loads(sweep_out), json.loads(cold_out), json.loads(again_out)
         same = entries(engine_cache) == entries(kprecompile_cache)
+        scaling = {}
+        for workers in (int(n) for n in args.scaling.split(",") if n):
+            cache = Path(scratch) / f"workers-{workers}"
+            jobs_at = warm.index("--jobs") + 1
+            command = [*warm[:jobs_at], str(workers), *warm[jobs_at + 1 :]]
+            command[command.index("--cache-dir") + 1] = str(cache)
+            scaling[workers], _ = timed(command, env)
 
     print(
         f"{args.model} tp{args.tp} {args.target}, m 1..{args.max_batch}, {args.jobs} workers, "
@@ -125,6 +138,9 @@ def main() -> None:
     print(f"speedup cold  : {sweep_seconds / cold_seconds:5.1f}x")
     print(f"speedup again : {sweep_seconds / again_seconds:5.0f}x")
     print(f"same kernels in both caches: {same}")
+    for workers, seconds in sorted({**scaling, args.jobs: cold_seconds}.items()):
+        ratio = sweep_seconds / seconds
+        print(f"cold warm with {workers:3d} workers: {seconds:7.1f} s  ({ratio:5.1f}x the serial sweep)")
     if not same or sweep["compiles"] != cold["compiled"]:
         sys.exit("the plan does not match the engine's sweep")
 

@@ -71,3 +71,32 @@ def test_a_job_past_its_timeout_fails_alone(cache_layout, sm90):
 
     assert [outcome.status for outcome in outcomes] == ["failed", "compiled"]
     assert outcomes[0].error == "timed out after 20 s"
+
+
+STDIN_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+from helpers import SAMPLE_MODULE, sample_call
+from kprecompile import pool
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.targets import TARGETS
+from kprecompile.trace import trace_calls
+
+pool.WORKER_START_TIMEOUT_SECONDS = 10
+jobs = trace_calls([sample_call("launch_add", 100, 32)], TARGETS["sm90"], "sample", (SAMPLE_MODULE,)).jobs
+[outcome] = pool.compile_jobs(jobs, CacheLayout.at({cache!r}), max_workers={workers})
+print(outcome.status, outcome.error)
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_workers_that_cannot_start_fail_the_jobs_instead_of_hanging(tmp_path, workers):
+    # A main module read from stdin cannot be re-imported by spawned workers: they die at start.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = STDIN_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path), workers=workers)
+    result = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300)
+    assert result.stdout.startswith("failed compile workers could not start ("), result.stderr[-2000:]
+    assert result.stdout.strip().endswith("); their own error is on stderr")
