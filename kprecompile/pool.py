@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
@@ -121,8 +122,10 @@ class CompilePool:
 
         from pebble import ProcessExpired
 
+        waited = time.perf_counter()
         try:
-            self._ready.result(timeout=WORKER_START_TIMEOUT_SECONDS)
+            pid = self._ready.result(timeout=WORKER_START_TIMEOUT_SECONDS)
+            logger.info("first compile worker (pid %d) ready after %.2f s more", pid, time.perf_counter() - waited)
         except Exception as error:
             detail = (
                 f"none was ready after {WORKER_START_TIMEOUT_SECONDS:g} s"

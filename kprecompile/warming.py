@@ -49,7 +49,11 @@ class WarmReport:
     compiled: int
     cached: int
     failed: int
+    # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
+    # manifest showed the configuration warm).
     seconds: float
+    trace_seconds: float
+    compile_seconds: float
     failures: tuple[KernelFailure, ...]
     manifests: tuple[str, ...]
     cache_dir: str
@@ -87,6 +91,7 @@ def warm(
     outcomes: list[JobOutcome] = []
     manifests: list[str] = []
     pool: CompilePool | None = None
+    trace_seconds = compile_seconds = 0.0
     try:
         for target in targets:
             parts = manifest_parts(model.digest, serving.as_dict(), target.name, toolchain)
@@ -107,7 +112,10 @@ def warm(
                     preload_modules=_library_modules(shapes),
                 )
             target_plan = plan(model, serving, [target], shapes)
+            trace_seconds += target_plan.trace_seconds
+            compile_started = time.perf_counter()
             target_outcomes = pool.compile(target_plan.jobs, progress)
+            compile_seconds += time.perf_counter() - compile_started
             families += target_plan.families
             outcomes += target_outcomes
             if all(outcome.status != "failed" for outcome in target_outcomes):
@@ -129,6 +137,8 @@ def warm(
         cached=sum(o.status == "cached" for o in outcomes),
         failed=len(failures),
         seconds=time.perf_counter() - started,
+        trace_seconds=trace_seconds,
+        compile_seconds=compile_seconds,
         failures=failures,
         manifests=tuple(manifests),
         cache_dir=str(layout.root),
