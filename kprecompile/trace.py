@@ -43,7 +43,7 @@ class CompileJob:
 
     @property
     def kernel_name(self) -> str:
-        return self.kernel.rpartition(".")[2].rpartition(":")[2]
+        return self.kernel.rpartition(":")[2].rpartition(".")[2]
 
     def describe_specialization(self) -> str:
         """Constexpr values and launch options, e.g. `BLOCK_SIZE_M=16, ..., num_warps=4`."""

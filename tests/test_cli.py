@@ -88,21 +88,14 @@ def test_plan_of_a_model_without_mla_is_empty(capsys):
     assert json.loads(out)["families"] == [] and json.loads(out)["kernels"] == 0
 
 
+def small_warm(tmp_path, max_batch, *extra):
+    """`warm` of a small DeepSeek-V2-Lite FP8 BMM plan for gfx942, JSON output."""
+    return ["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-batch", str(max_batch),
+            "--jobs", "2", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
+
+
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
-    argv = [
-        "warm",
-        "--model",
-        "deepseek-v2-lite",
-        "--target",
-        "gfx942",
-        "--max-batch",
-        "3",
-        "--jobs",
-        "2",
-        "--cache-dir",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = small_warm(tmp_path, 3)
     status, out, err = run(capsys, *argv)
     first = json.loads(out)
     assert status == 0, err
@@ -130,23 +123,7 @@ def test_console_script_prints_no_traceback(tmp_path):
 
 
 def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
-    status, out, _ = run(
-        capsys,
-        "warm",
-        "--model",
-        "deepseek-v2-lite",
-        "--target",
-        "gfx942",
-        "--max-batch",
-        "2",
-        "--jobs",
-        "2",
-        "--job-timeout",
-        "0.01",
-        "--cache-dir",
-        str(tmp_path),
-        "--json",
-    )
+    status, out, _ = run(capsys, *small_warm(tmp_path, 2, "--job-timeout", "0.01"))
     report = json.loads(out)
     assert status == 1
     assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
