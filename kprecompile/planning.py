@@ -66,9 +66,15 @@ def _missing_library(provider: Provider) -> str | None:
     return None
 
 
+def skip_reason(family: str, target: Target) -> str | None:
+    """Why `family` is not compiled for `target` (unsupported there, library missing), or None."""
+    provider = provider_for(family)
+    return provider.unsupported_reason(target) or _missing_library(provider)
+
+
 def plan_family(family: FamilyShapes, target: Target) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     provider = provider_for(family.family)
-    skipped = provider.unsupported_reason(target) or _missing_library(provider)
+    skipped = skip_reason(family.family, target)
     if skipped:
         return FamilyPlan(family.family, target.name, len(family.shapes), 0, family.parameters, skipped), ()
     calls = ((provider.describe(shape), partial(provider.launch, shape, target)) for shape in family.shapes)

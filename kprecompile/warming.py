@@ -21,7 +21,7 @@ from .cache.manifest import Manifest, manifest_key, manifest_parts, read_manifes
 from .cache.toolchain import current_toolchain
 from .compile import JobOutcome
 from .models import ModelConfig
-from .planning import FamilyPlan, plan
+from .planning import FamilyPlan, plan, skip_reason
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .providers import provider_for
 from .serving import ServingParams
@@ -62,8 +62,8 @@ class WarmReport:
         return asdict(self)
 
 
-def _library_modules(shapes: Sequence[FamilyShapes]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(prefix for family in shapes for prefix in provider_for(family.family).module_prefixes))
+def _library_modules(families: Sequence[FamilyShapes]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(prefix for family in families for prefix in provider_for(family.family).module_prefixes))
 
 
 def _warm_from_manifest(layout: CacheLayout, key: str) -> Manifest | None:
@@ -103,18 +103,19 @@ def warm(
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
                 manifests.append(str(layout.manifest_path(key)))
                 continue
-            if pool is None:
+            compiled_here = [family for family in shapes if skip_reason(family.family, target) is None]
+            if pool is None and compiled_here:
                 # Start workers now: their imports overlap with tracing.
                 pool = CompilePool(
                     layout,
                     max_workers=max_workers,
                     job_timeout_seconds=job_timeout_seconds,
-                    preload_modules=_library_modules(shapes),
+                    preload_modules=_library_modules(compiled_here),
                 )
             target_plan = plan(model, serving, [target], shapes)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()
-            target_outcomes = pool.compile(target_plan.jobs, progress)
+            target_outcomes = pool.compile(target_plan.jobs, progress) if pool is not None else ()
             compile_seconds += time.perf_counter() - compile_started
             families += target_plan.families
             outcomes += target_outcomes

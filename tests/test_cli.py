@@ -135,3 +135,12 @@ def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path
         assert "BLOCK_SIZE_M=" in failure["specialization"] and "num_warps=" in failure["specialization"]
     assert report["manifests"] == []
     assert not list((tmp_path / "manifests-v1").glob("*.json"))
+
+
+@pytest.mark.parametrize("model, target", [("llama-3.1-8b-instruct", "gfx942"), ("deepseek-r1", "sm90")])
+def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(capsys, tmp_path, model, target):
+    status, out, _ = run(capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path), "--json")
+    report = json.loads(out)
+    assert status == 0
+    assert (report["kernels"], report["compiled"], report["failed"]) == (0, 0, 0)
+    assert len(report["manifests"]) == 1
