@@ -53,12 +53,64 @@ def _selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
             help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable.",
         ),
         click.option(
-            "--max-batch",
-            "max_batch_size",
+            "--max-num-seqs",
             type=int,
             default=1024,
             show_default=True,
-            help="Largest decode batch the FP8 BMM is planned for.",
+            help="Most sequences in one step (vLLM --max-num-seqs): the largest decode batch.",
+        ),
+        click.option(
+            "--max-num-batched-tokens",
+            type=int,
+            default=8192,
+            show_default=True,
+            help="Most tokens in one step (vLLM --max-num-batched-tokens): the largest prefill chunk.",
+        ),
+        click.option(
+            "--max-model-len",
+            type=int,
+            default=None,
+            help="Longest sequence [default: the config's max_position_embeddings].",
+        ),
+        click.option("--block-size", type=int, default=16, show_default=True, help="KV-cache tokens per block."),
+        click.option(
+            "--kv-cache-dtype",
+            default="auto",
+            show_default=True,
+            help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8).",
+        ),
+        click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16 or float16."),
+        click.option(
+            "--cudagraph-capture-sizes",
+            default=None,
+            metavar="N,N,...",
+            help="Token counts graphs are captured for [default: vLLM's rule from --max-num-seqs].",
+        ),
+        click.option("--enforce-eager", is_flag=True, help="The engine runs without CUDA/HIP graphs."),
+        click.option(
+            "--num-speculative-tokens",
+            type=int,
+            default=0,
+            show_default=True,
+            help="Draft tokens per step (MTP / speculative decoding).",
+        ),
+        click.option(
+            "--engine",
+            default="vllm-aiter",
+            show_default=True,
+            help="vllm-aiter (vLLM with VLLM_ROCM_USE_AITER=1 unless set) or vllm (vLLM's own defaults).",
+        ),
+        click.option(
+            "--family",
+            "families",
+            multiple=True,
+            metavar="FAMILY",
+            help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable [default: all the engine runs].",
+        ),
+        click.option(
+            "--attention-backend",
+            default=None,
+            help="The engine's attention backend [default: VLLM_ATTENTION_BACKEND, else chosen from the flags].",
         ),
         click.option("--json", "json_output", is_flag=True, help="Print one JSON document."),
     ]
@@ -67,18 +119,49 @@ def _selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
     return command
 
 
-def _select(model_spec: str, tensor_parallel_size: int, target_names: tuple[str, ...], max_batch_size: int):
+_SERVING_OPTIONS = (
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "block_size",
+    "kv_cache_dtype",
+    "dtype",
+    "enforce_eager",
+    "num_speculative_tokens",
+)
+
+
+def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError("--cudagraph-capture-sizes", text, "a comma-separated list of positive integers") from None
+
+
+def _select(options: dict[str, Any]):
+    """Model, serving parameters, engine selection and targets from the shared options."""
+    from .engines import select
     from .models import load_model
     from .serving import ServingParams
     from .targets import resolve_target
 
-    serving = ServingParams(tensor_parallel_size=tensor_parallel_size, max_batch_size=max_batch_size)
+    serving = ServingParams(
+        **{name: options[name] for name in _SERVING_OPTIONS},
+        cudagraph_capture_sizes=_parse_sizes(options["cudagraph_capture_sizes"]),
+    )
     targets = []
-    for name in target_names:
+    for name in options["target_names"]:
         target = resolve_target(name)
         if target not in targets:
             targets.append(target)
-    return load_model(model_spec), serving, targets
+    model = load_model(options["model_spec"])
+    selection = select(model, options["engine"], options["attention_backend"], families=options["families"])
+    # Derive everything the shapes need now, so that a bad combination fails before any work.
+    serving.model_len(model)
+    return model, serving, selection, targets
 
 
 def _emit_json(document: Any) -> None:
@@ -96,16 +179,20 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @_selection_options
-def plan(model_spec, tensor_parallel_size, target_names, max_batch_size, json_output) -> None:
+def plan(json_output, **options) -> None:
     """Show each kernel family, the calls enumerated and the unique kernels, without compiling."""
     from .planning import plan as make_plan
 
-    model, serving, targets = _select(model_spec, tensor_parallel_size, target_names, max_batch_size)
-    result = make_plan(model, serving, targets)
+    model, serving, selection, targets = _select(options)
+    result = make_plan(model, serving, targets, selection)
     if json_output:
         _emit_json(result.summary())
         return
-    click.echo(f"model {result.model}: tp {serving.tensor_parallel_size}, max batch {serving.max_batch_size}")
+    click.echo(
+        f"model {result.model}: tp {serving.tensor_parallel_size}, max-num-seqs {serving.max_num_seqs}, "
+        f"max-num-batched-tokens {serving.max_num_batched_tokens}, max-model-len {serving.model_len(model)}; "
+        f"engine {selection.engine}, attention backend {selection.attention_backend}"
+    )
     _echo_families(result.families)
     click.echo(f"total: {result.kernels} unique kernels, traced in {result.trace_seconds:.2f} s")
 
@@ -117,8 +204,10 @@ def _echo_families(families) -> None:
     rows = [("family", "target", "calls", "kernels", "shape parameters")]
     for family in families:
         parameters = ", ".join(f"{name} {value}" for name, value in family.parameters.items())
-        kernels = str(family.kernels) if family.skipped is None else f"skipped: {family.skipped}"
-        rows.append((family.name, family.target, str(family.calls), kernels, parameters))
+        if family.skipped is None:
+            rows.append((family.name, family.target, str(family.calls), str(family.kernels), parameters))
+        else:
+            rows.append((family.name, family.target, str(family.calls), "-", f"not compiled: {family.skipped}"))
     widths = [max(len(row[column]) for row in rows) for column in range(4)]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4])
@@ -147,16 +236,7 @@ def _echo_families(families) -> None:
     show_default=True,
     help="Seconds one kernel may take to compile before it counts as failed.",
 )
-def warm(
-    model_spec,
-    tensor_parallel_size,
-    target_names,
-    max_batch_size,
-    json_output,
-    max_workers,
-    cache_dir,
-    job_timeout_seconds,
-) -> None:
+def warm(json_output, max_workers, cache_dir, job_timeout_seconds, **options) -> None:
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     from .cache.layout import CacheLayout
     from .warming import warm as run_warm
@@ -165,12 +245,13 @@ def warm(
         raise InputError("--jobs", max_workers, "a positive integer")
     if job_timeout_seconds <= 0:
         raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
-    model, serving, targets = _select(model_spec, tensor_parallel_size, target_names, max_batch_size)
+    model, serving, selection, targets = _select(options)
     report = run_warm(
         model,
         serving,
         targets,
         CacheLayout.at(cache_dir),
+        selection=selection,
         max_workers=max_workers,
         job_timeout_seconds=job_timeout_seconds,
         progress=sys.stderr.isatty() and not json_output,

@@ -5,6 +5,10 @@ when it compiles. Making this driver active lets the library's real Python wrapp
 meta tensors as if on that GPU (they pick the same tuned configs), and lets `preload` compile
 for that GPU on a machine without one (DESIGN.md facts 1, 2, 5).
 
+Wrappers also ask torch about the device (`torch.cuda.get_device_properties(...)
+.multi_processor_count`) to size grids and choose kernel variants; `device_model` answers those
+questions with the target's figures while tracing, on a machine with no GPU or another GPU.
+
 Each target gets its own device index: `JITFunction.device_caches` is keyed by device index
 and remembers the target of the first driver it saw (DESIGN.md fact 12), so two targets must
 never share one. Indices start far above any real device ordinal.
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 from .targets import TARGETS, Target
 
@@ -111,3 +116,53 @@ def active_target(target: Target) -> Iterator[None]:
         yield
     finally:
         driver._active = previous
+
+
+def device_properties(target: Target) -> SimpleNamespace:
+    """What `torch.cuda.get_device_properties` reports on the target's GPU, as far as wrappers read it."""
+    # gfx942 -> 9.4, as torch reports it on ROCm; sm90 -> 9.0.
+    major, minor = (int(target.arch[3]), int(target.arch[4])) if target.is_rocm else divmod(int(target.arch), 10)
+    return SimpleNamespace(
+        name=target.description,
+        gcnArchName=str(target.arch) if target.is_rocm else "",
+        multi_processor_count=target.compute_units,
+        warp_size=target.warp_size,
+        major=major,
+        minor=minor,
+    )
+
+
+def meta_allocations():
+    """A torch function mode that puts tensors a wrapper allocates on the GPU on the meta device.
+
+    For wrappers that allocate with an explicit `device="cuda"`; it costs every torch call in
+    its scope a Python dispatch, so providers enter it only around such wrappers.
+    """
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class MetaAllocations(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            device = kwargs.get("device")
+            if device is not None and torch.device(device).type == "cuda":
+                kwargs = {**kwargs, "device": "meta"}
+            return func(*args, **kwargs)
+
+    return MetaAllocations()
+
+
+@contextlib.contextmanager
+def device_model(target: Target) -> Iterator[None]:
+    """Make torch's device queries describe `target` for the duration of the block (tracing only)."""
+    import torch
+
+    properties = device_properties(target)
+    index = device_index(target)
+    saved = torch.cuda.current_device, torch.cuda.get_device_properties
+    torch.cuda.current_device = lambda: index
+    torch.cuda.get_device_properties = lambda device=None: properties
+    try:
+        yield
+    finally:
+        torch.cuda.current_device, torch.cuda.get_device_properties = saved

@@ -37,8 +37,31 @@ class ModelConfig:
     digest: str
     architectures: tuple[str, ...]
     num_attention_heads: int
+    # KV heads (GQA); equal to num_attention_heads for MHA; unused by MLA.
+    num_key_value_heads: int
+    # Per-head size of q/k/v for MHA/GQA: the config's head_dim or hidden_size / heads.
+    head_dim: int
+    # The longest context the model supports; None when the config does not say.
+    max_position_embeddings: int | None
+    # Tokens each query attends back to when the model uses sliding-window attention.
+    sliding_window: int | None
     torch_dtype: str
     mla: MlaDims | None
+
+    @property
+    def attention(self) -> str:
+        """`mla` (latent KV cache) or `gqa` (per-head K and V caches; MHA is GQA with ratio 1)."""
+        return "mla" if self.mla is not None else "gqa"
+
+    @property
+    def queries_per_kv(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+SUPPORTED_ATTENTION = (
+    "multi-head latent attention (kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) or "
+    "multi-head / grouped-query attention (num_attention_heads, num_key_value_heads, head_dim or hidden_size)"
+)
 
 
 def list_presets() -> list[str]:
@@ -84,6 +107,15 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str 
     if digest is None:
         digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
     fields = _FieldReader(raw, source)
+    if "num_attention_heads" not in raw:
+        architectures = ", ".join(fields.string_list("architectures")) or "this model"
+        raise ModelConfigError(
+            "num_attention_heads",
+            None,
+            f"an attention layout kprecompile derives for {architectures}: {SUPPORTED_ATTENTION}",
+            source,
+        )
+    heads = fields.positive_int("num_attention_heads")
     mla = None
     if raw.get("kv_lora_rank") is not None:
         mla = MlaDims(
@@ -92,15 +124,40 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str 
             qk_rope_head_dim=fields.positive_int("qk_rope_head_dim"),
             v_head_dim=fields.positive_int("v_head_dim"),
         )
+    kv_heads = fields.positive_int("num_key_value_heads", default=heads)
+    if mla is None:
+        if kv_heads > heads or heads % kv_heads:
+            raise ModelConfigError(
+                "num_key_value_heads", kv_heads, f"a divisor of num_attention_heads = {heads}", source
+            )
+        head_dim = fields.positive_int("head_dim", default=None)
+        if head_dim is None:
+            hidden = fields.positive_int("hidden_size")
+            if hidden % heads:
+                raise ModelConfigError("hidden_size", hidden, f"a multiple of num_attention_heads = {heads}", source)
+            head_dim = hidden // heads
+    else:
+        head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     return ModelConfig(
         name=name,
         source=source,
         digest=digest,
         architectures=fields.string_list("architectures"),
-        num_attention_heads=fields.positive_int("num_attention_heads"),
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=fields.positive_int("max_position_embeddings", default=None),
+        sliding_window=_sliding_window(fields, raw),
         torch_dtype=fields.choice("torch_dtype", ("bfloat16", "float16", "float32"), default="bfloat16"),
         mla=mla,
     )
+
+
+def _sliding_window(fields: _FieldReader, raw: dict[str, Any]) -> int | None:
+    """Mistral sets sliding_window; Qwen2/3 also carry one but apply it only with use_sliding_window."""
+    if raw.get("use_sliding_window") is False:
+        return None
+    return fields.positive_int("sliding_window", default=None)
 
 
 class _FieldReader:
@@ -119,8 +176,10 @@ class _FieldReader:
             return default
         return self.raw[field]
 
-    def positive_int(self, field: str) -> int:
-        value = self._get(field)
+    def positive_int(self, field: str, default: object = _MISSING) -> Any:
+        value = self._get(field, default)
+        if value is default and default is not self._MISSING:
+            return default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelConfigError(field, value, "a positive integer", self.source)
         return value

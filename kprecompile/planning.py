@@ -1,7 +1,8 @@
-"""`plan`: model + serving parameters + targets -> the unique kernels to compile.
+"""`plan`: model + serving parameters + engine selection + targets -> the unique kernels to compile.
 
-Enumerates each family's shapes, asks its provider whether it runs on each target, and
-traces the provider's real calls into compile jobs. Nothing is compiled.
+The engine's selection says which families run (and why the others are not planned); each
+planned family's shapes are enumerated, its provider says whether it runs on each target, and
+the provider's real calls are traced into compile jobs. Nothing is compiled.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .engines import Selection, select
 from .models import ModelConfig
 from .providers import Provider, provider_for
 from .serving import ServingParams
@@ -32,12 +34,15 @@ class FamilyPlan:
     parameters: dict[str, Any]
     # Why this family is not compiled for this target, or None.
     skipped: str | None = None
+    # The engine backend (or flag) that runs this family.
+    backend: str = ""
 
 
 @dataclass(frozen=True)
 class Plan:
     model: str
     serving: ServingParams
+    selection: Selection
     targets: tuple[str, ...]
     families: tuple[FamilyPlan, ...]
     jobs: tuple[CompileJob, ...] = field(repr=False)
@@ -52,6 +57,7 @@ class Plan:
         return {
             "model": self.model,
             "serving": self.serving.as_dict(),
+            "engine": self.selection.as_dict(),
             "targets": list(self.targets),
             "families": [vars(family) for family in self.families],
             "kernels": self.kernels,
@@ -72,37 +78,59 @@ def skip_reason(family: str, target: Target) -> str | None:
     return provider.unsupported_reason(target) or _missing_library(provider)
 
 
-def plan_family(family: FamilyShapes, target: Target) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
+def plan_family(family: FamilyShapes, target: Target, backend: str = "") -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     provider = provider_for(family.family)
-    skipped = skip_reason(family.family, target)
+    skipped = family.unsupported or skip_reason(family.family, target)
     if skipped:
-        return FamilyPlan(family.family, target.name, len(family.shapes), 0, family.parameters, skipped), ()
+        plan = FamilyPlan(family.family, target.name, len(family.shapes), 0, family.parameters, skipped, backend)
+        return plan, ()
     calls = ((provider.describe(shape), partial(provider.launch, shape, target)) for shape in family.shapes)
     result = trace_calls(calls, target, family.family, provider.module_prefixes)
-    return FamilyPlan(family.family, target.name, result.calls, len(result.jobs), family.parameters), result.jobs
+    plan = FamilyPlan(family.family, target.name, result.calls, len(result.jobs), family.parameters, None, backend)
+    return plan, result.jobs
+
+
+def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> tuple[FamilyShapes, ...]:
+    """The shapes of every family the selection plans (input errors surface here)."""
+    return enumerate_shapes(model, serving, selection.planned)
 
 
 def plan(
     model: ModelConfig,
     serving: ServingParams,
     targets: Sequence[Target],
+    selection: Selection | None = None,
     families: Sequence[FamilyShapes] | None = None,
 ) -> Plan:
-    """Trace every family's calls on every target. `families` defaults to `enumerate_shapes`."""
+    """Trace every selected family's calls on every target.
+
+    `selection` defaults to the default engine under this process's environment; `families`
+    to `planned_shapes`. Families the engine runs but kprecompile does not plan are listed
+    with the reason.
+    """
     started = time.perf_counter()
+    if selection is None:
+        selection = select(model)
     if families is None:
-        families = enumerate_shapes(model, serving)
+        families = planned_shapes(model, serving, selection)
+    by_name = {family.family: family for family in families}
     plans: list[FamilyPlan] = []
     jobs: dict[str, CompileJob] = {}
     for target in targets:
-        for family in families:
-            family_plan, family_jobs = plan_family(family, target)
+        for choice in selection.choices:
+            if choice.not_planned is not None:
+                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, choice.not_planned, choice.backend))
+                continue
+            if choice.family not in by_name:
+                continue
+            family_plan, family_jobs = plan_family(by_name[choice.family], target, choice.backend)
             plans.append(family_plan)
             for job in family_jobs:
                 jobs.setdefault(job.key, job)
     return Plan(
         model=model.name,
         serving=serving,
+        selection=selection,
         targets=tuple(target.name for target in targets),
         families=tuple(plans),
         jobs=tuple(jobs.values()),

@@ -1,29 +1,146 @@
-"""Serving parameters: the engine settings that, with the model config, decide kernel shapes."""
+"""Serving parameters: the engine settings that, with the model config, decide kernel shapes.
+
+One frozen record used by the CLI, the Python API and the engine hook. Defaults are vLLM's
+(`vllm serve` on a GPU with at least 70 GiB, which covers MI300X, MI325X, MI355X, H100, H200);
+`None` means "derived as vLLM derives it": the model length from the config, the CUDA-graph
+capture sizes from vLLM's rule. Errors name the CLI option, which is also the engine's name
+for the setting (`--max-num-seqs` is vLLM's `max_num_seqs`).
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError
 
-# vLLM's ROCm MLA backend precompiles the FP8 BMM for m = 1..1024 at weight-load time.
-DEFAULT_MAX_BATCH_SIZE = 1024
+if TYPE_CHECKING:
+    from .models import ModelConfig
+
+DEFAULT_MAX_NUM_SEQS = 1024
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_BLOCK_SIZE = 16
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+DTYPES = ("auto", "bfloat16", "float16")
+# vLLM caps its default CUDA-graph capture sizes at 512 tokens.
+_MAX_DEFAULT_CAPTURE_SIZE = 512
 
 
 @dataclass(frozen=True)
 class ServingParams:
     tensor_parallel_size: int = 1
-    # Largest m the FP8 BMM is planned for: decode tokens in one step.
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    # Most sequences in one step: the largest decode batch.
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    # Most tokens in one step: the largest prefill chunk.
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # Longest sequence (prompt + output); None: the config's max_position_embeddings.
+    max_model_len: int | None = None
+    # Tokens per KV-cache block (page).
+    block_size: int = DEFAULT_BLOCK_SIZE
+    # "auto" stores the KV cache in the model dtype; "fp8" / "fp8_e4m3" in the target's FP8.
+    kv_cache_dtype: str = "auto"
+    # "auto": bfloat16 for bfloat16 models, float16 for float16 and float32 ones (vLLM's rule).
+    dtype: str = "auto"
+    # Token counts the engine captures CUDA/HIP graphs for; None: vLLM's default rule.
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    # No graphs at all: every batch runs at its exact size.
+    enforce_eager: bool = False
+    # Draft tokens per step (MTP / speculative decoding): decode queries are 1 + this long.
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _require_positive_int("--tp", self.tensor_parallel_size)
-        _require_positive_int("--max-batch", self.max_batch_size)
+        _require_positive_int("--max-num-seqs", self.max_num_seqs)
+        _require_positive_int("--max-num-batched-tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            _require_positive_int("--max-model-len", self.max_model_len)
+        _require_choice("--block-size", self.block_size, BLOCK_SIZES)
+        _require_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        _require_choice("--dtype", self.dtype, DTYPES)
+        if not isinstance(self.enforce_eager, bool):
+            raise InputError("--enforce-eager", self.enforce_eager, "true or false")
+        if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int):
+            raise InputError("--num-speculative-tokens", self.num_speculative_tokens, "a non-negative integer")
+        if self.num_speculative_tokens < 0:
+            raise InputError("--num-speculative-tokens", self.num_speculative_tokens, "a non-negative integer")
+        if self.cudagraph_capture_sizes is not None:
+            sizes = self.cudagraph_capture_sizes
+            if not isinstance(sizes, tuple) or not sizes:
+                raise InputError("--cudagraph-capture-sizes", sizes, "a non-empty list of positive integers")
+            for size in sizes:
+                _require_positive_int("--cudagraph-capture-sizes", size)
+            object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(set(sizes))))
 
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+    @property
+    def decode_query_len(self) -> int:
+        """Tokens per sequence in a decode step."""
+        return 1 + self.num_speculative_tokens
+
+    @property
+    def kv_cache_is_fp8(self) -> bool:
+        return self.kv_cache_dtype != "auto"
+
+    def capture_sizes(self) -> tuple[int, ...]:
+        """The token counts graphs are captured for (empty when eager), as vLLM computes them."""
+        if self.enforce_eager:
+            return ()
+        if self.cudagraph_capture_sizes is not None:
+            sizes = self.cudagraph_capture_sizes
+        else:
+            largest = min(self.max_num_seqs * self.decode_query_len * 2, _MAX_DEFAULT_CAPTURE_SIZE)
+            sizes = (1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16))
+            sizes = tuple(size for size in sizes if size <= largest)
+        return tuple(size for size in sizes if size <= self.max_num_batched_tokens)
+
+    def decode_token_counts(self) -> tuple[int, ...]:
+        """Every number of decode tokens a step can hand a kernel.
+
+        Decodes mixed into a prefill step run at their exact count, so every count up to
+        max_num_seqs x (1 + speculative tokens) is reachable; pure-decode steps replayed from
+        a graph are padded to a captured size, which may lie above that.
+        """
+        exact = range(1, self.max_num_seqs * self.decode_query_len + 1)
+        return tuple(sorted({*exact, *self.capture_sizes()}))
+
+    def decode_batch_sizes(self) -> tuple[int, ...]:
+        """Every number of decoding sequences a step can hand a kernel (see decode_token_counts)."""
+        per_seq = self.decode_query_len
+        return tuple(sorted({count // per_seq for count in self.decode_token_counts() if count % per_seq == 0}))
+
+    def model_len(self, model: ModelConfig) -> int:
+        """The longest sequence served: --max-model-len, or the config's limit."""
+        limit = model.max_position_embeddings
+        if self.max_model_len is None:
+            if limit is None:
+                raise InputError(
+                    "--max-model-len", None, f"a value: {model.name} has no max_position_embeddings to derive it from"
+                )
+            return limit
+        if limit is not None and self.max_model_len > limit:
+            raise InputError(
+                "--max-model-len", self.max_model_len, f"at most max_position_embeddings = {limit} of {model.name}"
+            )
+        return self.max_model_len
+
+    def activation_dtype(self, model: ModelConfig) -> str:
+        """The dtype activations and (with kv-cache-dtype auto) the KV cache are held in."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if model.torch_dtype == "bfloat16" else "float16"
+
+    def as_dict(self) -> dict[str, Any]:
+        record = asdict(self)
+        if self.cudagraph_capture_sizes is not None:
+            record["cudagraph_capture_sizes"] = list(self.cudagraph_capture_sizes)
+        return record
 
 
 def _require_positive_int(field: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(field, value, "a positive integer")
+
+
+def _require_choice(field: str, value: object, choices: tuple[object, ...]) -> None:
+    if isinstance(value, bool) or value not in choices:
+        raise InputError(field, value, "one of " + ", ".join(str(choice) for choice in choices))

@@ -27,6 +27,9 @@ class Target:
     # Name of the torch dtype the hardware's FP8 uses, or None where it has no FP8.
     fp8_dtype_name: str | None
     description: str
+    # Compute units (AMD) or SMs (NVIDIA) of the target's flagship part. Kernel wrappers size
+    # grids and pick kernel variants by it, so tracing must report the serving GPU's count.
+    compute_units: int
 
     def gpu_target(self) -> GPUTarget:
         from triton.backends.compiler import GPUTarget
@@ -47,13 +50,13 @@ class Target:
 TARGETS: dict[str, Target] = {
     target.name: target
     for target in (
-        Target("gfx90a", "hip", "gfx90a", 64, None, "AMD Instinct MI210 / MI250X"),
-        Target("gfx942", "hip", "gfx942", 64, "float8_e4m3fnuz", "AMD Instinct MI300X / MI325X"),
-        Target("gfx950", "hip", "gfx950", 64, "float8_e4m3fn", "AMD Instinct MI350X / MI355X"),
-        Target("sm80", "cuda", 80, 32, None, "NVIDIA A100"),
-        Target("sm89", "cuda", 89, 32, "float8_e4m3fn", "NVIDIA L40S / RTX 4090"),
-        Target("sm90", "cuda", 90, 32, "float8_e4m3fn", "NVIDIA H100 / H200"),
-        Target("sm100", "cuda", 100, 32, "float8_e4m3fn", "NVIDIA B200"),
+        Target("gfx90a", "hip", "gfx90a", 64, None, "AMD Instinct MI250X", 110),
+        Target("gfx942", "hip", "gfx942", 64, "float8_e4m3fnuz", "AMD Instinct MI300X / MI325X", 304),
+        Target("gfx950", "hip", "gfx950", 64, "float8_e4m3fn", "AMD Instinct MI350X / MI355X", 256),
+        Target("sm80", "cuda", 80, 32, None, "NVIDIA A100", 108),
+        Target("sm89", "cuda", 89, 32, "float8_e4m3fn", "NVIDIA L40S", 142),
+        Target("sm90", "cuda", 90, 32, "float8_e4m3fn", "NVIDIA H100 / H200", 132),
+        Target("sm100", "cuda", 100, 32, "float8_e4m3fn", "NVIDIA B200", 148),
     )
 }
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .driver import active_target
+from .driver import active_target, device_model
 from .errors import TracingError
 from .targets import Target
 
@@ -111,7 +111,7 @@ def trace_calls(
     count = 0
     from triton import knobs
 
-    with active_target(target), isolated_modules(fresh_modules), knobs.runtime.scope():
+    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
         knobs.runtime.jit_cache_hook = record
         for label, call in calls:
             try:

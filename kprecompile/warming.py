@@ -21,11 +21,12 @@ from .cache.manifest import Manifest, manifest_key, manifest_parts, read_manifes
 from .cache.toolchain import current_toolchain
 from .compile import JobOutcome
 from .models import ModelConfig
-from .planning import FamilyPlan, plan, skip_reason
+from .engines import Selection, select
+from .planning import FamilyPlan, plan, planned_shapes, skip_reason
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .providers import provider_for
 from .serving import ServingParams
-from .shapes import FamilyShapes, enumerate_shapes
+from .shapes import FamilyShapes
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -79,13 +80,16 @@ def warm(
     targets: Sequence[Target],
     layout: CacheLayout,
     *,
+    selection: Selection | None = None,
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: bool = False,
 ) -> WarmReport:
     started = time.perf_counter()
-    # Shapes first: every input error surfaces before anything is written to the cache.
-    shapes = enumerate_shapes(model, serving)
+    # Selection and shapes first: every input error surfaces before anything is written.
+    if selection is None:
+        selection = select(model)
+    shapes = planned_shapes(model, serving, selection)
     toolchain = current_toolchain(layout).as_dict()
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
@@ -94,7 +98,7 @@ def warm(
     trace_seconds = compile_seconds = 0.0
     try:
         for target in targets:
-            parts = manifest_parts(model.digest, serving.as_dict(), target.name, toolchain)
+            parts = manifest_parts(model.digest, serving.as_dict(), selection.as_dict(), target.name, toolchain)
             key = manifest_key(parts)
             manifest = _warm_from_manifest(layout, key)
             if manifest is not None:
@@ -103,7 +107,9 @@ def warm(
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
                 manifests.append(str(layout.manifest_path(key)))
                 continue
-            compiled_here = [family for family in shapes if skip_reason(family.family, target) is None]
+            compiled_here = [
+                family for family in shapes if not family.unsupported and skip_reason(family.family, target) is None
+            ]
             if pool is None and compiled_here:
                 # Start workers now: their imports overlap with tracing.
                 pool = CompilePool(
@@ -112,7 +118,7 @@ def warm(
                     job_timeout_seconds=job_timeout_seconds,
                     preload_modules=_library_modules(compiled_here),
                 )
-            target_plan = plan(model, serving, [target], shapes)
+            target_plan = plan(model, serving, [target], selection, shapes)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()
             target_outcomes = pool.compile(target_plan.jobs, progress) if pool is not None else ()

@@ -40,7 +40,7 @@ def engine_sweep(model_spec: str, tp: int, target_name: str, max_batch: int, cac
     from kprecompile.targets import TARGETS
 
     target = TARGETS[target_name]
-    shapes = enumerate_fp8_bmm(load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_batch_size=max_batch))
+    shapes = enumerate_fp8_bmm(load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_batch))
     launch = provider_for(FAMILY).launch
     compiled = []
     with active_target(target), knobs.cache.scope(), knobs.compilation.scope():
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--model", default="deepseek-r1")
     parser.add_argument("--tp", type=int, default=8)
     parser.add_argument("--target", default="gfx942")
-    parser.add_argument("--max-batch", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=1024)
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument(
         "--scaling",
@@ -96,7 +96,7 @@ def main() -> None:
             str(args.tp),
             "--target",
             args.target,
-            "--max-batch",
+            "--max-num-seqs",
             str(args.max_batch),
         ]
         sweep_seconds, sweep_out = timed(
@@ -108,6 +108,8 @@ def main() -> None:
             "kprecompile",
             "warm",
             *selection,
+            "--family",
+            "fp8_bmm",
             "--jobs",
             str(args.jobs),
             "--cache-dir",

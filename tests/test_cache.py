@@ -60,7 +60,7 @@ def test_a_corrupt_manifest_is_ignored_with_a_warning(cache_layout, caplog):
 
 
 def test_a_manifest_whose_kernels_went_missing_is_rewarmed(cache_layout, gfx942):
-    model, serving = load_model("deepseek-v2-lite"), ServingParams(max_batch_size=3)
+    model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
     first = warm(model, serving, [gfx942], cache_layout, max_workers=2)
     assert first.compiled == first.kernels > 1 and len(first.manifests) == 1
 

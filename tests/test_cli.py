@@ -28,7 +28,7 @@ def run(capsys, *argv):
             "or auto",
         ),
         (["--target", "auto"], "kprecompile: --target: got 'auto', expected a visible GPU for auto-detection"),
-        (["--max-batch", "0"], "kprecompile: --max-batch: got 0, expected a positive integer"),
+        (["--max-num-seqs", "0"], "kprecompile: --max-num-seqs: got 0, expected a positive integer"),
         (["--jobs", "0"], "kprecompile: --jobs: got 0, expected a positive integer"),
         (["--job-timeout", "-1"], "kprecompile: --job-timeout: got -1.0, expected a positive number of seconds"),
     ],
@@ -66,32 +66,82 @@ def test_plan_json_schema(capsys):
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "gfx942", "--json")
     assert status == 0
     document = json.loads(out)
-    [family] = document["families"]
-    assert family["name"] == "fp8_bmm" and family["target"] == "gfx942"
-    assert family["calls"] == 2 * 1024
-    assert 0 < family["kernels"] < family["calls"]
-    assert document["kernels"] == family["kernels"]
-    assert family["parameters"]["heads_per_rank"] == 16
+    assert document["engine"]["attention_backend"] == "ROCM_AITER_MLA"
+    assert document["serving"]["max_num_seqs"] == 1024 and document["serving"]["block_size"] == 16
+    families = {family["name"]: family for family in document["families"]}
+    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill"]
+    bmm = families["fp8_bmm"]
+    assert bmm["target"] == "gfx942" and bmm["calls"] == 2 * 1024 and 0 < bmm["kernels"] < bmm["calls"]
+    assert bmm["parameters"]["heads_per_rank"] == 16
+    # The stage-2 reduce takes the batch size as a constexpr: one kernel per reachable batch size.
+    assert families["mla_decode"]["kernels"] == families["mla_decode"]["calls"] == 1024
+    assert "CK flash-attention" in families["mla_prefill"]["skipped"]
+    assert document["kernels"] == bmm["kernels"] + 1024
+
+
+def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
+    status, out, _ = run(
+        capsys,
+        "plan",
+        "--model",
+        "deepseek-r1",
+        "--tp",
+        "8",
+        "--target",
+        "gfx942",
+        "--attention-backend",
+        "ROCM_AITER_TRITON_MLA",
+        "--max-num-seqs",
+        "4",
+        "--json",
+    )
+    assert status == 0
+    families = {family["name"]: family for family in json.loads(out)["families"]}
+    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill"]
+    assert all(family["skipped"] is None and family["kernels"] > 0 for family in families.values())
 
 
 def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
     assert status == 0
-    [family] = json.loads(out)["families"]
-    assert family["kernels"] == 0
-    assert "ROCm targets only" in family["skipped"]
+    families = json.loads(out)["families"]
+    assert [family["kernels"] for family in families] == [0, 0, 0]
+    assert "ROCm targets only" in families[0]["skipped"] and "ROCm targets only" in families[1]["skipped"]
 
 
-def test_plan_of_a_model_without_mla_is_empty(capsys):
+def test_plan_of_a_gqa_model_under_unified_attention(capsys):
+    status, out, _ = run(
+        capsys,
+        "plan",
+        "--model",
+        "llama-3.1-8b-instruct",
+        "--target",
+        "gfx942",
+        "--attention-backend",
+        "ROCM_AITER_UNIFIED_ATTN",
+        "--max-num-seqs",
+        "64",
+        "--json",
+    )
+    assert status == 0
+    families = {family["name"]: family for family in json.loads(out)["families"]}
+    assert list(families) == ["prefix_prefill", "paged_decode"]
+    assert all(family["kernels"] > 0 for family in families.values())
+    assert "sliding_window" not in families["prefix_prefill"]["parameters"]
+
+
+def test_plan_of_a_gqa_model_under_the_default_engine_says_nothing_compiles(capsys):
     status, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--json")
     assert status == 0
-    assert json.loads(out)["families"] == [] and json.loads(out)["kernels"] == 0
+    document = json.loads(out)
+    assert document["engine"]["attention_backend"] == "ROCM_AITER_FA" and document["kernels"] == 0
+    assert all("prebuilt CK/assembly" in family["skipped"] for family in document["families"])
 
 
 def small_warm(tmp_path, max_batch, *extra):
     """`warm` of a small DeepSeek-V2-Lite FP8 BMM plan for gfx942, JSON output."""
-    return ["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-batch", str(max_batch),
-            "--jobs", "2", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
+    return ["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", str(max_batch),
+            "--family", "fp8_bmm", "--jobs", "2", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
 
 
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):

@@ -1,7 +1,7 @@
 import pytest
 
 from kprecompile.errors import InputError
-from kprecompile.models import load_model
+from kprecompile.models import load_model, model_from_dict
 from kprecompile.serving import ServingParams
 from kprecompile.shapes import enumerate_shapes
 from kprecompile.shapes.fp8_bmm import enumerate_fp8_bmm
@@ -23,8 +23,42 @@ def test_deepseek_r1_tp8_sweeps_both_products_over_every_m():
     assert {s.group_size for s in shapes} == {128}
 
 
-def test_models_without_mla_have_no_fp8_bmm_shapes():
-    assert enumerate_shapes(load_model("llama-3.1-8b-instruct"), ServingParams()) == ()
+def test_families_follow_the_attention_structure_not_the_model_name():
+    def families(model):
+        return [family.family for family in enumerate_shapes(model, ServingParams(max_num_seqs=4))]
+
+    assert families(load_model("llama-3.1-8b-instruct")) == ["prefix_prefill", "paged_decode"]
+    assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_prefill"]
+    # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.
+    unseen = model_from_dict(
+        {"architectures": ["SomethingNewForCausalLM"], "num_attention_heads": 16, "kv_lora_rank": 256,
+         "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "max_position_embeddings": 4096},
+        name="unseen", source="test",
+    )  # fmt: skip
+    assert families(unseen) == ["fp8_bmm", "mla_decode", "mla_prefill"]
+
+
+def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():
+    def windows(model):
+        shapes = enumerate_shapes(model, ServingParams(max_num_seqs=2), ["paged_decode"])[0].shapes
+        return {shape.sliding_window for shape in shapes}
+
+    assert windows(load_model("mistral-7b-v0.1")) == {4096}
+    assert windows(load_model("qwen3-8b")) == {0}
+    assert windows(load_model("llama-3.1-8b-instruct")) == {0}
+
+
+def test_capture_sizes_and_decode_sizes_follow_vllm():
+    default = ServingParams()
+    assert default.capture_sizes()[:4] == (1, 2, 4, 8) and default.capture_sizes()[-1] == 512
+    assert default.decode_batch_sizes() == tuple(range(1, 1025))
+    assert ServingParams(enforce_eager=True, max_num_seqs=7).capture_sizes() == ()
+    # Graphs are captured up to 2 x max_num_seqs tokens: a padded decode can exceed max_num_seqs.
+    assert ServingParams(max_num_seqs=4).capture_sizes() == (1, 2, 4, 8)
+    assert ServingParams(max_num_seqs=4).decode_token_counts() == (1, 2, 3, 4, 8)
+    mtp = ServingParams(max_num_seqs=4, num_speculative_tokens=1)
+    assert mtp.decode_token_counts() == (*range(1, 9), 16) and mtp.decode_batch_sizes() == (1, 2, 3, 4, 8)
+    assert ServingParams(cudagraph_capture_sizes=(4, 1, 4)).cudagraph_capture_sizes == (1, 4)
 
 
 @pytest.mark.parametrize("tp", [3, 32])
@@ -37,7 +71,7 @@ def test_heads_not_divisible_by_tp_is_an_input_error(tp):
 
 
 @pytest.mark.parametrize(
-    "field, kwargs", [("--tp", {"tensor_parallel_size": 0}), ("--max-batch", {"max_batch_size": -1})]
+    "field, kwargs", [("--tp", {"tensor_parallel_size": 0}), ("--max-num-seqs", {"max_num_seqs": -1})]
 )
 def test_serving_params_must_be_positive(field, kwargs):
     with pytest.raises(InputError, match=f"{field}: got -?[0-9]+, expected a positive integer"):

@@ -2,8 +2,8 @@
 
 A manifest's name is the hash of a named dict of everything that decides which kernels a
 configuration compiles and what their binaries are: schema and kprecompile versions, the
-model config's digest, serving parameters, target, toolchain, and the environment variables
-Triton reports as invalidating its cache. "No valid manifest" means "not warm".
+model config's digest, serving parameters, the engine's selection and flags, target,
+toolchain, and the environment variables Triton reports as invalidating its cache. "No valid manifest" means "not warm".
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .layout import CacheLayout
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_SCHEMA = 1
+MANIFEST_SCHEMA = 2
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Manifest:
 
 
 def manifest_parts(
-    model_digest: str, serving: dict[str, Any], target: str, toolchain: dict[str, Any]
+    model_digest: str, serving: dict[str, Any], engine: dict[str, Any], target: str, toolchain: dict[str, Any]
 ) -> dict[str, Any]:
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
@@ -53,6 +53,7 @@ def manifest_parts(
         "kprecompile": __version__,
         "model_digest": model_digest,
         "serving": serving,
+        "engine": engine,
         "target": target,
         "toolchain": toolchain,
         "triton_environment": dict(sorted(get_cache_invalidating_env_vars().items())),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..targets import Target
-from . import aiter_fp8_bmm
+from . import aiter_fp8_bmm, aiter_mla_decode, aiter_mla_prefill, aiter_unified_attention
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,33 @@ PROVIDERS: dict[str, Provider] = {
         describe=aiter_fp8_bmm.describe,
         launch=aiter_fp8_bmm.launch,
     ),
+    "mla_decode": Provider(
+        family="mla_decode",
+        library="amd-aiter",
+        module_prefixes=("aiter.mla",),
+        unsupported_reason=aiter_mla_decode.unsupported_reason,
+        describe=aiter_mla_decode.describe,
+        launch=aiter_mla_decode.launch,
+    ),
+    "mla_prefill": Provider(
+        family="mla_prefill",
+        library="amd-aiter",
+        module_prefixes=("aiter.ops.triton",),
+        unsupported_reason=aiter_mla_prefill.unsupported_reason,
+        describe=aiter_mla_prefill.describe,
+        launch=aiter_mla_prefill.launch,
+    ),
+    **{
+        family: Provider(
+            family=family,
+            library="amd-aiter",
+            module_prefixes=("aiter.ops.triton",),
+            unsupported_reason=aiter_unified_attention.unsupported_reason,
+            describe=aiter_unified_attention.describe,
+            launch=aiter_unified_attention.launch,
+        )
+        for family in ("prefix_prefill", "paged_decode")
+    },
 }
 
 

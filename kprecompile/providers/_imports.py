@@ -5,6 +5,11 @@
 module (its `__path__` the installed directory) lets them import anywhere (DESIGN.md fact 5).
 On a ROCm build of torch the real package is imported instead, so that an engine sharing the
 process later gets a fully initialized `aiter`.
+
+`aiter.mla` (MLA decode) also imports `aiter.dtypes` and `aiter.jit.utils.chip_info`, which ask
+the ROCm runtime for the GPU's arch and compute units at import. With the bare package they
+are stand-ins that answer for the GPU Triton's active driver reports (the target being traced
+or compiled) and the device torch reports, the same answers the real modules give on it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,49 @@ def _ensure_aiter_package() -> None:
     package.__spec__ = spec
     package.__file__ = spec.origin
     sys.modules[AITER_PACKAGE] = package
+    package.dtypes = sys.modules[f"{AITER_PACKAGE}.dtypes"] = _dtypes_standin()
+    sys.modules[f"{AITER_PACKAGE}.jit.utils.chip_info"] = _chip_info_standin()
+
+
+def _active_arch() -> str:
+    from triton.runtime import driver
+
+    return str(driver.active.get_current_target().arch)
+
+
+def _dtypes_standin() -> ModuleType:
+    """`aiter.dtypes`: torch dtypes by AITER's short names; `fp8` is the active target's FP8."""
+    import torch
+
+    module = types.ModuleType(f"{AITER_PACKAGE}.dtypes")
+    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "i32": torch.int32}
+    fp8_by_arch = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
+    module.__dict__.update(names)
+
+    def __getattr__(name: str) -> object:
+        if name == "fp8":
+            return fp8_by_arch.get(_active_arch(), torch.uint8)
+        raise AttributeError(name)
+
+    module.__getattr__ = __getattr__
+    return module
+
+
+def _chip_info_standin() -> ModuleType:
+    """`aiter.jit.utils.chip_info`: the arch and compute units of the GPU being compiled for."""
+    module = types.ModuleType(f"{AITER_PACKAGE}.jit.utils.chip_info")
+
+    def get_gfx() -> str:
+        return _active_arch()
+
+    def get_cu_num() -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+    module.get_gfx = get_gfx
+    module.get_cu_num = get_cu_num
+    return module
 
 
 def import_library_module(name: str) -> ModuleType:

@@ -9,7 +9,8 @@ vLLM's ROCm MLA path multiplies, per decode step and per rank, with AITER's
   W_V (heads, v_head_dim, kv_lora_rank) into a preallocated output: K = kv_lora_rank,
   N = v_head_dim.
 
-m is the number of decode tokens, 1..max_batch_size; the kernel takes M through a constexpr
+m is the number of decode tokens (`ServingParams.decode_token_counts`: every count up to
+max_num_seqs x (1 + speculative tokens), and graph-padded counts);  the kernel takes M through a constexpr
 grid size, so most m values are distinct kernels.
 """
 
@@ -18,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..errors import InputError
 from ..models import ModelConfig
 from ..serving import ServingParams
+from ._common import heads_per_rank
 
 FAMILY = "fp8_bmm"
 GROUP_SIZE = 128
@@ -42,22 +43,15 @@ class Fp8BmmShape:
     group_size: int = GROUP_SIZE
 
 
-def heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
-    heads, tp = model.num_attention_heads, serving.tensor_parallel_size
-    if heads % tp:
-        raise InputError("--tp", tp, f"a divisor of num_attention_heads = {heads} of {model.name}")
-    return heads // tp
-
-
 def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams) -> tuple[Fp8BmmShape, ...]:
-    """Both absorbed-weight products for every m in 1..max_batch_size; none without MLA."""
+    """Both absorbed-weight products for every decode token count; none without MLA."""
     if model.mla is None:
         return ()
     mla = model.mla
     heads = heads_per_rank(model, serving)
-    dtype = activation_dtype(model)
+    dtype = serving.activation_dtype(model)
     shapes = []
-    for m in range(1, serving.max_batch_size + 1):
+    for m in serving.decode_token_counts():
         shapes.append(
             Fp8BmmShape(
                 "q_nope_w_uk",
@@ -94,8 +88,3 @@ def describe_parameters(shapes: tuple[Fp8BmmShape, ...]) -> dict[str, object]:
         "group_size": first.group_size,
         "activation_dtype": first.activation_dtype,
     }
-
-
-def activation_dtype(model: ModelConfig) -> str:
-    """vLLM's `dtype=auto`: bfloat16 models run in bfloat16, float16 and float32 in float16."""
-    return "bfloat16" if model.torch_dtype == "bfloat16" else "float16"

@@ -1,0 +1,185 @@
+"""Which kernel families an engine runs for a model, decided by the engine's own flags.
+
+The model fixes the attention structure (MLA or GQA); the engine's attention backend and
+flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
+first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
+compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
+selection (vLLM 0.11, the generation amd-aiter 0.1.7 ships with; see docs/engine-kernels.md)
+so that the plan covers what the engine will launch, and says plainly what it does not cover.
+
+Engines:
+- `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
+  environment says otherwise: the configuration AMD recommends on Instinct GPUs.
+- `vllm`: vLLM with its own defaults, where AITER is off unless `VLLM_ROCM_USE_AITER=1`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import InputError
+from .models import ModelConfig
+
+ENGINES = ("vllm-aiter", "vllm")
+DEFAULT_ENGINE = "vllm-aiter"
+
+MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
+GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str
+    # vLLM's default; `vllm-aiter` overrides only VLLM_ROCM_USE_AITER.
+    default: bool
+    why: str
+
+
+# vLLM's boolean flags that decide which attention and BMM kernels run on ROCm.
+FLAGS = (
+    Flag("VLLM_ROCM_USE_AITER", False, "master switch for every AITER kernel path"),
+    Flag("VLLM_ROCM_USE_AITER_MLA", True, "MLA models: AITER's MLA backend instead of TRITON_MLA"),
+    Flag("VLLM_ROCM_USE_AITER_FP8BMM", True, "MLA models: AITER's FP8 BMM for the absorbed weights"),
+    Flag("VLLM_ROCM_USE_AITER_MHA", True, "GQA models: AITER's CK/asm attention (ROCM_AITER_FA)"),
+    Flag(
+        "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
+        False,
+        "GQA models: AITER's Triton unified attention (ROCM_AITER_UNIFIED_ATTN)",
+    ),
+    Flag("VLLM_V1_USE_PREFILL_DECODE_ATTENTION", False, "GQA models: vLLM's prefill/decode split (ROCM_ATTN)"),
+)
+BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
+
+
+@dataclass(frozen=True)
+class FamilyChoice:
+    family: str
+    # The engine's backend (or path) that runs this family's kernels.
+    backend: str
+    # Why kprecompile does not compile this family here, or None when it does.
+    not_planned: str | None = None
+
+
+@dataclass(frozen=True)
+class Selection:
+    engine: str
+    attention_backend: str
+    flags: dict[str, bool]
+    choices: tuple[FamilyChoice, ...]
+
+    @property
+    def planned(self) -> tuple[str, ...]:
+        return tuple(choice.family for choice in self.choices if choice.not_planned is None)
+
+    def as_dict(self) -> dict[str, object]:
+        """What decides the kernels: part of the manifest key and of `plan --json`."""
+        return {"engine": self.engine, "attention_backend": self.attention_backend, "flags": dict(self.flags)}
+
+
+def parse_flag(value: str) -> bool:
+    """vLLM's reading of a boolean variable: true when "1" or "true" (any case), else false."""
+    return value.strip().lower() in ("1", "true")
+
+
+def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
+    flags = {}
+    for flag in FLAGS:
+        default = True if (engine == "vllm-aiter" and flag.name == "VLLM_ROCM_USE_AITER") else flag.default
+        raw = environ.get(flag.name)
+        flags[flag.name] = default if raw is None or raw == "" else parse_flag(raw)
+    return flags
+
+
+def select(
+    model: ModelConfig,
+    engine: str = DEFAULT_ENGINE,
+    attention_backend: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    families: Sequence[str] = (),
+) -> Selection:
+    """The families `engine` runs for `model` under these flags, each planned or with why not.
+
+    `attention_backend` (the CLI's --attention-backend) wins over VLLM_ATTENTION_BACKEND, as
+    vLLM's --attention-backend does. `families`, when given, keeps only those (--family).
+    """
+    import os
+
+    if engine not in ENGINES:
+        raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
+    environ = os.environ if environ is None else environ
+    flags = read_flags(engine, environ)
+    field, requested = "--attention-backend", attention_backend
+    if not requested:
+        field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    backends = MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS
+    if requested is not None and requested not in backends:
+        kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
+        raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind}")
+    if model.attention == "mla":
+        backend = requested or _default_mla_backend(flags)
+        choices = _mla_choices(backend, flags)
+    else:
+        backend = requested or _default_gqa_backend(flags)
+        choices = _gqa_choices(backend)
+    if families:
+        available = [choice.family for choice in choices]
+        for family in families:
+            if family not in available:
+                raise InputError("--family", family, f"one of {', '.join(available)} for {model.name}")
+        choices = tuple(choice for choice in choices if choice.family in families)
+    return Selection(engine, backend, flags, choices)
+
+
+def _default_mla_backend(flags: dict[str, bool]) -> str:
+    if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_MLA"]:
+        return "ROCM_AITER_MLA"
+    return "TRITON_MLA"
+
+
+def _default_gqa_backend(flags: dict[str, bool]) -> str:
+    aiter = flags["VLLM_ROCM_USE_AITER"]
+    if aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]:
+        return "ROCM_AITER_UNIFIED_ATTN"
+    if aiter and flags["VLLM_ROCM_USE_AITER_MHA"]:
+        return "ROCM_AITER_FA"
+    if flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]:
+        return "ROCM_ATTN"
+    return "TRITON_ATTN"
+
+
+_VLLM_OWN = "{backend} runs vLLM's own Triton kernels, which kprecompile does not plan (only AITER's)"
+_PREBUILT = "{backend} runs AITER's prebuilt {kind} kernels: nothing is compiled on first use"
+
+
+def _mla_choices(backend: str, flags: dict[str, bool]) -> tuple[FamilyChoice, ...]:
+    choices = []
+    if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
+        choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
+    else:
+        reason = "vLLM runs AITER's FP8 BMM only with VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_FP8BMM=1"
+        choices.append(FamilyChoice("fp8_bmm", "torch bmm", reason))
+    if backend == "TRITON_MLA":
+        choices.append(FamilyChoice("mla_decode", backend, _VLLM_OWN.format(backend=backend)))
+        choices.append(FamilyChoice("mla_prefill", backend, _VLLM_OWN.format(backend=backend)))
+        return tuple(choices)
+    # Both AITER MLA backends decode with AITER's mla_decode_fwd (assembly stage 1, Triton reduce).
+    choices.append(FamilyChoice("mla_decode", backend))
+    if backend == "ROCM_AITER_TRITON_MLA":
+        choices.append(FamilyChoice("mla_prefill", backend))
+    else:
+        reason = _PREBUILT.format(backend=backend, kind="CK flash-attention") + " (ROCM_AITER_TRITON_MLA uses Triton)"
+        choices.append(FamilyChoice("mla_prefill", backend, reason))
+    return tuple(choices)
+
+
+def _gqa_choices(backend: str) -> tuple[FamilyChoice, ...]:
+    if backend == "ROCM_AITER_UNIFIED_ATTN":
+        reason = None
+    elif backend == "ROCM_AITER_FA":
+        reason = (
+            _PREBUILT.format(backend=backend, kind="CK/assembly attention") + " (ROCM_AITER_UNIFIED_ATTN uses Triton)"
+        )
+    else:
+        reason = _VLLM_OWN.format(backend=backend)
+    return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason))

@@ -1,0 +1,81 @@
+"""AITER's Triton `unified_attention`, called as vLLM's ROCM_AITER_UNIFIED_ATTN backend calls it.
+
+One call per step over all requests: q and out are the first `tokens` rows of token-major
+(tokens, heads, head_size) buffers; K and V caches are the two halves of one per-layer
+(2, blocks, block_size, kv_heads, head_size) tensor, in the model dtype or viewed as the
+target's FP8 with 0-d float32 scales; the block table is the first rows of a
+(max_num_seqs, max_blocks_per_seq) int32 table; a sliding window arrives as (window - 1, 0).
+The KV tensor's size is chosen under or over 2 GiB to match the shape's storage class.
+"""
+
+from __future__ import annotations
+
+from ..shapes._common import TWO_GIB
+from ..shapes.paged_attention import PagedAttentionShape
+from ..targets import Target
+from ._imports import import_library_module
+
+WRAPPER_MODULE = "aiter.ops.triton.unified_attention"
+
+
+def unsupported_reason(target: Target) -> str | None:
+    if not target.is_rocm:
+        return "AITER's unified attention configs carry AMD-only launch options (waves_per_eu); ROCm targets only"
+    return None
+
+
+def describe(shape: PagedAttentionShape) -> str:
+    return (
+        f"unified_attention(num_seqs={shape.num_seqs}, tokens={shape.tokens}, max_seqlen_q={shape.max_query_len}, "
+        f"max_seqlen_k={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
+    )
+
+
+def _num_blocks(shape: PagedAttentionShape, element_size: int) -> int:
+    per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element_size
+    needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
+    if shape.kv_cache_storage == "under_2gib":
+        return max(needed, 1)
+    return max(needed, TWO_GIB // per_block + 1)
+
+
+def launch(shape: PagedAttentionShape, target: Target) -> None:
+    import torch
+
+    wrapper = import_library_module(WRAPPER_MODULE)
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    cache_dtype = target.fp8_dtype if shape.kv_cache_fp8 else dtype
+    if cache_dtype is None:
+        raise ValueError(f"{target.name} has no FP8 type for an FP8 KV cache")
+    element_size = torch.empty((), dtype=cache_dtype, device=meta).element_size()
+    blocks = _num_blocks(shape, element_size)
+    kv_cache = torch.empty(
+        (2, blocks, shape.block_size, shape.kv_heads, shape.head_size), dtype=cache_dtype, device=meta
+    )
+    key_cache, value_cache = kv_cache.unbind(0)
+    query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    output = torch.empty_like(query)
+    block_table = torch.empty((shape.num_seqs, shape.max_blocks_per_seq), dtype=torch.int32, device=meta)
+    query_start_loc = torch.empty(shape.num_seqs + 1, dtype=torch.int32, device=meta)
+    seq_lens = torch.empty(shape.num_seqs, dtype=torch.int32, device=meta)
+    scale = torch.empty((), dtype=torch.float32, device=meta)
+    window = (shape.sliding_window - 1, 0) if shape.sliding_window else (-1, -1)
+    wrapper.unified_attention(
+        q=query,
+        k=key_cache,
+        v=value_cache,
+        out=output,
+        cu_seqlens_q=query_start_loc,
+        max_seqlen_q=shape.max_query_len,
+        seqused_k=seq_lens,
+        max_seqlen_k=shape.max_seq_len,
+        softmax_scale=shape.head_size**-0.5,
+        causal=True,
+        window_size=window,
+        block_table=block_table,
+        softcap=0,
+        q_descale=None,
+        k_descale=scale,
+        v_descale=scale,
+    )

@@ -1,0 +1,49 @@
+"""Facts every family derives the same way from the model and the serving parameters."""
+
+from __future__ import annotations
+
+from ..errors import InputError
+from ..models import ModelConfig
+from ..serving import ServingParams
+
+# On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
+# ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
+# side is reachable: attention families plan both.
+KV_CACHE_STORAGE_CLASSES = ("under_2gib", "over_2gib")
+TWO_GIB = 2**31
+
+
+def heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
+    heads, tp = model.num_attention_heads, serving.tensor_parallel_size
+    if heads % tp:
+        raise InputError("--tp", tp, f"a divisor of num_attention_heads = {heads} of {model.name}")
+    return heads // tp
+
+
+def kv_heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
+    """vLLM splits KV heads across ranks, replicating them when tp exceeds their number."""
+    kv_heads, tp = model.num_key_value_heads, serving.tensor_parallel_size
+    if kv_heads % tp and tp % kv_heads:
+        raise InputError("--tp", tp, f"a divisor or multiple of num_key_value_heads = {kv_heads} of {model.name}")
+    return max(1, kv_heads // tp)
+
+
+def geometric_points(low: int, high: int) -> tuple[int, ...]:
+    """Integers from low to high, each at most 1.5x the previous: one in every power-of-two bucket."""
+    points, value = [], low
+    while value < high:
+        points.append(value)
+        value = max(value + 1, value * 3 // 2)
+    points.append(high)
+    return tuple(sorted(set(point for point in points if low <= point <= high)))
+
+
+def int_class_representatives(high: int, low: int = 1) -> tuple[int, ...]:
+    """One integer per Triton integer class reachable in [low, high]: 1, a multiple of 16, another."""
+    candidates = (1, 16, 2, 17, 32, 3)
+    chosen: dict[str, int] = {}
+    for value in (*candidates, low, high):
+        if low <= value <= high:
+            kind = "one" if value == 1 else "div16" if value % 16 == 0 else "other"
+            chosen.setdefault(kind, value)
+    return tuple(sorted(chosen.values()))

@@ -1,0 +1,95 @@
+"""MLA prefill shapes: AITER's Triton varlen flash attention as ROCM_AITER_TRITON_MLA calls it.
+
+Prefill runs MLA unabsorbed: q and k have qk_nope_head_dim + qk_rope_head_dim per head, v has
+v_head_dim and is a view of the up-projected KV (nope | v per head). The new tokens attend
+causally to themselves; a cached prefix is attended in chunks, non-causally, and merged by LSE.
+The kernel takes the batch size and both max sequence lengths as plain integers (specialized
+as 1 / multiple of 16 / other), so the plan takes one length per class the engine can produce.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..models import ModelConfig
+from ..serving import ServingParams
+from ._common import heads_per_rank, int_class_representatives
+
+FAMILY = "mla_prefill"
+
+Kind = Literal["new_tokens", "context_chunk"]
+
+
+@dataclass(frozen=True)
+class MlaPrefillShape:
+    kind: Kind
+    heads: int
+    batch: int
+    # Total and longest query tokens over the batch's prefills.
+    tokens: int
+    max_query_len: int
+    # Total and longest key tokens: the new tokens themselves, or one chunk of cached context.
+    kv_tokens: int
+    max_kv_len: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    dtype: str
+
+
+def enumerate_mla_prefill(model: ModelConfig, serving: ServingParams) -> tuple[MlaPrefillShape, ...]:
+    if model.mla is None:
+        return ()
+    mla = model.mla
+    heads = heads_per_rank(model, serving)
+    budget = serving.max_num_batched_tokens
+    model_len = serving.model_len(model)
+    # Requests with at most decode_query_len new tokens are decodes; prefills are longer.
+    shortest_prefill = serving.decode_query_len + 1
+    query_lens = int_class_representatives(min(budget, model_len), low=shortest_prefill)
+    batches = int_class_representatives(min(serving.max_num_seqs, budget // shortest_prefill))
+    context_lens = int_class_representatives(model_len - shortest_prefill)
+    shapes = []
+
+    def add(kind: Kind, batch: int, query_len: int, kv_len: int) -> None:
+        # The longest request has query_len tokens, the others the fewest a prefill can have.
+        tokens = query_len + (batch - 1) * shortest_prefill
+        kv_tokens = tokens if kind == "new_tokens" else kv_len * batch
+        if tokens <= budget:
+            shapes.append(
+                MlaPrefillShape(
+                    kind,
+                    heads,
+                    batch,
+                    tokens,
+                    query_len,
+                    kv_tokens,
+                    kv_len,
+                    mla.qk_nope_head_dim,
+                    mla.qk_rope_head_dim,
+                    mla.v_head_dim,
+                    serving.activation_dtype(model),
+                )
+            )
+
+    for batch in batches:
+        for query_len in query_lens:
+            add("new_tokens", batch, query_len, query_len)
+            for context_len in context_lens:
+                add("context_chunk", batch, query_len, context_len)
+    return tuple(shapes)
+
+
+def describe_parameters(shapes: tuple[MlaPrefillShape, ...]) -> dict[str, object]:
+    first = shapes[0]
+    return {
+        "heads_per_rank": first.heads,
+        "qk_head_dim": first.qk_nope_head_dim + first.qk_rope_head_dim,
+        "v_head_dim": first.v_head_dim,
+        "batch": ",".join(str(b) for b in sorted({shape.batch for shape in shapes})),
+        "query_len": ",".join(str(q) for q in sorted({shape.max_query_len for shape in shapes})),
+        "context_chunk_len": ",".join(
+            str(k) for k in sorted({shape.max_kv_len for shape in shapes if shape.kind == "context_chunk"})
+        ),
+    }
