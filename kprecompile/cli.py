@@ -141,6 +141,14 @@ def _parse_sizes(text: str | None) -> tuple[int, ...] | None:
         raise InputError("--cudagraph-capture-sizes", text, "a comma-separated list of positive integers") from None
 
 
+_cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
+)
+
+
 def _select(options: dict[str, Any]):
     """Model, serving parameters, engine selection and targets from the shared options."""
     from .engines import select
@@ -159,8 +167,8 @@ def _select(options: dict[str, Any]):
             targets.append(target)
     model = load_model(options["model_spec"])
     selection = select(model, options["engine"], options["attention_backend"], families=options["families"])
-    # Derive everything the shapes need now, so that a bad combination fails before any work.
-    serving.model_len(model)
+    # A combination the engine would refuse fails here, before any work.
+    serving.check(model)
     return model, serving, selection, targets
 
 
@@ -179,12 +187,14 @@ def cli(verbose: int) -> None:
 
 @cli.command()
 @_selection_options
-def plan(json_output, **options) -> None:
+@_cache_dir_option
+def plan(json_output, cache_dir, **options) -> None:
     """Show each kernel family, the calls enumerated and the unique kernels, without compiling."""
+    from .cache.layout import CacheLayout
     from .planning import plan as make_plan
 
     model, serving, selection, targets = _select(options)
-    result = make_plan(model, serving, targets, selection)
+    result = make_plan(model, serving, targets, selection, layout=CacheLayout.at(cache_dir))
     if json_output:
         _emit_json(result.summary())
         return
@@ -194,7 +204,10 @@ def plan(json_output, **options) -> None:
         f"engine {selection.engine}, attention backend {selection.attention_backend}"
     )
     _echo_families(result.families)
-    click.echo(f"total: {result.kernels} unique kernels, traced in {result.trace_seconds:.2f} s")
+    click.echo(
+        f"total: {result.kernels} unique kernels, traced in {result.trace_seconds:.2f} s "
+        f"(after {result.import_seconds:.2f} s importing torch and Triton)"
+    )
 
 
 def _echo_families(families) -> None:
@@ -222,12 +235,7 @@ def _echo_families(families) -> None:
     default=None,
     help="Compile worker processes [default: the CPUs this process may use].",
 )
-@click.option(
-    "--cache-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
-)
+@_cache_dir_option
 @click.option(
     "--job-timeout",
     "job_timeout_seconds",

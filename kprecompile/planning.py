@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from .cache.layout import CacheLayout
+from .cache.toolchain import triton_key_text
 from .engines import Selection, select
 from .models import ModelConfig
 from .providers import Provider, provider_for
@@ -46,7 +48,9 @@ class Plan:
     targets: tuple[str, ...]
     families: tuple[FamilyPlan, ...]
     jobs: tuple[CompileJob, ...] = field(repr=False)
+    # Tracing alone, and the library imports and toolchain key before it.
     trace_seconds: float
+    import_seconds: float = 0.0
 
     @property
     def kernels(self) -> int:
@@ -62,6 +66,7 @@ class Plan:
             "families": [vars(family) for family in self.families],
             "kernels": self.kernels,
             "trace_seconds": self.trace_seconds,
+            "import_seconds": self.import_seconds,
         }
 
 
@@ -78,20 +83,23 @@ def skip_reason(family: str, target: Target) -> str | None:
     return provider.unsupported_reason(target) or _missing_library(provider)
 
 
-def plan_family(family: FamilyShapes, target: Target, backend: str = "") -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
+def plan_family(
+    family: FamilyShapes, target: Target, backend: str = "", triton_key: str | None = None
+) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     provider = provider_for(family.family)
     skipped = family.unsupported or skip_reason(family.family, target)
     if skipped:
         plan = FamilyPlan(family.family, target.name, len(family.shapes), 0, family.parameters, skipped, backend)
         return plan, ()
     calls = ((provider.describe(shape), partial(provider.launch, shape, target)) for shape in family.shapes)
-    result = trace_calls(calls, target, family.family, provider.module_prefixes)
+    result = trace_calls(calls, target, family.family, provider.module_prefixes, triton_key)
     plan = FamilyPlan(family.family, target.name, result.calls, len(result.jobs), family.parameters, None, backend)
     return plan, result.jobs
 
 
 def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> tuple[FamilyShapes, ...]:
     """The shapes of every family the selection plans (input errors surface here)."""
+    serving.check(model)
     return enumerate_shapes(model, serving, selection.planned)
 
 
@@ -101,19 +109,29 @@ def plan(
     targets: Sequence[Target],
     selection: Selection | None = None,
     families: Sequence[FamilyShapes] | None = None,
+    layout: CacheLayout | None = None,
 ) -> Plan:
     """Trace every selected family's calls on every target.
 
     `selection` defaults to the default engine under this process's environment; `families`
     to `planned_shapes`. Families the engine runs but kprecompile does not plan are listed
-    with the reason.
+    with the reason. `layout` is where Triton's toolchain key is remembered between runs.
     """
-    started = time.perf_counter()
+    imports_started = time.perf_counter()
     if selection is None:
         selection = select(model)
     if families is None:
         families = planned_shapes(model, serving, selection)
     by_name = {family.family: family for family in families}
+    triton_key = None
+    if any(family.shapes for family in families):
+        # Libraries first, timed apart: importing torch alone takes about a second.
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+
+        triton_key = triton_key_text(layout)
+    started = time.perf_counter()
+    import_seconds = started - imports_started
     plans: list[FamilyPlan] = []
     jobs: dict[str, CompileJob] = {}
     for target in targets:
@@ -123,7 +141,7 @@ def plan(
                 continue
             if choice.family not in by_name:
                 continue
-            family_plan, family_jobs = plan_family(by_name[choice.family], target, choice.backend)
+            family_plan, family_jobs = plan_family(by_name[choice.family], target, choice.backend, triton_key)
             plans.append(family_plan)
             for job in family_jobs:
                 jobs.setdefault(job.key, job)
@@ -135,4 +153,5 @@ def plan(
         families=tuple(plans),
         jobs=tuple(jobs.values()),
         trace_seconds=time.perf_counter() - started,
+        import_seconds=import_seconds,
     )

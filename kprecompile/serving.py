@@ -108,6 +108,26 @@ class ServingParams:
         per_seq = self.decode_query_len
         return tuple(sorted({count // per_seq for count in self.decode_token_counts() if count % per_seq == 0}))
 
+    def check(self, model: ModelConfig) -> None:
+        """Fail now, naming the option, if these settings cannot serve `model`."""
+        self.heads_per_rank(model)
+        if model.mla is None:
+            self.kv_heads_per_rank(model)
+        self.model_len(model)
+
+    def heads_per_rank(self, model: ModelConfig) -> int:
+        heads, tp = model.num_attention_heads, self.tensor_parallel_size
+        if heads % tp:
+            raise InputError("--tp", tp, f"a divisor of num_attention_heads = {heads} of {model.name}")
+        return heads // tp
+
+    def kv_heads_per_rank(self, model: ModelConfig) -> int:
+        """vLLM splits KV heads across ranks, replicating them when tp exceeds their number."""
+        kv_heads, tp = model.num_key_value_heads, self.tensor_parallel_size
+        if kv_heads % tp and tp % kv_heads:
+            raise InputError("--tp", tp, f"a divisor or multiple of num_key_value_heads = {kv_heads} of {model.name}")
+        return max(1, kv_heads // tp)
+
     def model_len(self, model: ModelConfig) -> int:
         """The longest sequence served: --max-model-len, or the config's limit."""
         limit = model.max_position_embeddings

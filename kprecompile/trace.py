@@ -90,12 +90,14 @@ def trace_calls(
     target: Target,
     family: str,
     fresh_modules: tuple[str, ...] = (),
+    triton_key: str | None = None,
 ) -> TraceResult:
     """Run `calls` (label, function) under `target` and collect the kernels they would compile.
 
     Modules whose names start with one of `fresh_modules` are imported anew for this trace
     and put back afterwards, so that per-arch state a library keeps in its modules (tuned
     config tables, autotuner results, kernels' per-device caches) never leaks between targets.
+    `triton_key` is Triton's `triton_key()` when the caller has it remembered.
     """
     started = time.perf_counter()
     captured: dict[str, tuple[object, str]] = {}
@@ -105,7 +107,7 @@ def trace_calls(
         data = compile["specialization_data"]
         if data not in captured:
             jit_function = fn.jit_function
-            captured[data] = (jit_function, _cache_key(jit_function, compile, data, backend_options))
+            captured[data] = (jit_function, _cache_key(jit_function, compile, data, backend_options, triton_key))
         return True
 
     count = 0
@@ -145,8 +147,15 @@ class _OptionsParser:
         return self.backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
 
 
-def _cache_key(jit_function: Any, compile: dict[str, Any], data: str, parser: _OptionsParser) -> str:
-    """The hash `triton.compile` will compute for this specialization: its cache entry's name."""
+def _cache_key(
+    jit_function: Any, compile: dict[str, Any], data: str, parser: _OptionsParser, triton_key: str | None
+) -> str:
+    """The hash `triton.compile` will compute for this specialization: its cache entry's name.
+
+    With `triton_key` given, the key string is assembled as `get_cache_key` assembles it; the
+    compile step checks every compiled kernel's hash against this key, so a drift in that
+    format fails loudly instead of missing the cache.
+    """
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler.compiler import ASTSource
     from triton.runtime.cache import get_cache_key
@@ -155,7 +164,11 @@ def _cache_key(jit_function: Any, compile: dict[str, Any], data: str, parser: _O
     options = parser.parse(json.loads(data)["options"])
     # `triton.compile` re-parses the options dict together with the source's own options.
     options = parser.backend.parse_options(dict(options.__dict__, **source.parse_options()))
-    key = get_cache_key(source, parser.backend, options, env_vars=get_cache_invalidating_env_vars())
+    env_vars = get_cache_invalidating_env_vars()
+    if triton_key is None:
+        key = get_cache_key(source, parser.backend, options, env_vars=env_vars)
+    else:
+        key = f"{triton_key}-{source.hash()}-{parser.backend.hash()}-{options.hash()}-{sorted(env_vars.items())}"
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 

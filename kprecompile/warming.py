@@ -20,8 +20,8 @@ from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, manifest_key, manifest_parts, read_manifest, write_manifest
 from .cache.toolchain import current_toolchain
 from .compile import JobOutcome
-from .models import ModelConfig
 from .engines import Selection, select
+from .models import ModelConfig
 from .planning import FamilyPlan, plan, planned_shapes, skip_reason
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .providers import provider_for
@@ -118,7 +118,7 @@ def warm(
                     job_timeout_seconds=job_timeout_seconds,
                     preload_modules=_library_modules(compiled_here),
                 )
-            target_plan = plan(model, serving, [target], selection, shapes)
+            target_plan = plan(model, serving, [target], selection, shapes, layout)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()
             target_outcomes = pool.compile(target_plan.jobs, progress) if pool is not None else ()

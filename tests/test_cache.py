@@ -42,9 +42,10 @@ def test_triton_key_is_remembered_by_the_stat_of_its_inputs(cache_layout):
     assert digest == hashlib.sha256(triton_key().encode()).hexdigest()
     [memo] = cache_layout.toolchain_dir.iterdir()
     # The memo, not a fresh hash, answers the next call.
-    memo.write_text(json.dumps({"triton_key": "remembered"}))
-    assert triton_key_digest(cache_layout) == "remembered"
-    assert current_toolchain(cache_layout).triton_key == "remembered"
+    memo.write_text(json.dumps({"triton_key_text": "remembered"}))
+    remembered = hashlib.sha256(b"remembered").hexdigest()
+    assert triton_key_digest(cache_layout) == remembered
+    assert current_toolchain(cache_layout).triton_key == remembered
 
 
 def test_a_corrupt_manifest_is_ignored_with_a_warning(cache_layout, caplog):

@@ -93,7 +93,9 @@ def test_mla_prefill_sweep_is_covered(gfx942):
 
 def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> PagedAttentionShape:
     kv_heads = model.num_key_value_heads // params.tensor_parallel_size
-    query_lens = [1] * decodes + (split(rng.randint(2 * prefills, BUDGET - decodes), prefills, rng, 2) if prefills else [])
+    query_lens = [1] * decodes + (
+        split(rng.randint(2 * prefills, BUDGET - decodes), prefills, rng, 2) if prefills else []
+    )
     seq_lens = [q + rng.randint(0, MODEL_LEN - q) for q in query_lens]
     return PagedAttentionShape(
         q_heads=model.num_attention_heads // params.tensor_parallel_size,
@@ -113,7 +115,8 @@ def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> 
 
 
 @pytest.mark.parametrize(
-    "preset, kv_cache_dtype", [("llama-3.1-8b-instruct", "auto"), ("llama-3.1-8b-instruct", "fp8"), ("mistral-7b-v0.1", "auto")]
+    "preset, kv_cache_dtype",
+    [("llama-3.1-8b-instruct", "auto"), ("llama-3.1-8b-instruct", "fp8"), ("mistral-7b-v0.1", "auto")],
 )
 def test_prefix_prefill_sweep_is_covered(gfx942, preset, kv_cache_dtype):
     model, params = load_model(preset), serving(kv_cache_dtype=kv_cache_dtype)
@@ -160,4 +163,6 @@ def test_coverage_check_fails_for_a_plan_without_the_fp8_kv_cache(gfx942):
     sweep = [_gqa_step(model, serving(kv_cache_dtype="fp8"), rng, 4, 1, "over_2gib") for _ in range(5)]
     keys = {job.key for job in traced("prefix_prefill", sweep, gfx942)}
     assert not keys <= planned_keys(model, serving(), "ROCM_AITER_UNIFIED_ATTN", "prefix_prefill", gfx942)
-    assert keys <= planned_keys(model, serving(kv_cache_dtype="fp8"), "ROCM_AITER_UNIFIED_ATTN", "prefix_prefill", gfx942)
+    assert keys <= planned_keys(
+        model, serving(kv_cache_dtype="fp8"), "ROCM_AITER_UNIFIED_ATTN", "prefix_prefill", gfx942
+    )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from ..errors import InputError
 from ..models import ModelConfig
 from ..serving import ServingParams
 
@@ -14,18 +13,11 @@ TWO_GIB = 2**31
 
 
 def heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
-    heads, tp = model.num_attention_heads, serving.tensor_parallel_size
-    if heads % tp:
-        raise InputError("--tp", tp, f"a divisor of num_attention_heads = {heads} of {model.name}")
-    return heads // tp
+    return serving.heads_per_rank(model)
 
 
 def kv_heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
-    """vLLM splits KV heads across ranks, replicating them when tp exceeds their number."""
-    kv_heads, tp = model.num_key_value_heads, serving.tensor_parallel_size
-    if kv_heads % tp and tp % kv_heads:
-        raise InputError("--tp", tp, f"a divisor or multiple of num_key_value_heads = {kv_heads} of {model.name}")
-    return max(1, kv_heads // tp)
+    return serving.kv_heads_per_rank(model)
 
 
 def geometric_points(low: int, high: int) -> tuple[int, ...]:
