@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from .cache.entries import is_compiled
 from .cache.layout import CacheLayout
 from .cache.locks import hold_lock
-from .driver import active_target
+from .driver import active_target, device_model
+from .providers import PROVIDERS
 from .providers._imports import resolve_object
 from .targets import TARGETS
-from .trace import CompileJob
+from .trace import CompileJob, ModuleSets
 
 Status = Literal["compiled", "cached", "failed"]
 
@@ -63,13 +64,26 @@ def _summarize(error: BaseException) -> str:
     return lines[-1] if lines else repr(error)
 
 
-def _preload(job: CompileJob, layout: CacheLayout) -> str:
-    from triton import knobs
+# Library modules of every provider, imported once per target in this process.
+_MODULE_SETS = ModuleSets(tuple(dict.fromkeys(p for provider in PROVIDERS.values() for p in provider.module_prefixes)))
+
+
+def _kernel(job: CompileJob) -> Any:
+    """The job's JITFunction, from library modules imported for the job's target, as traced."""
     from triton.runtime.jit import JITFunction
 
-    kernel = resolve_object(job.kernel)
+    target = TARGETS[job.target]
+    with active_target(target), device_model(target), _MODULE_SETS.entered(target.name):
+        kernel = resolve_object(job.kernel)
     while not isinstance(kernel, JITFunction):
         kernel = kernel.fn  # unwrap triton.heuristics / triton.autotune
+    return kernel
+
+
+def _preload(job: CompileJob, layout: CacheLayout) -> str:
+    from triton import knobs
+
+    kernel = _kernel(job)
     with active_target(TARGETS[job.target]), knobs.cache.scope(), knobs.runtime.scope():
         knobs.cache.dir = str(layout.triton_dir)
         knobs.runtime.jit_cache_hook = None

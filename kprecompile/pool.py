@@ -50,9 +50,9 @@ def _prepare_worker(modules: tuple[str, ...]) -> None:
     try:
         from triton.runtime.cache import triton_key
 
+        triton_key()
         for name in modules:
             import_library_module(name)
-        triton_key()
     except Exception as error:  # reported by the jobs that need it
         logger.debug("worker preparation failed: %s", error)
 

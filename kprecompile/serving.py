@@ -94,14 +94,13 @@ class ServingParams:
         return tuple(size for size in sizes if size <= self.max_num_batched_tokens)
 
     def decode_token_counts(self) -> tuple[int, ...]:
-        """Every number of decode tokens a step can hand a kernel.
+        """Every number of decode tokens a step can hand a kernel: 1..max_num_seqs x query length.
 
-        Decodes mixed into a prefill step run at their exact count, so every count up to
-        max_num_seqs x (1 + speculative tokens) is reachable; pure-decode steps replayed from
-        a graph are padded to a captured size, which may lie above that.
+        Decodes mixed into a prefill step run eagerly at their exact count, so every count is
+        reachable; pure-decode steps replayed from a full graph are padded to a captured size,
+        and vLLM captures those only up to max_num_seqs x query length, inside the same range.
         """
-        exact = range(1, self.max_num_seqs * self.decode_query_len + 1)
-        return tuple(sorted({*exact, *self.capture_sizes()}))
+        return tuple(range(1, self.max_num_seqs * self.decode_query_len + 1))
 
     def decode_batch_sizes(self) -> tuple[int, ...]:
         """Every number of decoding sequences a step can hand a kernel (see decode_token_counts)."""

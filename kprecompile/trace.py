@@ -172,26 +172,53 @@ def _cache_key(
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+def _matching(prefixes: tuple[str, ...]) -> dict[str, Any]:
+    return {name: module for name, module in sys.modules.items() if name.startswith(prefixes)}
+
+
+def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dict[str, Any]:
+    """Put `replacement` in place of the modules matching `prefixes`; return those it replaced."""
+    current = _matching(prefixes)
+    for name in current:
+        del sys.modules[name]
+    sys.modules.update(replacement)
+    # Importing a submodule binds it on its parent package: point parents at the new set.
+    for name, module in replacement.items():
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+    return current
+
+
 @contextlib.contextmanager
 def isolated_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
+    """Import the modules matching `prefixes` anew inside the block; put the old ones back after."""
     if not prefixes:
         yield
         return
-
-    def matching() -> dict[str, Any]:
-        return {name: module for name, module in sys.modules.items() if name.startswith(prefixes)}
-
-    saved = matching()
-    for name in saved:
-        del sys.modules[name]
+    saved = _swap_modules(prefixes, {})
     try:
         yield
     finally:
-        for name in matching():
-            del sys.modules[name]
-        sys.modules.update(saved)
-        # Importing a submodule rebinds it on its parent package: point parents back too.
-        for name, module in saved.items():
-            parent, _, child = name.rpartition(".")
-            if parent in sys.modules:
-                setattr(sys.modules[parent], child, module)
+        _swap_modules(prefixes, saved)
+
+
+class ModuleSets:
+    """One set of library modules per target, for a process that handles several targets.
+
+    Libraries compute per-arch state at import (FP8 types, tuned tables, arch flags that
+    kernels read as globals); a kernel must come from modules imported for its own target,
+    or its source's dependencies, and so its cache key, may differ from the traced one.
+    """
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        self.prefixes = prefixes
+        self._sets: dict[str, dict[str, Any]] = {}
+
+    @contextlib.contextmanager
+    def entered(self, target: str) -> Iterator[None]:
+        saved = _swap_modules(self.prefixes, self._sets.get(target, {}))
+        try:
+            yield
+        finally:
+            self._sets[target] = _swap_modules(self.prefixes, saved)

@@ -53,11 +53,10 @@ def test_capture_sizes_and_decode_sizes_follow_vllm():
     assert default.capture_sizes()[:4] == (1, 2, 4, 8) and default.capture_sizes()[-1] == 512
     assert default.decode_batch_sizes() == tuple(range(1, 1025))
     assert ServingParams(enforce_eager=True, max_num_seqs=7).capture_sizes() == ()
-    # Graphs are captured up to 2 x max_num_seqs tokens: a padded decode can exceed max_num_seqs.
     assert ServingParams(max_num_seqs=4).capture_sizes() == (1, 2, 4, 8)
-    assert ServingParams(max_num_seqs=4).decode_token_counts() == (1, 2, 3, 4, 8)
+    assert ServingParams(max_num_seqs=4).decode_token_counts() == (1, 2, 3, 4)
     mtp = ServingParams(max_num_seqs=4, num_speculative_tokens=1)
-    assert mtp.decode_token_counts() == (*range(1, 9), 16) and mtp.decode_batch_sizes() == (1, 2, 3, 4, 8)
+    assert mtp.decode_token_counts() == tuple(range(1, 9)) and mtp.decode_batch_sizes() == (1, 2, 3, 4)
     assert ServingParams(cudagraph_capture_sizes=(4, 1, 4)).cudagraph_capture_sizes == (1, 4)
 
 

@@ -6,7 +6,7 @@ import torch
 from helpers import SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
 from triton import knobs
 
-from kprecompile.driver import LaunchRefusedError, active_target
+from kprecompile.driver import LaunchRefusedError, active_target, device_model
 from kprecompile.errors import TracingError
 from kprecompile.providers import provider_for
 from kprecompile.shapes.fp8_bmm import FAMILY
@@ -22,7 +22,8 @@ def launch_path_keys(cache_dir, target, launch, fresh_modules):
     def listen(*, src, metadata, metadata_group, times, cache_hit):
         keys.append(metadata["hash"])
 
-    with active_target(target), isolated_modules(fresh_modules), knobs.cache.scope(), knobs.compilation.scope():
+    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.cache.scope(), \
+            knobs.compilation.scope():  # fmt: skip
         knobs.cache.dir = str(cache_dir)
         knobs.compilation.listener = listen
         with pytest.raises(LaunchRefusedError):

@@ -1,0 +1,78 @@
+"""Engine selection: vLLM's flags and backend choice decide which families are planned."""
+
+from __future__ import annotations
+
+import pytest
+
+from kprecompile.engines import FLAGS, select
+from kprecompile.errors import InputError
+from kprecompile.models import load_model
+
+DEEPSEEK = load_model("deepseek-r1")
+LLAMA = load_model("llama-3.1-8b-instruct")
+
+
+def planned(model, environ, engine="vllm-aiter", backend=None):
+    selection = select(model, engine, backend, environ)
+    return selection.attention_backend, selection.planned
+
+
+@pytest.mark.parametrize(
+    "model, engine, environ, backend, families",
+    [
+        (DEEPSEEK, "vllm-aiter", {}, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
+        (DEEPSEEK, "vllm-aiter", {"VLLM_ROCM_USE_AITER_FP8BMM": "0"}, "ROCM_AITER_MLA", ("mla_decode",)),
+        (DEEPSEEK, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MLA": "0"}, "TRITON_MLA", ("fp8_bmm",)),
+        (DEEPSEEK, "vllm-aiter", {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_TRITON_MLA"}, "ROCM_AITER_TRITON_MLA",
+         ("fp8_bmm", "mla_decode", "mla_prefill")),
+        (DEEPSEEK, "vllm", {}, "TRITON_MLA", ()),
+        (DEEPSEEK, "vllm", {"VLLM_ROCM_USE_AITER": "1"}, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
+        (LLAMA, "vllm-aiter", {}, "ROCM_AITER_FA", ()),
+        (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, "ROCM_AITER_UNIFIED_ATTN",
+         ("prefix_prefill", "paged_decode")),
+        (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MHA": "0"}, "TRITON_ATTN", ()),
+        (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MHA": "0", "VLLM_V1_USE_PREFILL_DECODE_ATTENTION": "1"},
+         "ROCM_ATTN", ()),
+        (LLAMA, "vllm", {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, "TRITON_ATTN", ()),
+    ],
+)  # fmt: skip
+def test_flags_select_the_backend_and_its_families(model, engine, environ, backend, families):
+    assert planned(model, environ, engine) == (backend, families)
+
+
+def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned():
+    selection = select(LLAMA, "vllm", None, {})
+    assert [choice.family for choice in selection.choices] == ["prefix_prefill", "paged_decode"]
+    assert all("vLLM's own Triton kernels" in choice.not_planned for choice in selection.choices)
+
+
+def test_an_explicit_backend_wins_over_the_environment():
+    environ = {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_MLA"}
+    assert planned(DEEPSEEK, environ, backend="ROCM_AITER_TRITON_MLA")[0] == "ROCM_AITER_TRITON_MLA"
+
+
+@pytest.mark.parametrize("flag", FLAGS, ids=[flag.name for flag in FLAGS])
+def test_unset_equals_the_explicit_default(flag):
+    for engine in ("vllm-aiter", "vllm"):
+        default = select(DEEPSEEK, engine, None, {}).flags[flag.name]
+        explicit = {flag.name: "1" if default else "0"}
+        assert select(DEEPSEEK, engine, None, explicit).flags == select(DEEPSEEK, engine, None, {}).flags
+        assert select(DEEPSEEK, engine, None, {flag.name: ""}).flags[flag.name] == default
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("True", True), (" TRUE ", True), ("0", False),
+                                       ("false", False), ("yes", False), ("on", False)])  # fmt: skip
+def test_boolean_spellings_read_as_vllm_reads_them(value, on):
+    assert select(LLAMA, "vllm", None, {"VLLM_ROCM_USE_AITER": value}).flags["VLLM_ROCM_USE_AITER"] is on
+
+
+def test_selection_is_part_of_the_plan_document():
+    selection = select(DEEPSEEK, "vllm-aiter", None, {"VLLM_ROCM_USE_AITER_FP8BMM": "false"})
+    document = selection.as_dict()
+    assert document["engine"] == "vllm-aiter" and document["attention_backend"] == "ROCM_AITER_MLA"
+    assert document["flags"]["VLLM_ROCM_USE_AITER_FP8BMM"] is False
+
+
+def test_unknown_family_names_the_ones_available():
+    with pytest.raises(InputError, match="--family: got 'paged_decode', expected one of fp8_bmm, mla_decode"):
+        select(DEEPSEEK, families=["paged_decode"], environ={})
