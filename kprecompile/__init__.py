@@ -5,6 +5,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .cache import CacheLayout  # noqa: E402
+from .engines import Selection, select  # noqa: E402
 from .errors import InputError, KprecompileError  # noqa: E402
 from .models import ModelConfig, load_model  # noqa: E402
 from .planning import Plan, plan  # noqa: E402
@@ -18,6 +19,7 @@ __all__ = [
     "KprecompileError",
     "ModelConfig",
     "Plan",
+    "Selection",
     "ServingParams",
     "Target",
     "WarmReport",
@@ -25,5 +27,6 @@ __all__ = [
     "load_model",
     "plan",
     "resolve_target",
+    "select",
     "warm",
 ]

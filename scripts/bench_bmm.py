@@ -4,7 +4,7 @@
 Three runs, side by side, each a fresh process with its own empty cache:
 
 1. engine sweep: what vLLM's ROCm MLA backend does at weight-load time today: call AITER's
-   FP8 BMM wrapper for every m in 1..max-batch, both products, in one process, each new
+   FP8 BMM wrapper for every m in 1..max-num-seqs, both products, in one process, each new
    specialization compiled by Triton on first sight. Launches are refused by the
    cross-compile driver (there is no GPU), so the figure is compile cost alone.
 2. `kprecompile warm`, cold, with all cores.
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 
-def engine_sweep(model_spec: str, tp: int, target_name: str, max_batch: int, cache_dir: Path) -> None:
+def engine_sweep(model_spec: str, tp: int, target_name: str, max_num_seqs: int, cache_dir: Path) -> None:
     """Run in a child process: the engine's serial sweep, compiling on first sight."""
     from triton import knobs
 
@@ -40,7 +40,9 @@ def engine_sweep(model_spec: str, tp: int, target_name: str, max_batch: int, cac
     from kprecompile.targets import TARGETS
 
     target = TARGETS[target_name]
-    shapes = enumerate_fp8_bmm(load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_batch))
+    shapes = enumerate_fp8_bmm(
+        load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_num_seqs)
+    )
     launch = provider_for(FAMILY).launch
     compiled = []
     with active_target(target), knobs.cache.scope(), knobs.compilation.scope():
@@ -83,7 +85,7 @@ def main() -> None:
     parser.add_argument("--engine-sweep", metavar="CACHE_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.engine_sweep:
-        engine_sweep(args.model, args.tp, args.target, args.max_batch, Path(args.engine_sweep))
+        engine_sweep(args.model, args.tp, args.target, args.max_num_seqs, Path(args.engine_sweep))
         return
 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -97,7 +99,7 @@ def main() -> None:
             "--target",
             args.target,
             "--max-num-seqs",
-            str(args.max_batch),
+            str(args.max_num_seqs),
         ]
         sweep_seconds, sweep_out = timed(
             [sys.executable, __file__, *selection, "--engine-sweep", str(engine_cache)], env
@@ -129,7 +131,7 @@ def main() -> None:
             scaling[workers], _ = timed(command, env)
 
     print(
-        f"{args.model} tp{args.tp} {args.target}, m 1..{args.max_batch}, {args.jobs} workers, "
+        f"{args.model} tp{args.tp} {args.target}, m 1..{args.max_num_seqs}, {args.jobs} workers, "
         f"{os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
     )
     calls, compiles = sweep["calls"], sweep["compiles"]
