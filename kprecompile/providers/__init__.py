@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from ..targets import Target
@@ -25,42 +26,21 @@ class Provider:
     launch: Callable[[Any, Target], None]
 
 
+def _aiter(family: str, module: ModuleType, module_prefixes: tuple[str, ...]) -> Provider:
+    """A family whose calls are AITER wrappers, implemented by one provider module."""
+    return Provider(family, "amd-aiter", module_prefixes, module.unsupported_reason, module.describe, module.launch)
+
+
 PROVIDERS: dict[str, Provider] = {
-    "fp8_bmm": Provider(
-        family="fp8_bmm",
-        library="amd-aiter",
-        module_prefixes=("aiter.ops.triton",),
-        unsupported_reason=aiter_fp8_bmm.unsupported_reason,
-        describe=aiter_fp8_bmm.describe,
-        launch=aiter_fp8_bmm.launch,
-    ),
-    "mla_decode": Provider(
-        family="mla_decode",
-        library="amd-aiter",
-        module_prefixes=("aiter.mla",),
-        unsupported_reason=aiter_mla_decode.unsupported_reason,
-        describe=aiter_mla_decode.describe,
-        launch=aiter_mla_decode.launch,
-    ),
-    "mla_prefill": Provider(
-        family="mla_prefill",
-        library="amd-aiter",
-        module_prefixes=("aiter.ops.triton",),
-        unsupported_reason=aiter_mla_prefill.unsupported_reason,
-        describe=aiter_mla_prefill.describe,
-        launch=aiter_mla_prefill.launch,
-    ),
-    **{
-        family: Provider(
-            family=family,
-            library="amd-aiter",
-            module_prefixes=("aiter.ops.triton",),
-            unsupported_reason=aiter_unified_attention.unsupported_reason,
-            describe=aiter_unified_attention.describe,
-            launch=aiter_unified_attention.launch,
-        )
-        for family in ("prefix_prefill", "paged_decode")
-    },
+    provider.family: provider
+    for provider in (
+        _aiter("fp8_bmm", aiter_fp8_bmm, ("aiter.ops.triton",)),
+        _aiter("mla_decode", aiter_mla_decode, ("aiter.mla",)),
+        _aiter("mla_prefill", aiter_mla_prefill, ("aiter.ops.triton",)),
+        # One kernel, two kinds of step: with a prefill, and pure decode.
+        _aiter("prefix_prefill", aiter_unified_attention, ("aiter.ops.triton",)),
+        _aiter("paged_decode", aiter_unified_attention, ("aiter.ops.triton",)),
+    )
 }
 
 
