@@ -73,6 +73,20 @@ def test_mla_decode_sweep_is_covered(gfx942, kv_cache_dtype):
     assert not {job.key for job in jobs} <= smaller
 
 
+def test_mla_decode_with_multi_token_prediction_is_covered(gfx942):
+    model, params = load_model("deepseek-r1"), serving(tensor_parallel_size=8, num_speculative_tokens=2)
+    rng = random.Random(4)
+    # Requests verify 1 + accepted drafts: the longest query in a step is 1..3 tokens.
+    sweep = [
+        MlaDecodeShape(16, batch, query_len, rng.randint(8, MODEL_LEN), 512, 64, "bfloat16", False)
+        for batch in range(1, MAX_NUM_SEQS + 1)
+        for query_len in (1, 2, 3)
+    ]
+    keys = {job.key for job in traced("mla_decode", sweep, gfx942)}
+    assert keys <= planned_keys(model, params, "ROCM_AITER_MLA", "mla_decode", gfx942)
+    assert not keys <= planned_keys(model, serving(tensor_parallel_size=8), "ROCM_AITER_MLA", "mla_decode", gfx942)
+
+
 def test_mla_prefill_sweep_is_covered(gfx942):
     model, params = load_model("deepseek-r1"), serving(tensor_parallel_size=8)
     rng = random.Random(5)
@@ -115,11 +129,16 @@ def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> 
 
 
 @pytest.mark.parametrize(
-    "preset, kv_cache_dtype",
-    [("llama-3.1-8b-instruct", "auto"), ("llama-3.1-8b-instruct", "fp8"), ("mistral-7b-v0.1", "auto")],
+    "preset, kv_cache_dtype, tp",
+    [
+        ("llama-3.1-8b-instruct", "auto", 1),
+        ("llama-3.1-8b-instruct", "fp8", 1),
+        ("mistral-7b-v0.1", "auto", 1),
+        ("llama-3.1-70b-instruct", "auto", 8),
+    ],
 )
-def test_prefix_prefill_sweep_is_covered(gfx942, preset, kv_cache_dtype):
-    model, params = load_model(preset), serving(kv_cache_dtype=kv_cache_dtype)
+def test_prefix_prefill_sweep_is_covered(gfx942, preset, kv_cache_dtype, tp):
+    model, params = load_model(preset), serving(kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp)
     rng = random.Random(7)
     sweep = []
     for _ in range(400):
@@ -132,15 +151,18 @@ def test_prefix_prefill_sweep_is_covered(gfx942, preset, kv_cache_dtype):
         sweep.append(_gqa_step(model, params, rng, decodes, prefills, storage))
     jobs = traced("prefix_prefill", sweep, gfx942)
     names = {job.kernel_name for job in jobs}
-    if not model.sliding_window:
+    if not model.sliding_window and tp == 1:
         assert {"kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments"} <= names
     keys = {job.key for job in jobs}
     assert keys <= planned_keys(model, params, "ROCM_AITER_UNIFIED_ATTN", "prefix_prefill", gfx942)
 
 
-@pytest.mark.parametrize("preset", ["llama-3.1-8b-instruct", "mistral-7b-v0.1"])
-def test_paged_decode_sweep_is_covered(gfx942, preset):
-    model, params = load_model(preset), serving()
+@pytest.mark.parametrize(
+    "preset, kv_cache_dtype",
+    [("llama-3.1-8b-instruct", "auto"), ("llama-3.1-8b-instruct", "fp8"), ("mistral-7b-v0.1", "auto")],
+)
+def test_paged_decode_sweep_is_covered(gfx942, preset, kv_cache_dtype):
+    model, params = load_model(preset), serving(kv_cache_dtype=kv_cache_dtype)
     rng = random.Random(11)
     sweep = [
         _gqa_step(model, params, rng, batch, 0, storage)

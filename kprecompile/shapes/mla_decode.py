@@ -56,7 +56,8 @@ def enumerate_mla_decode(model: ModelConfig, serving: ServingParams) -> tuple[Ml
     heads = heads_per_rank(model, serving)
     context = min(serving.model_len(model), _LONG_CONTEXT)
     shapes = []
-    for query_len in sorted({1, serving.decode_query_len}):
+    # With speculative decoding a request verifies up to 1 + spec tokens in one step.
+    for query_len in range(1, serving.decode_query_len + 1):
         for batch in serving.decode_batch_sizes():
             shapes.append(
                 MlaDecodeShape(
