@@ -279,6 +279,74 @@ def warm(json_output, max_workers, cache_dir, job_timeout_seconds, **options) ->
         raise SystemExit(ExitStatus.FAILURE)
 
 
+@cli.command()
+@_selection_options
+@_cache_dir_option
+@click.option("--deep", is_flag=True, help="Also compare every kernel file's sha256 with the manifest.")
+def verify(json_output, cache_dir, deep, **options) -> None:
+    """Say whether this configuration is fully warm here (exit 0) or not, and why (exit 1).
+
+    In-process, without compiling or starting workers: the manifest key is recomputed from
+    this process's environment and toolchain.
+    """
+    from .cache.layout import CacheLayout
+    from .verification import verify as run_verify
+
+    model, serving, selection, targets = _select(options)
+    report = run_verify(model, serving, targets, CacheLayout.at(cache_dir), selection=selection, deep=deep)
+    if json_output:
+        _emit_json(report.as_dict())
+    else:
+        for verdict in report.targets:
+            if verdict.status == "warm":
+                click.echo(f"{report.model} on {verdict.target}: warm ({verdict.kernels} kernels, {verdict.manifest})")
+            elif verdict.status == "incomplete":
+                click.echo(
+                    f"{report.model} on {verdict.target}: not warm: {len(verdict.problems)} of {verdict.kernels} "
+                    "kernels missing or damaged"
+                )
+                for problem in verdict.problems:
+                    click.echo(f"  {problem.kernel} [{problem.specialization}] {problem.key}: {problem.problem}")
+            else:
+                click.echo(f"{report.model} on {verdict.target}: not warm")
+                for reason in verdict.reasons:
+                    click.echo(f"  {reason}")
+    if not report.warm:
+        raise SystemExit(ExitStatus.FAILURE)
+
+
+@cli.command()
+@click.option(
+    "--engine",
+    default="vllm-aiter",
+    show_default=True,
+    help="Engine profile whose defaults apply to unset variables (vllm-aiter or vllm).",
+)
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
+def env(engine, json_output) -> None:
+    """Print the environment fingerprint that enters every cache key, and its hash."""
+    from .environment import VARIABLES, fingerprint
+
+    current = fingerprint(engine=engine)
+    if json_output:
+        _emit_json({**current.as_dict(), "hash": current.hash})
+        return
+    rows = [("variable", "value", "default", "why")]
+    for variable in VARIABLES:
+        value = current.variables[variable.name]
+        rows.append((variable.name, _shown(value), _shown(variable.default), variable.why))
+    for name, value in current.triton.items():
+        rows.append((name, value, "-", "Triton reports it as invalidating its cache"))
+    widths = [max(len(row[column]) for row in rows) for column in range(3)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)) + "  " + row[3])
+    click.echo(f"hash: {current.hash}")
+
+
+def _shown(value: str | None) -> str:
+    return "(unset)" if value is None else value
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, no traceback for a user mistake."""
     try:

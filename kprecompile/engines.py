@@ -18,36 +18,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .environment import DEFAULT_ENGINE, ENGINES, registered_values
 from .errors import InputError
 from .models import ModelConfig
-
-ENGINES = ("vllm-aiter", "vllm")
-DEFAULT_ENGINE = "vllm-aiter"
 
 MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
 GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
 
 
-@dataclass(frozen=True)
-class Flag:
-    name: str
-    # vLLM's default; `vllm-aiter` overrides only VLLM_ROCM_USE_AITER.
-    default: bool
-    why: str
-
-
-# vLLM's boolean flags that decide which attention and BMM kernels run on ROCm.
-FLAGS = (
-    Flag("VLLM_ROCM_USE_AITER", False, "master switch for every AITER kernel path"),
-    Flag("VLLM_ROCM_USE_AITER_MLA", True, "MLA models: AITER's MLA backend instead of TRITON_MLA"),
-    Flag("VLLM_ROCM_USE_AITER_FP8BMM", True, "MLA models: AITER's FP8 BMM for the absorbed weights"),
-    Flag("VLLM_ROCM_USE_AITER_MHA", True, "GQA models: AITER's CK/asm attention (ROCM_AITER_FA)"),
-    Flag(
-        "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
-        False,
-        "GQA models: AITER's Triton unified attention (ROCM_AITER_UNIFIED_ATTN)",
-    ),
-    Flag("VLLM_V1_USE_PREFILL_DECODE_ATTENTION", False, "GQA models: vLLM's prefill/decode split (ROCM_ATTN)"),
+# The variables of the environment registry that decide vLLM's attention backend and FP8 BMM.
+SELECTION_FLAGS = (
+    "VLLM_ROCM_USE_AITER",
+    "VLLM_ROCM_USE_AITER_MLA",
+    "VLLM_ROCM_USE_AITER_FP8BMM",
+    "VLLM_ROCM_USE_AITER_MHA",
+    "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
+    "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
 )
 BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
 
@@ -73,22 +59,20 @@ class Selection:
         return tuple(choice.family for choice in self.choices if choice.not_planned is None)
 
     def as_dict(self) -> dict[str, object]:
-        """What decides the kernels: part of the manifest key and of `plan --json`."""
+        """The selection as `plan --json` shows it."""
         return {"engine": self.engine, "attention_backend": self.attention_backend, "flags": dict(self.flags)}
 
-
-def parse_flag(value: str) -> bool:
-    """vLLM's reading of a boolean variable: true when "1" or "true" (any case), else false."""
-    return value.strip().lower() in ("1", "true")
+    def key_part(self) -> dict[str, object]:
+        """What of the selection enters the manifest key. The flags enter it through the
+        environment fingerprint as effective values, so the profile's name does not: vllm-aiter
+        with VLLM_ROCM_USE_AITER unset and vllm with it set to 1 share a cache."""
+        return {"attention_backend": self.attention_backend, "planned": list(self.planned)}
 
 
 def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
-    flags = {}
-    for flag in FLAGS:
-        default = True if (engine == "vllm-aiter" and flag.name == "VLLM_ROCM_USE_AITER") else flag.default
-        raw = environ.get(flag.name)
-        flags[flag.name] = default if raw is None or raw == "" else parse_flag(raw)
-    return flags
+    """The selection flags as vLLM reads them, under the engine profile's defaults."""
+    values = registered_values(environ, engine)
+    return {name: values[name] == "1" for name in SELECTION_FLAGS}
 
 
 def select(

@@ -15,10 +15,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cache.entries import is_compiled
+from .cache.entries import remove_entry
 from .cache.layout import CacheLayout
-from .cache.manifest import Manifest, manifest_key, manifest_parts, read_manifest, write_manifest
-from .cache.toolchain import current_toolchain
+from .cache.locks import hold_lock
+from .cache.manifest import (
+    Manifest,
+    configuration_parts,
+    job_problems,
+    manifest_key,
+    read_manifest,
+    record_artifacts,
+    write_manifest,
+)
 from .compile import JobOutcome
 from .engines import Selection, select
 from .models import ModelConfig
@@ -50,6 +58,8 @@ class WarmReport:
     compiled: int
     cached: int
     failed: int
+    # Entries of an earlier warm found damaged (size or checksum) and compiled again.
+    replaced: int
     # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
     # manifest showed the configuration warm).
     seconds: float
@@ -67,11 +77,26 @@ def _library_modules(families: Sequence[FamilyShapes]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(prefix for family in families for prefix in provider_for(family.family).module_prefixes))
 
 
-def _warm_from_manifest(layout: CacheLayout, key: str) -> Manifest | None:
+def _warm_from_manifest(layout: CacheLayout, key: str) -> tuple[Manifest | None, int]:
+    """The manifest when every kernel it lists is intact (checksums included), else None.
+
+    Entries that no longer match their record (truncated, altered) are deleted under their
+    lock, so that this warm compiles them again; returns how many.
+    """
     manifest = read_manifest(layout, key)
-    if manifest is not None and all(is_compiled(layout, job.key) for job in manifest.jobs):
-        return manifest
-    return None
+    if manifest is None:
+        return None, 0
+    problems = job_problems(layout, manifest, deep=True)
+    if not problems:
+        return manifest, 0
+    damaged = 0
+    for job, problem in problems:
+        if problem != "not in the cache":
+            logger.warning("replacing %s [%s]: %s", job.kernel_name, job.key, problem)
+            with hold_lock(layout.lock_path(job.key), f"{job.kernel_name} on {job.target}"):
+                remove_entry(layout, job.key)
+            damaged += 1
+    return None, damaged
 
 
 def warm(
@@ -90,17 +115,18 @@ def warm(
     if selection is None:
         selection = select(model)
     shapes = planned_shapes(model, serving, selection)
-    toolchain = current_toolchain(layout).as_dict()
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
     manifests: list[str] = []
     pool: CompilePool | None = None
     trace_seconds = compile_seconds = 0.0
+    replaced = 0
     try:
         for target in targets:
-            parts = manifest_parts(model.digest, serving.as_dict(), selection.as_dict(), target.name, toolchain)
+            parts = configuration_parts(model, serving, selection, target, layout)
             key = manifest_key(parts)
-            manifest = _warm_from_manifest(layout, key)
+            manifest, damaged = _warm_from_manifest(layout, key)
+            replaced += damaged
             if manifest is not None:
                 logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
                 families += manifest.families
@@ -126,7 +152,9 @@ def warm(
             families += target_plan.families
             outcomes += target_outcomes
             if all(outcome.status != "failed" for outcome in target_outcomes):
-                manifests.append(write_manifest(layout, Manifest(key, parts, target_plan.families, target_plan.jobs)))
+                artifacts = record_artifacts(layout, target_plan.jobs)
+                manifest = Manifest(key, parts, target_plan.families, target_plan.jobs, artifacts)
+                manifests.append(write_manifest(layout, manifest))
     finally:
         if pool is not None:
             pool.close()
@@ -143,6 +171,7 @@ def warm(
         compiled=sum(o.status == "compiled" for o in outcomes),
         cached=sum(o.status == "cached" for o in outcomes),
         failed=len(failures),
+        replaced=replaced,
         seconds=time.perf_counter() - started,
         trace_seconds=trace_seconds,
         compile_seconds=compile_seconds,

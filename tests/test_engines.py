@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kprecompile.engines import FLAGS, select
+from kprecompile.engines import SELECTION_FLAGS, select
 from kprecompile.errors import InputError
 from kprecompile.models import load_model
 
@@ -51,17 +51,18 @@ def test_an_explicit_backend_wins_over_the_environment():
     assert planned(DEEPSEEK, environ, backend="ROCM_AITER_TRITON_MLA")[0] == "ROCM_AITER_TRITON_MLA"
 
 
-@pytest.mark.parametrize("flag", FLAGS, ids=[flag.name for flag in FLAGS])
+@pytest.mark.parametrize("flag", SELECTION_FLAGS)
 def test_unset_equals_the_explicit_default(flag):
     for engine in ("vllm-aiter", "vllm"):
-        default = select(DEEPSEEK, engine, None, {}).flags[flag.name]
-        explicit = {flag.name: "1" if default else "0"}
+        default = select(DEEPSEEK, engine, None, {}).flags[flag]
+        explicit = {flag: "1" if default else "0"}
         assert select(DEEPSEEK, engine, None, explicit).flags == select(DEEPSEEK, engine, None, {}).flags
-        assert select(DEEPSEEK, engine, None, {flag.name: ""}).flags[flag.name] == default
+        assert select(DEEPSEEK, engine, None, {flag: ""}).flags[flag] == default
 
 
-@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("True", True), (" TRUE ", True), ("0", False),
-                                       ("false", False), ("yes", False), ("on", False)])  # fmt: skip
+# vLLM: os.getenv(name, "False").lower() in ("true", "1"); no stripping, no "yes".
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("True", True), ("TRUE", True), (" 1", False),
+                                       ("0", False), ("false", False), ("yes", False), ("on", False)])  # fmt: skip
 def test_boolean_spellings_read_as_vllm_reads_them(value, on):
     assert select(LLAMA, "vllm", None, {"VLLM_ROCM_USE_AITER": value}).flags["VLLM_ROCM_USE_AITER"] is on
 

@@ -1,8 +1,10 @@
-"""Reading Triton's cache entries without Triton: is a key compiled, and what is in it."""
+"""Reading Triton's cache entries without Triton: is a key compiled, what is in it, is it intact."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 from .layout import CacheLayout
@@ -33,3 +35,43 @@ def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
 
 def is_compiled(layout: CacheLayout, key: str) -> bool:
     return compiled_files(layout, key) is not None
+
+
+def artifact_digests(layout: CacheLayout, key: str) -> dict[str, dict[str, object]] | None:
+    """sha256 and size of each file of the entry for `key`, by file name; None when incomplete."""
+    files = compiled_files(layout, key)
+    if files is None:
+        return None
+    return {path.name: {"sha256": _sha256(path), "size": path.stat().st_size} for path in sorted(files)}
+
+
+def artifact_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, object]], deep: bool) -> str | None:
+    """Why the entry for `key` does not match what was recorded, or None when it does.
+
+    Sizes are always compared (a stat per file); checksums only when `deep`.
+    """
+    entry = layout.triton_entry(key)
+    for name, expected in recorded.items():
+        path = entry / name
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return f"{name} is missing"
+        if size != expected["size"]:
+            return f"{name} has {size} bytes, {expected['size']} recorded"
+        if deep and _sha256(path) != expected["sha256"]:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def remove_entry(layout: CacheLayout, key: str) -> None:
+    """Delete a damaged entry so that the next compile writes it anew."""
+    shutil.rmtree(layout.triton_entry(key), ignore_errors=True)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ..targets import Target
 from .files import write_atomic
 from .layout import CacheLayout
 
@@ -34,6 +35,8 @@ class Toolchain:
     python: str
     torch_version: str | None
     aiter_version: str | None
+    # CUDA targets: the ptxas release Triton's CUDA backend hashes into every key.
+    ptxas: str | None = None
 
     def as_dict(self) -> dict[str, str | None]:
         return asdict(self)
@@ -93,7 +96,17 @@ def triton_key_digest(layout: CacheLayout | None = None) -> str:
     return hashlib.sha256(triton_key_text(layout).encode("utf-8")).hexdigest()
 
 
-def current_toolchain(layout: CacheLayout | None = None) -> Toolchain:
+def ptxas_release(arch: int) -> str:
+    """The release line of the ptxas Triton uses for `arch` (Triton hashes its whole banner)."""
+    from triton.backends.nvidia.compiler import get_ptxas_version
+
+    banner = get_ptxas_version(arch)
+    lines = [line for line in banner.splitlines() if "release" in line]
+    return lines[-1].strip() if lines else hashlib.sha256(banner.encode()).hexdigest()
+
+
+def current_toolchain(layout: CacheLayout | None = None, target: Target | None = None) -> Toolchain:
+    """This process's toolchain; `target` adds what only its backend hashes (ptxas for CUDA)."""
     import triton
 
     return Toolchain(
@@ -103,4 +116,5 @@ def current_toolchain(layout: CacheLayout | None = None) -> Toolchain:
         python=sys.implementation.cache_tag,
         torch_version=_distribution_version("torch"),
         aiter_version=_distribution_version("amd-aiter"),
+        ptxas=ptxas_release(int(target.arch)) if target is not None and not target.is_rocm else None,
     )

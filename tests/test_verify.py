@@ -1,0 +1,244 @@
+"""Keys that cover every registered variable and the toolchain, and `verify` explaining them.
+
+One small configuration is warmed once (DeepSeek-V2-Lite, 3 sequences, gfx942: FP8 BMM and
+MLA decode, real compiles); each test then changes the environment or the cache and asks.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.manifest import manifest_key, read_manifest, write_manifest
+from kprecompile.cli import main
+from kprecompile.engines import select
+from kprecompile.environment import VARIABLES, compute_hash, fingerprint, registered_values
+from kprecompile.models import load_model
+from kprecompile.serving import ServingParams
+from kprecompile.targets import TARGETS
+from kprecompile.verification import verify
+from kprecompile.warming import warm
+
+MODEL = load_model("deepseek-v2-lite")
+SERVING = ServingParams(max_num_seqs=3)
+GFX942 = TARGETS["gfx942"]
+# Each variable's value when unset, under the default engine profile (vllm-aiter: AITER on).
+DEFAULTS = registered_values({})
+# A value other than the default, as its owner would read it, for each registered variable.
+FLIPPED = {
+    **{
+        variable.name: ("0" if DEFAULTS[variable.name] == "1" else "1")
+        for variable in VARIABLES
+        if variable.kind != "string"
+    },
+    "VLLM_ATTENTION_BACKEND": "ROCM_AITER_TRITON_MLA",
+    "GPU_ARCHS": "gfx950",
+    "CU_NUM": "80",
+    "FLASH_ATTENTION_TRITON_AMD_AUTOTUNE": "1",
+}
+# Another spelling of each boolean default (vLLM lower-cases; int flags are read with int()).
+DEFAULT_SPELLED = {
+    variable.name: {"1": "True", "0": "FALSE"}[DEFAULTS[variable.name]]
+    if variable.kind == "bool"
+    else DEFAULTS[variable.name]
+    for variable in VARIABLES
+    if DEFAULTS[variable.name] is not None
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for variable in VARIABLES:
+        monkeypatch.delenv(variable.name, raising=False)
+    for name in ("AMDGCN_USE_BUFFER_OPS", "TRITON_DEFAULT_FP_FUSION"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def warmed(tmp_path_factory):
+    """A warm cache, copied afresh for each test that changes it."""
+    root = tmp_path_factory.mktemp("warm") / "cache"
+    report = warm(MODEL, SERVING, [GFX942], CacheLayout.at(root), selection=select(MODEL, environ={}), max_workers=2)
+    assert report.failed == 0 and report.compiled == report.kernels > 3
+    return root
+
+
+@pytest.fixture
+def layout(warmed, tmp_path) -> CacheLayout:
+    copy = tmp_path / "cache"
+    shutil.copytree(warmed, copy)
+    # Triton's group files name their files by absolute path: point them at the copy.
+    for group in copy.glob("triton-v1/*/__grp__*.json"):
+        group.write_text(group.read_text().replace(str(warmed), str(copy)))
+    return CacheLayout.at(copy)
+
+
+def verdict(layout, deep=False):
+    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), deep=deep).targets
+    return result
+
+
+def test_the_warmed_configuration_verifies_warm(layout):
+    result = verdict(layout, deep=True)
+    assert result.status == "warm" and result.kernels > 3 and result.problems == ()
+
+
+@pytest.mark.parametrize("name", sorted(FLIPPED))
+def test_flipping_a_registered_variable_changes_the_key_and_verify_names_it(layout, monkeypatch, name):
+    before = compute_hash()
+    monkeypatch.setenv(name, FLIPPED[name])
+    assert compute_hash() != before
+    result = verdict(layout)
+    assert result.status == "mismatch"
+    assert any(reason.startswith(f"environment: {name} was ") for reason in result.reasons), result.reasons
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_SPELLED))
+def test_an_explicit_default_equals_unset(layout, monkeypatch, name):
+    before = compute_hash()
+    monkeypatch.setenv(name, DEFAULT_SPELLED[name])
+    assert compute_hash() == before
+    assert verdict(layout).status == "warm"
+
+
+def test_the_engine_profile_is_a_default_not_part_of_the_key(layout, monkeypatch):
+    """vllm-aiter with AITER unset runs the kernels vllm runs with VLLM_ROCM_USE_AITER=1: one cache."""
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
+    assert compute_hash(engine="vllm") == compute_hash(engine="vllm-aiter")
+    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL, engine="vllm")).targets
+    assert result.status == "warm"
+    monkeypatch.delenv("VLLM_ROCM_USE_AITER")
+    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL, engine="vllm")).targets
+    assert result.status == "mismatch"
+
+
+def test_an_unrelated_variable_changes_nothing(layout, monkeypatch):
+    before = compute_hash()
+    for name, value in {"VLLM_LOGGING_LEVEL": "DEBUG", "HOME_GROWN_FLAG": "1", "OMP_NUM_THREADS": "3"}.items():
+        monkeypatch.setenv(name, value)
+    assert compute_hash() == before and verdict(layout).status == "warm"
+
+
+def test_a_triton_knob_changes_triton_keys_and_a_rewarm_compiles_only_those(layout, monkeypatch):
+    [old] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    monkeypatch.setenv("AMDGCN_USE_BUFFER_OPS", "0")
+    assert fingerprint().triton == {"AMDGCN_USE_BUFFER_OPS": "false"}
+    result = verdict(layout)
+    assert result.status == "mismatch"
+    assert any("AMDGCN_USE_BUFFER_OPS was unset at warm, 'false' here" in reason for reason in result.reasons)
+
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    new = read_manifest(layout, json.loads(open(report.manifests[0]).read())["key"])
+    old_keys, new_keys = {job.key for job in old.jobs}, {job.key for job in new.jobs}
+    assert new_keys != old_keys
+    assert report.failed == 0
+    assert report.compiled == len(new_keys - old_keys) and report.cached == len(new_keys & old_keys)
+    assert verdict(layout).status == "warm"
+    # The old configuration is still warm, from its own binaries.
+    monkeypatch.delenv("AMDGCN_USE_BUFFER_OPS")
+    assert verdict(layout).status == "warm"
+
+
+def test_an_engine_flag_changes_the_plan_not_the_binaries(layout, monkeypatch):
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER_FP8BMM", "0")
+    assert verdict(layout).status == "mismatch"
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    # Only the MLA decode kernels remain, all already compiled.
+    assert report.compiled == 0 and report.cached == report.kernels > 0
+    assert {family.name for family in report.families if family.kernels} == {"mla_decode"}
+
+
+def test_a_truncated_artifact_is_found_and_replaced(layout):
+    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    job = manifest.jobs[0]
+    [binary] = layout.triton_entry(job.key).glob("*.hsaco")
+    binary.write_bytes(binary.read_bytes()[:100])
+    result = verdict(layout)
+    assert result.status == "incomplete"
+    [problem] = result.problems
+    assert problem.key == job.key and "bytes" in problem.problem
+
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    assert (report.replaced, report.compiled, report.failed) == (1, 1, 0)
+    assert verdict(layout, deep=True).status == "warm"
+
+
+def test_an_altered_artifact_is_found_only_by_deep_and_replaced(layout):
+    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    job = manifest.jobs[-1]
+    [binary] = layout.triton_entry(job.key).glob("*.hsaco")
+    data = bytearray(binary.read_bytes())
+    data[-1] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    assert verdict(layout).status == "warm"
+    deep = verdict(layout, deep=True)
+    assert deep.status == "incomplete" and "sha256" in deep.problems[0].problem
+
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    assert (report.replaced, report.compiled) == (1, 1)
+    assert verdict(layout, deep=True).status == "warm"
+
+
+def test_a_missing_kernel_is_named(layout):
+    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    shutil.rmtree(layout.triton_entry(manifest.jobs[1].key))
+    result = verdict(layout)
+    assert result.status == "incomplete"
+    assert [(p.key, p.problem) for p in result.problems] == [(manifest.jobs[1].key, "not in the cache")]
+    assert result.problems[0].kernel == manifest.jobs[1].kernel
+
+
+def test_a_cache_baked_under_another_toolchain_says_which(layout):
+    """As if the manifest came from a builder with another Triton build at another path."""
+    [path] = layout.manifests_dir.glob("*.json")
+    manifest = read_manifest(layout, path.stem)
+    parts = json.loads(json.dumps(manifest.parts))
+    here_key, here_path = parts["toolchain"]["triton_key"], parts["toolchain"]["triton_path"]
+    parts["toolchain"].update(triton_key="0" * 64, triton_path="/opt/builder/triton")
+    path.unlink()
+    write_manifest(layout, manifest.__class__(manifest_key(parts), parts, manifest.families, manifest.jobs))
+    result = verdict(layout)
+    assert result.status == "mismatch"
+    assert result.reasons[0].startswith(
+        f"toolchain mismatch: baked with Triton key {'0' * 64} at path /opt/builder/triton; this process has "
+        f"{here_key} at {here_path}"
+    )
+
+
+def test_an_empty_cache_is_not_warmed(tmp_path):
+    result = verdict(CacheLayout.at(tmp_path / "empty"))
+    assert result.status == "not_warmed" and result.reasons == ("no manifest for this configuration",)
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    return exited.value.code, capsys.readouterr().out
+
+
+def test_verify_command_exit_status_and_json(layout, capsys):
+    argv = ["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "3",
+            "--cache-dir", str(layout.root)]  # fmt: skip
+    status, out = run(capsys, *argv, "--json")
+    document = json.loads(out)
+    assert status == 0 and document["warm"] is True
+    assert set(document) == {"model", "warm", "targets", "manifest_key_parts", "deep", "seconds", "cache_dir"}
+    assert document["targets"][0]["status"] == "warm"
+    assert {"toolchain", "environment", "engine", "serving", "model_digest"} <= set(document["manifest_key_parts"])
+
+    status, out = run(capsys, *argv[:-2], "--cache-dir", str(layout.root / "elsewhere"))
+    assert status == 1 and "not warm" in out and "no manifest for this configuration" in out
+
+
+def test_env_command_prints_the_fingerprint_and_its_hash(capsys, monkeypatch):
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "true")
+    status, out = run(capsys, "env", "--json")
+    document = json.loads(out)
+    assert status == 0 and document["hash"] == compute_hash()
+    assert document["variables"]["VLLM_ROCM_USE_AITER"] == "1"
+    assert set(document["variables"]) == {variable.name for variable in VARIABLES}
+    status, out = run(capsys, "env")
+    assert "VLLM_ROCM_USE_AITER " in out and out.rstrip().endswith(compute_hash())
