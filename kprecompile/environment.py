@@ -105,9 +105,7 @@ class Fingerprint:
         return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()
 
 
-def registered_values(
-    environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE
-) -> dict[str, str | None]:
+def registered_values(environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, str | None]:
     """Every registered variable's effective value under `engine`'s defaults, canonical."""
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
