@@ -1,19 +1,35 @@
-"""kprecompile: ahead-of-time Triton and AITER kernel precompilation for LLM serving."""
+"""kprecompile: ahead-of-time Triton and AITER kernel precompilation for LLM serving.
+
+The public names below are imported on first use, so that a command that needs little (such as
+`kprecompile verify`) does not pay for importing every module.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .cache import CacheLayout  # noqa: E402
-from .engines import Selection, select  # noqa: E402
-from .environment import compute_hash  # noqa: E402
-from .errors import InputError, KprecompileError  # noqa: E402
-from .models import ModelConfig, load_model  # noqa: E402
-from .planning import Plan, plan  # noqa: E402
-from .serving import ServingParams  # noqa: E402
-from .targets import Target, resolve_target  # noqa: E402
-from .verification import VerifyReport, verify  # noqa: E402
-from .warming import WarmReport, warm  # noqa: E402
+_EXPORTS = {
+    "CacheLayout": "cache",
+    "InputError": "errors",
+    "KprecompileError": "errors",
+    "ModelConfig": "models",
+    "load_model": "models",
+    "Plan": "planning",
+    "plan": "planning",
+    "Selection": "engines",
+    "select": "engines",
+    "ServingParams": "serving",
+    "Target": "targets",
+    "resolve_target": "targets",
+    "VerifyReport": "verification",
+    "verify": "verification",
+    "WarmReport": "warming",
+    "warm": "warming",
+    "compute_hash": "environment",
+}
 
 __all__ = [
     "CacheLayout",
@@ -35,3 +51,23 @@ __all__ = [
     "verify",
     "warm",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kprecompile' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+if TYPE_CHECKING:
+    from .cache import CacheLayout
+    from .engines import Selection, select
+    from .environment import compute_hash
+    from .errors import InputError, KprecompileError
+    from .models import ModelConfig, load_model
+    from .planning import Plan, plan
+    from .serving import ServingParams
+    from .targets import Target, resolve_target
+    from .verification import VerifyReport, verify
+    from .warming import WarmReport, warm

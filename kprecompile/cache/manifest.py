@@ -23,7 +23,7 @@ from ..planning import FamilyPlan
 from ..serving import ServingParams
 from ..targets import Target
 from ..trace import CompileJob
-from .entries import artifact_digests, artifact_problem, compiled_files
+from .entries import artifact_digests, entry_problem
 from .files import write_atomic
 from .layout import CacheLayout
 from .toolchain import current_toolchain
@@ -86,9 +86,7 @@ def job_problems(layout: CacheLayout, manifest: Manifest, deep: bool) -> list[tu
     """Each job of `manifest` whose cache entry is missing or does not match its record."""
     problems = []
     for job in manifest.jobs:
-        if compiled_files(layout, job.key) is None:
-            problems.append((job, "not in the cache"))
-        elif problem := artifact_problem(layout, job.key, manifest.artifacts.get(job.key, {}), deep):
+        if problem := entry_problem(layout, job.key, manifest.artifacts.get(job.key, {}), deep):
             problems.append((job, problem))
     return problems
 
