@@ -12,3 +12,12 @@ def test_ci_runs_the_readmes_test_command_verbatim():
     warm_command, test_command = readme_commands()[:2]
     assert "kprecompile warm" in warm_command and "pytest" in test_command
     assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()
+
+
+def test_readme_lists_every_registered_variable_with_its_default():
+    from kprecompile.environment import VARIABLES
+
+    readme = (ROOT / "README.md").read_text()
+    for variable in VARIABLES:
+        default = {"1": "on", "0": "off", None: "unset"}.get(variable.default, variable.default)
+        assert f"| `{variable.name}` | {variable.owner} | {default} |" in readme, variable.name
