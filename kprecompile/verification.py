@@ -75,7 +75,8 @@ def verify(
     verdicts = []
     parts: dict[str, Any] = {}
     for target in targets:
-        parts = configuration_parts(model, serving, selection, target, layout)
+        # Nothing is written: verify may run against a read-only cache.
+        parts = configuration_parts(model, serving, selection, target, layout, remember=False)
         verdicts.append(_verify_target(layout, parts, target, deep))
     return VerifyReport(
         model=model.name,

@@ -131,12 +131,12 @@ CASES = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["plan", "warm"])
+@pytest.mark.parametrize("command", ["plan", "warm", "verify"])
 @pytest.mark.parametrize("name, config, options, environment, message", CASES, ids=[case[0] for case in CASES])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     capsys, monkeypatch, tmp_path, command, name, config, options, environment, message
 ):
-    if command == "plan" and options[:1] in (["--jobs"], ["--job-timeout"]):
+    if command != "warm" and options[:1] in (["--jobs"], ["--job-timeout"]):
         pytest.skip("a warm-only option")
     for variable in ("VLLM_ATTENTION_BACKEND", "VLLM_ROCM_USE_AITER"):
         monkeypatch.delenv(variable, raising=False)

@@ -79,3 +79,9 @@ def test_layout_paths_are_versioned(tmp_path):
     layout = CacheLayout.at(tmp_path)
     for directory in (layout.triton_dir, layout.locks_dir, layout.manifests_dir, layout.toolchain_dir):
         assert directory.parent == tmp_path and directory.name.endswith("-v1")
+
+
+def test_the_toolchain_of_a_cuda_target_names_its_ptxas(cache_layout, gfx942, sm90):
+    """Triton's CUDA backend hashes the ptxas version into every key: so does the manifest."""
+    assert current_toolchain(cache_layout, sm90).ptxas.startswith("Cuda compilation tools, release ")
+    assert current_toolchain(cache_layout, gfx942).ptxas is None

@@ -208,9 +208,10 @@ def test_a_cache_baked_under_another_toolchain_says_which(layout):
     )
 
 
-def test_an_empty_cache_is_not_warmed(tmp_path):
+def test_an_empty_cache_is_not_warmed_and_verify_writes_nothing(tmp_path):
     result = verdict(CacheLayout.at(tmp_path / "empty"))
     assert result.status == "not_warmed" and result.reasons == ("no manifest for this configuration",)
+    assert not (tmp_path / "empty").exists()
 
 
 def run(capsys, *argv):

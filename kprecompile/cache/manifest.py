@@ -74,10 +74,15 @@ def manifest_parts(
 
 
 def configuration_parts(
-    model: ModelConfig, serving: ServingParams, selection: Selection, target: Target, layout: CacheLayout
+    model: ModelConfig,
+    serving: ServingParams,
+    selection: Selection,
+    target: Target,
+    layout: CacheLayout,
+    remember: bool = True,
 ) -> dict[str, Any]:
     """The manifest parts of this configuration in this process: no torch, no tracing."""
-    toolchain = current_toolchain(layout, target).as_dict()
+    toolchain = current_toolchain(layout, target, remember).as_dict()
     environment = fingerprint(engine=selection.engine).as_dict()
     return manifest_parts(model.digest, serving.as_dict(), selection.key_part(), target.name, toolchain, environment)
 

@@ -67,7 +67,7 @@ def _stat_digest(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
-def triton_key_text(layout: CacheLayout | None = None) -> str:
+def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) -> str:
     """Triton's `triton_key()` (its version and the hashes of its files), remembered in the
     cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s."""
     import triton
@@ -83,7 +83,7 @@ def triton_key_text(layout: CacheLayout | None = None) -> str:
     from triton.runtime.cache import triton_key
 
     text = triton_key()
-    if memo is not None:
+    if memo is not None and remember:
         try:
             write_atomic(memo, json.dumps({"triton_key_text": text}).encode())
         except OSError as error:  # a read-only cache still works, only slower
@@ -91,9 +91,9 @@ def triton_key_text(layout: CacheLayout | None = None) -> str:
     return text
 
 
-def triton_key_digest(layout: CacheLayout | None = None) -> str:
+def triton_key_digest(layout: CacheLayout | None = None, remember: bool = True) -> str:
     """sha256 of Triton's toolchain key."""
-    return hashlib.sha256(triton_key_text(layout).encode("utf-8")).hexdigest()
+    return hashlib.sha256(triton_key_text(layout, remember).encode("utf-8")).hexdigest()
 
 
 def ptxas_release(arch: int) -> str:
@@ -105,13 +105,18 @@ def ptxas_release(arch: int) -> str:
     return lines[-1].strip() if lines else hashlib.sha256(banner.encode()).hexdigest()
 
 
-def current_toolchain(layout: CacheLayout | None = None, target: Target | None = None) -> Toolchain:
-    """This process's toolchain; `target` adds what only its backend hashes (ptxas for CUDA)."""
+def current_toolchain(
+    layout: CacheLayout | None = None, target: Target | None = None, remember: bool = True
+) -> Toolchain:
+    """This process's toolchain; `target` adds what only its backend hashes (ptxas for CUDA).
+
+    With `remember` false (verify), a Triton key computed here is not written to the cache.
+    """
     import triton
 
     return Toolchain(
         triton_version=triton.__version__,
-        triton_key=triton_key_digest(layout),
+        triton_key=triton_key_digest(layout, remember),
         triton_path=str(Path(triton.__file__).parent),
         python=sys.implementation.cache_tag,
         torch_version=_distribution_version("torch"),
