@@ -11,6 +11,9 @@ Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
   environment says otherwise: the configuration AMD recommends on Instinct GPUs.
 - `vllm`: vLLM with its own defaults, where AITER is off unless `VLLM_ROCM_USE_AITER=1`.
+- `aiter`: AITER's Triton kernels as AITER's own Python API calls them, no serving engine
+  (AITER's tests and benchmarks, custom stacks): MLA models get the Triton MLA path, GQA
+  models `pa_prefill`, the one AITER attention kernel that also runs on NVIDIA GPUs.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ SELECTION_FLAGS = (
     "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
 )
 BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
+# The "backend" of the aiter engine: AITER's Python API itself.
+AITER_API = "aiter"
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,11 @@ def select(
     field, requested = "--attention-backend", attention_backend
     if not requested:
         field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    if engine == "aiter":
+        if attention_backend:
+            raise InputError("--attention-backend", attention_backend, "no backend with --engine aiter (it has none)")
+        choices = _aiter_choices(model)
+        return Selection(engine, AITER_API, flags, _filtered(model, choices, families))
     backends = MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS
     if requested is not None and requested not in backends:
         kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
@@ -106,13 +116,25 @@ def select(
     else:
         backend = requested or _default_gqa_backend(flags)
         choices = _gqa_choices(backend)
-    if families:
-        available = [choice.family for choice in choices]
-        for family in families:
-            if family not in available:
-                raise InputError("--family", family, f"one of {', '.join(available)} for {model.name}")
-        choices = tuple(choice for choice in choices if choice.family in families)
-    return Selection(engine, backend, flags, choices)
+    return Selection(engine, backend, flags, _filtered(model, choices, families))
+
+
+def _filtered(
+    model: ModelConfig, choices: tuple[FamilyChoice, ...], families: Sequence[str]
+) -> tuple[FamilyChoice, ...]:
+    if not families:
+        return choices
+    available = [choice.family for choice in choices]
+    for family in families:
+        if family not in available:
+            raise InputError("--family", family, f"one of {', '.join(available)} for {model.name}")
+    return tuple(choice for choice in choices if choice.family in families)
+
+
+def _aiter_choices(model: ModelConfig) -> tuple[FamilyChoice, ...]:
+    if model.attention == "mla":
+        return tuple(FamilyChoice(family, AITER_API) for family in ("fp8_bmm", "mla_decode", "mla_prefill"))
+    return (FamilyChoice("pa_prefill", AITER_API),)
 
 
 def _default_mla_backend(flags: dict[str, bool]) -> str:

@@ -83,11 +83,11 @@ VARIABLES: tuple[Variable, ...] = (
 )
 VARIABLE_NAMES = frozenset(variable.name for variable in VARIABLES)
 
-ENGINES = ("vllm-aiter", "vllm")
+ENGINES = ("vllm-aiter", "vllm", "aiter")
 DEFAULT_ENGINE = "vllm-aiter"
 # What an engine profile assumes for a variable left unset, where it differs from vLLM's default:
 # `vllm-aiter` is vLLM as AMD recommends running it on Instinct GPUs, with AITER on.
-_ENGINE_DEFAULTS: dict[str, dict[str, str]] = {"vllm-aiter": {"VLLM_ROCM_USE_AITER": "1"}, "vllm": {}}
+_ENGINE_DEFAULTS: dict[str, dict[str, str]] = {"vllm-aiter": {"VLLM_ROCM_USE_AITER": "1"}, "vllm": {}, "aiter": {}}
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ CASES = [
      "kprecompile: --num-speculative-tokens: got -1, expected a non-negative integer"),
     # Engine selection.
     ("unknown-engine", "deepseek-r1", ["--engine", "sglang"], {},
-     "kprecompile: --engine: got 'sglang', expected one of vllm-aiter, vllm"),
+     "kprecompile: --engine: got 'sglang', expected one of vllm-aiter, vllm, aiter"),
     ("backend-for-other-attention", "deepseek-r1", ["--attention-backend", "ROCM_AITER_FA"], {},
      "kprecompile: --attention-backend: got 'ROCM_AITER_FA', expected one of ROCM_AITER_MLA, ROCM_AITER_TRITON_MLA, "
      "TRITON_MLA for deepseek-r1's multi-head latent attention"),

@@ -20,7 +20,9 @@ from kprecompile.providers import provider_for
 from kprecompile.serving import ServingParams
 from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
+from kprecompile.shapes.pa_prefill import PaPrefillShape
 from kprecompile.shapes.paged_attention import PagedAttentionShape
+from kprecompile.targets import TARGETS
 from kprecompile.trace import trace_calls
 
 MAX_NUM_SEQS = 48
@@ -176,6 +178,24 @@ def test_paged_decode_sweep_is_covered(gfx942, preset, kv_cache_dtype):
     if not model.sliding_window:
         # Both storage classes and several 3D segment counts are reached.
         assert len(keys) > 6
+
+
+@pytest.mark.parametrize("target_name, kv_cache_dtype", [("gfx942", "auto"), ("gfx942", "fp8"), ("sm90", "auto")])
+def test_pa_prefill_sweep_is_covered(target_name, kv_cache_dtype):
+    target = TARGETS[target_name]
+    model, params = load_model("llama-3.1-8b-instruct"), serving(kv_cache_dtype=kv_cache_dtype)
+    rng = random.Random(17)
+    sweep = []
+    for _ in range(200):
+        batch = rng.randint(1, 16)
+        query_lens = split(rng.randint(batch, BUDGET), batch, rng, low=1)
+        sweep.append(
+            PaPrefillShape(32, 8, 128, 16, MODEL_LEN // 16, batch, sum(query_lens), max(query_lens), 0, "bfloat16",
+                           kv_cache_dtype == "fp8", rng.choice(["under_2gib", "over_2gib"]))
+        )  # fmt: skip
+    keys = {job.key for job in traced("pa_prefill", sweep, target)}
+    selection = select(model, engine="aiter", environ={})
+    assert keys <= {job.key for job in plan(model, params, [target], selection).jobs}
 
 
 def test_coverage_check_fails_for_a_plan_without_the_fp8_kv_cache(gfx942):

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Any
 
 from ..targets import Target
-from . import aiter_fp8_bmm, aiter_mla_decode, aiter_mla_prefill, aiter_unified_attention
+from . import aiter_fp8_bmm, aiter_mla_decode, aiter_mla_prefill, aiter_pa_prefill, aiter_unified_attention
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,7 @@ PROVIDERS: dict[str, Provider] = {
         # One kernel, two kinds of step: with a prefill, and pure decode.
         _aiter("prefix_prefill", aiter_unified_attention, ("aiter.ops.triton",)),
         _aiter("paged_decode", aiter_unified_attention, ("aiter.ops.triton",)),
+        _aiter("pa_prefill", aiter_pa_prefill, ("aiter.ops.triton",)),
     )
 }
 

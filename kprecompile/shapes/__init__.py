@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..models import ModelConfig
 from ..serving import ServingParams
-from . import fp8_bmm, mla_decode, mla_prefill, paged_attention
+from . import fp8_bmm, mla_decode, mla_prefill, pa_prefill, paged_attention
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,7 @@ _FAMILIES: dict[str, _Family] = {
         paged_attention.enumerate_prefix_prefill, paged_attention.describe_parameters
     ),
     paged_attention.PAGED_DECODE: _Family(paged_attention.enumerate_paged_decode, paged_attention.describe_parameters),
+    pa_prefill.FAMILY: _Family(pa_prefill.enumerate_pa_prefill, pa_prefill.describe_parameters),
 }
 
 FAMILIES = tuple(_FAMILIES)
