@@ -27,7 +27,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
     def families(model):
         return [family.family for family in enumerate_shapes(model, ServingParams(max_num_seqs=4))]
 
-    assert families(load_model("llama-3.1-8b-instruct")) == ["prefix_prefill", "paged_decode"]
+    assert families(load_model("llama-3.1-8b-instruct")) == ["prefix_prefill", "paged_decode", "pa_prefill"]
     assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_prefill"]
     # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.
     unseen = model_from_dict(
