@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,9 @@ class MlaDims:
 class ModelConfig:
     name: str
     source: str
-    # sha256 of the config file's bytes: any edit to the config changes the manifest key.
+    # sha256 of the fields below as read: a config edit that changes a kernel changes the
+    # manifest key; formatting, unrelated fields, and the way the config reached kprecompile
+    # (a file, a preset, an engine's parsed config) do not.
     digest: str
     architectures: tuple[str, ...]
     num_attention_heads: int
@@ -100,12 +102,11 @@ def load_model(spec: str) -> ModelConfig:
         raise ModelConfigError(CONFIG_FILENAME, f"<{len(data)} bytes>", f"valid JSON ({error})", source) from None
     if not isinstance(raw, dict):
         raise ModelConfigError(CONFIG_FILENAME, type(raw).__name__, "a JSON object", source)
-    return model_from_dict(raw, name=name, source=source, digest=hashlib.sha256(data).hexdigest())
+    return model_from_dict(raw, name=name, source=source)
 
 
-def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str | None = None) -> ModelConfig:
-    if digest is None:
-        digest = hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConfig:
+    """A model from a config.json's fields (or an engine's parsed config as a dict)."""
     fields = _FieldReader(raw, source)
     if "num_attention_heads" not in raw:
         architectures = ", ".join(fields.string_list("architectures")) or "this model"
@@ -138,10 +139,7 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str 
             head_dim = hidden // heads
     else:
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
-    return ModelConfig(
-        name=name,
-        source=source,
-        digest=digest,
+    read = dict(
         architectures=fields.string_list("architectures"),
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
@@ -151,6 +149,8 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, digest: str 
         torch_dtype=fields.choice("torch_dtype", ("bfloat16", "float16", "float32"), default="bfloat16"),
         mla=mla,
     )
+    digest = hashlib.sha256(json.dumps({**read, "mla": mla and asdict(mla)}, sort_keys=True).encode()).hexdigest()
+    return ModelConfig(name=name, source=source, digest=digest, **read)
 
 
 def _sliding_window(fields: _FieldReader, raw: dict[str, Any]) -> int | None:

@@ -148,6 +148,22 @@ class ServingParams:
             return self.dtype
         return "bfloat16" if model.torch_dtype == "bfloat16" else "float16"
 
+    def resolved(self, model: ModelConfig) -> dict[str, Any]:
+        """The effective settings for `model`, the part of a cache key: settings spelled
+        differently but meaning the same (the default model length and its explicit value,
+        vLLM's capture sizes and the same list given by hand, fp8 and fp8_e4m3) are equal."""
+        return {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "max_model_len": self.model_len(model),
+            "block_size": self.block_size,
+            "kv_cache_dtype": "fp8" if self.kv_cache_is_fp8 else "auto",
+            "dtype": self.activation_dtype(model),
+            "cudagraph_capture_sizes": list(self.capture_sizes()),
+            "num_speculative_tokens": self.num_speculative_tokens,
+        }
+
     def as_dict(self) -> dict[str, Any]:
         record = asdict(self)
         if self.cudagraph_capture_sizes is not None:

@@ -109,7 +109,15 @@ def warm(
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: bool = False,
+    rank: int = 0,
+    ranks: int = 1,
 ) -> WarmReport:
+    """Compile what this configuration lacks on each target and record it.
+
+    `rank` of `ranks` processes warming the same cache at once (tensor-parallel ranks calling
+    the loader hook): each starts at its own share of the job list, so that the file locks
+    split the work instead of every rank queuing behind the same first kernel.
+    """
     started = time.perf_counter()
     # Selection and shapes first: every input error surfaces before anything is written.
     if selection is None:
@@ -147,7 +155,9 @@ def warm(
             target_plan = plan(model, serving, [target], selection, shapes, layout)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()
-            target_outcomes = pool.compile(target_plan.jobs, progress) if pool is not None else ()
+            start = (rank % ranks) * len(target_plan.jobs) // ranks
+            ordered = target_plan.jobs[start:] + target_plan.jobs[:start]
+            target_outcomes = pool.compile(ordered, progress) if pool is not None else ()
             compile_seconds += time.perf_counter() - compile_started
             families += target_plan.families
             outcomes += target_outcomes

@@ -6,13 +6,14 @@
       locks-v1/
         <key>.lock                 held while one process compiles that key
       manifests-v1/
-        <manifest key>.json        one per (model, serving params, target, toolchain):
-                                   the jobs that configuration needs; written last
+        <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
+                                   the jobs that configuration needs, file checksums; written last
+      aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
 
 Every top-level directory name carries a version; a layout change bumps it and leaves the
-old directory for `prune` instead of migrating it.
+old directory instead of migrating it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class CacheLayout:
     @property
     def triton_dir(self) -> Path:
         return self.root / "triton-v1"
+
+    @property
+    def aiter_jit_dir(self) -> Path:
+        """AITER's JIT directory (AITER_JIT_DIR) for the HIP modules AITER builds itself."""
+        return self.root / "aiter-jit-v1"
 
     @property
     def locks_dir(self) -> Path:

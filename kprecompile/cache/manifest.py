@@ -30,7 +30,7 @@ from .toolchain import current_toolchain
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_SCHEMA = 3
+MANIFEST_SCHEMA = 4
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,9 @@ def configuration_parts(
     """The manifest parts of this configuration in this process: no torch, no tracing."""
     toolchain = current_toolchain(layout, target, remember).as_dict()
     environment = fingerprint(engine=selection.engine).as_dict()
-    return manifest_parts(model.digest, serving.as_dict(), selection.key_part(), target.name, toolchain, environment)
+    return manifest_parts(
+        model.digest, serving.resolved(model), selection.key_part(), target.name, toolchain, environment
+    )
 
 
 def job_problems(layout: CacheLayout, manifest: Manifest, deep: bool) -> list[tuple[CompileJob, str]]:

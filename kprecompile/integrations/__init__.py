@@ -1,0 +1,1 @@
+"""Engine integrations: each maps an engine's own config onto the loader hook."""

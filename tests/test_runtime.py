@@ -1,0 +1,204 @@
+"""The serving side on real AITER kernels: activate, preload, the JIT monitor, the loader hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.engines import select
+from kprecompile.integrations.vllm import from_vllm_config
+from kprecompile.models import load_model
+from kprecompile.runtime import JitMonitor, NotWarmError, activate, preload
+from kprecompile.serving import ServingParams
+from kprecompile.targets import TARGETS
+from kprecompile.verification import verify
+from kprecompile.warming import warm
+
+HERE = Path(__file__).parent
+MODEL = load_model("deepseek-v2-lite")
+SERVING = ServingParams(max_num_seqs=3)
+
+
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runtime") / "cache"
+    selection = select(MODEL, environ={}, families=["fp8_bmm"])
+    report = warm(MODEL, SERVING, [TARGETS["gfx942"]], CacheLayout.at(root), selection=selection, max_workers=2)
+    assert report.failed == 0 and report.kernels > 1
+    return root, report.kernels
+
+
+@pytest.fixture
+def cache_copy(warm_cache, tmp_path):
+    """A private copy of the warm cache, for tests whose serving process compiles into it."""
+    source, kernels = warm_cache
+    copy = tmp_path / "cache"
+    shutil.copytree(source, copy)
+    # Triton's group files name their files by absolute path: point them at the copy.
+    for group in copy.glob("triton-v1/*/__grp__*.json"):
+        group.write_text(group.read_text().replace(str(source), str(copy)))
+    return copy, kernels
+
+
+def serve(cache_dir, *m_values, strict="warn"):
+    env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *map(str, m_values)],
+        capture_output=True, text=True, env=env, timeout=300, check=True,
+    )  # fmt: skip
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_path, monkeypatch):
+    from triton import knobs
+
+    monkeypatch.delenv("AITER_JIT_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "restored by monkeypatch")
+    with knobs.cache.scope():
+        for _ in range(2):
+            layout = activate(tmp_path / "c")
+            assert os.environ["TRITON_CACHE_DIR"] == str(layout.triton_dir) == knobs.cache.dir
+            assert os.environ["AITER_JIT_DIR"] == str(layout.aiter_jit_dir)
+
+
+def test_preload_in_a_fresh_process_compiles_nothing(warm_cache):
+    cache_dir, kernels = warm_cache
+    result, stderr = serve(cache_dir, 1, 2, 3)
+    assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
+    assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
+    # The engine's own calls find the preloaded kernels in memory: straight to launch.
+    assert result["outcomes"] == ["reached launch"] * 6 and result["compiles"] == []
+    assert "kprecompile: 0 kernels compiled while serving" in stderr
+
+
+def test_the_monitor_reports_an_unplanned_call(cache_copy):
+    cache_dir, _ = cache_copy
+    result, stderr = serve(cache_dir, 2, 40)
+    # m = 40 is beyond the planned 3 sequences: its kernels compile, and are named.
+    assert result["compiles"] and all("batched_gemm" in kernel for kernel in result["compiles"])
+    assert "JIT compile while serving" in stderr
+    assert f"kprecompile: {len(result['compiles'])} kernels compiled while serving" in stderr
+
+
+def test_strict_mode_raises_in_the_launching_call(cache_copy):
+    cache_dir, _ = cache_copy
+    result, _ = serve(cache_dir, 2, 40, strict="error")
+    assert result["outcomes"][:2] == ["reached launch", "reached launch"]
+    assert result["outcomes"][2].startswith("strict: ") and "KPRECOMPILE_STRICT=error" in result["outcomes"][2]
+
+
+def test_preload_without_a_warm_cache_says_so(tmp_path):
+    layout = CacheLayout.at(tmp_path / "empty")
+    with pytest.raises(NotWarmError, match="no manifest for deepseek-v2-lite on gfx942"):
+        preload(MODEL, SERVING, layout, target=TARGETS["gfx942"], selection=select(MODEL, environ={}))
+
+
+def test_monitor_modes_are_checked(monkeypatch):
+    monkeypatch.setenv("KPRECOMPILE_STRICT", "loud")
+    with pytest.raises(ValueError, match="KPRECOMPILE_STRICT: got 'loud', expected one of off, warn, error"):
+        JitMonitor()
+
+
+RANK_SCRIPT = """
+import json, sys
+from kprecompile.hook import prepare
+from kprecompile.engines import select
+from kprecompile.models import load_model
+from kprecompile.serving import ServingParams
+from kprecompile.targets import TARGETS
+model = load_model("deepseek-v2-lite")
+report = prepare(model, ServingParams(max_num_seqs=6), cache_dir=sys.argv[1], target=TARGETS["gfx942"],
+                 selection=select(model, environ={}, families=["fp8_bmm"]), rank=int(sys.argv[2]),
+                 local_world_size=int(sys.argv[3]), monitor=False)
+print(json.dumps({"compiled": report.warm.compiled if report.warm else 0, "kernels": report.preload.kernels,
+                  "loaded": report.preload.loaded}))
+"""
+
+
+def test_tensor_parallel_ranks_share_one_warm(tmp_path):
+    """Three ranks call the hook at once: each kernel compiles once in all, every rank preloads all."""
+    ranks = 3
+    processes = [
+        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "cache"), str(rank), str(ranks)],
+                         stdout=subprocess.PIPE, text=True)
+        for rank in range(ranks)
+    ]  # fmt: skip
+    results = [json.loads(process.communicate(timeout=600)[0].strip().splitlines()[-1]) for process in processes]
+    kernels = results[0]["kernels"]
+    assert sum(result["compiled"] for result in results) == kernels
+    assert all(result["loaded"] == result["kernels"] == kernels for result in results)
+
+
+class _HfConfig(SimpleNamespace):
+    def to_dict(self):
+        return dict(vars(self))
+
+
+def vllm_config(preset_dict, **overrides):
+    """A plain object carrying the fields of vLLM's VllmConfig the plugin reads."""
+    settings = {"tp": 1, "max_num_seqs": 256, "tokens": 8192, "max_model_len": 4096, "block_size": 16,
+                "cache_dtype": "auto", "dtype": torch.bfloat16, "eager": False, "sizes": [1, 2, 4, 8],
+                "speculative": None, "backend": None, **overrides}  # fmt: skip
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            hf_config=_HfConfig(**preset_dict), model="deepseek-ai/DeepSeek-V2-Lite", dtype=settings["dtype"],
+            max_model_len=settings["max_model_len"], enforce_eager=settings["eager"],
+        ),
+        parallel_config=SimpleNamespace(tensor_parallel_size=settings["tp"]),
+        scheduler_config=SimpleNamespace(max_num_seqs=settings["max_num_seqs"],
+                                         max_num_batched_tokens=settings["tokens"]),
+        cache_config=SimpleNamespace(block_size=settings["block_size"], cache_dtype=settings["cache_dtype"]),
+        compilation_config=SimpleNamespace(cudagraph_capture_sizes=settings["sizes"]),
+        speculative_config=settings["speculative"],
+        attention_config=SimpleNamespace(backend=settings["backend"]),
+    )  # fmt: skip
+
+
+def preset_dict(name):
+    from importlib import resources
+
+    return json.loads((resources.files("kprecompile.presets") / f"{name}.json").read_text())
+
+
+def test_vllm_config_maps_onto_the_same_model_and_serving_parameters():
+    config = vllm_config(
+        preset_dict("deepseek-v2-lite"), tp=2, cache_dtype="fp8", speculative=SimpleNamespace(num_speculative_tokens=1),
+        backend=SimpleNamespace(name="ROCM_AITER_TRITON_MLA"),
+    )  # fmt: skip
+    model, serving, selection = from_vllm_config(config)
+    assert model.digest == load_model("deepseek-v2-lite").digest
+    assert serving == ServingParams(
+        tensor_parallel_size=2, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096, block_size=16,
+        kv_cache_dtype="fp8", dtype="bfloat16", cudagraph_capture_sizes=(1, 2, 4, 8), num_speculative_tokens=1,
+    )  # fmt: skip
+    assert selection.engine == "vllm" and selection.attention_backend == "ROCM_AITER_TRITON_MLA"
+
+
+def test_vllm_config_eager_and_model_dtype_cache():
+    config = vllm_config(preset_dict("llama-3.1-8b-instruct"), eager=True, cache_dtype="bfloat16", sizes=[])
+    model, serving, selection = from_vllm_config(config)
+    assert model.digest == load_model("llama-3.1-8b-instruct").digest
+    assert serving.enforce_eager and serving.cudagraph_capture_sizes is None and serving.kv_cache_dtype == "auto"
+
+
+def test_a_cache_warmed_from_the_cli_is_warm_for_the_vllm_process(monkeypatch, warm_cache):
+    """The bake (preset name, defaults) and the server (vLLM's parsed config, every value
+    resolved) compute one manifest key: keys hash effective values."""
+    cache_dir, _ = warm_cache
+    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
+    # What vLLM resolves for 3 sequences: model length from the config, graphs for 1, 2, 4.
+    config = vllm_config(preset_dict("deepseek-v2-lite"), max_num_seqs=3, max_model_len=163840, sizes=[1, 2, 4])
+    model, serving, _ = from_vllm_config(config)
+    assert serving != SERVING
+    selection = select(model, "vllm", families=["fp8_bmm"])
+    report = verify(model, serving, [TARGETS["gfx942"]], CacheLayout.at(cache_dir), selection=selection)
+    assert report.targets[0].status == "warm", report.targets[0].reasons
