@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""End to end on a real GPU: bake with no visible GPU, serve with zero JIT compiles.
+
+1. `kprecompile warm` in a process that sees no GPU (CUDA_VISIBLE_DEVICES=""), for the local
+   GPU's target: AITER's `pa_prefill` (the AITER attention kernel that also runs on NVIDIA),
+   Llama-3.1-8B's shapes, through the `aiter` engine profile.
+2. A new process, GPU visible: `activate` + `preload` (launchers included) with the JIT monitor
+   on, then real `context_attention_fwd` calls with real tensors over more shapes than the
+   plan's representatives (other batch sizes, query and context lengths), each checked against
+   a float32 torch reference.
+3. The same first call in two more fresh processes: cold (empty Triton cache, no kprecompile)
+   and disk cache only (Triton pointed at the warm cache, no preload).
+
+It prints, from this one run: compiles while serving, max error, first call after preload
+against steady state (goal: at most 2x + 5 ms), and the cold and disk-only first calls.
+
+    python scripts/gpu_e2e.py [--cache-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODEL = "llama-3.1-8b-instruct"
+SERVING = ["--max-num-seqs", "64", "--max-num-batched-tokens", "4096", "--max-model-len", "4096"]
+MAX_NUM_SEQS, MODEL_LEN, BLOCK_SIZE = 64, 4096, 16
+# (batch, query lengths, context lengths): none of these is a plan representative as such.
+CALLS = [
+    (1, [37], [0]),
+    (1, [200], [613]),
+    (3, [5, 64, 17], [100, 0, 900]),
+    (5, [1, 128, 33, 7, 250], [48, 3, 1500, 0, 77]),
+    (7, [300, 2, 2, 90, 16, 45, 8], [0, 2000, 31, 400, 16, 9, 3000]),
+    (12, [9] * 12, [i * 111 for i in range(12)]),
+]
+FIRST_CALL = (4, [70, 12, 130, 3], [250, 1000, 0, 64])
+
+
+def run_json(argv: list[str], env: dict[str, str]) -> dict:
+    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(argv[:4])} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache-dir", type=Path, default=None)
+    parser.add_argument("--serve", choices=["preload", "cold", "disk"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.cache_dir)
+        return
+
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("gpu_e2e needs a visible GPU")
+    target = _local_target_name()
+    with tempfile.TemporaryDirectory(prefix="gpu-e2e-") as scratch:
+        cache = args.cache_dir or Path(scratch) / "cache"
+        hidden = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+        started = time.perf_counter()
+        warm = run_json(
+            [sys.executable, "-m", "kprecompile", "warm", "--model", MODEL, "--engine", "aiter", "--target", target,
+             *SERVING, "--cache-dir", str(cache), "--json"],
+            hidden,
+        )  # fmt: skip
+        warm_seconds = time.perf_counter() - started
+        results = {}
+        for mode in ("preload", "cold", "disk"):
+            env = {**os.environ, "TRITON_CACHE_DIR": str(Path(scratch) / f"empty-{mode}")}
+            results[mode] = run_json([sys.executable, __file__, "--serve", mode, "--cache-dir", str(cache)], env)
+    report(target, warm, warm_seconds, results)
+
+
+def report(target: str, warm: dict, warm_seconds: float, results: dict) -> None:
+    served = results["preload"]
+    steady = served["steady_ms"]
+    first = served["first_ms"]
+    goal = 2 * steady + 5
+    print(f"GPU end to end: {MODEL}, pa_prefill, target {target}, {served['device']}")
+    print(f"warm with no visible GPU: {warm['kernels']} kernels ({warm['compiled']} compiled) in {warm_seconds:.1f} s")
+    print(f"preload: {served['preload']['loaded']} kernels loaded, {served['preload']['compiled']} compiled, "
+          f"launchers {served['preload']['launchers']}, {served['preload']['seconds'] * 1000:.0f} ms")  # fmt: skip
+    print(f"serving: {served['calls']} real calls, {served['compiles']} compiles while serving, "
+          f"max abs error vs float32 torch {served['max_error']:.2e}")  # fmt: skip
+    print(f"first call after preload {first:.2f} ms, steady state {steady:.3f} ms: "
+          f"{'within' if first <= goal else 'OVER'} the goal of 2x + 5 ms ({goal:.2f} ms)")  # fmt: skip
+    print(f"first call, cold (no kprecompile, empty cache): {results['cold']['first_ms']:.1f} ms "
+          f"({results['cold']['compiles']} compiles)")  # fmt: skip
+    print(f"first call, disk cache only (no preload): {results['disk']['first_ms']:.1f} ms "
+          f"({results['disk']['compiles']} compiles)")  # fmt: skip
+    if served["compiles"] or first > goal:
+        sys.exit(1)
+
+
+def _local_target_name() -> str:
+    from kprecompile.targets import detect_local_target
+
+    return detect_local_target().name
+
+
+def serve(mode: str, cache_dir: Path) -> None:
+    """One serving process: prepare as `mode` says, then run the calls on the GPU."""
+    import torch
+
+    from kprecompile.engines import select
+    from kprecompile.models import load_model
+    from kprecompile.runtime import JitMonitor, activate, preload
+    from kprecompile.serving import ServingParams
+    from kprecompile.targets import detect_local_target
+
+    model = load_model(MODEL)
+    serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=4096, max_model_len=MODEL_LEN)
+    preload_report = None
+    if mode == "preload":
+        layout = activate(cache_dir)
+        monitor = JitMonitor("warn").install()
+        preload_report = preload(model, serving, layout, target=detect_local_target(), selection=select(model, "aiter"))
+    else:
+        if mode == "disk":
+            os.environ["TRITON_CACHE_DIR"] = str(Path(cache_dir) / "triton-v1")
+        monitor = JitMonitor("off").install()
+    from kprecompile.providers._imports import import_library_module
+
+    context_attention_fwd = import_library_module("aiter.ops.triton.pa_prefill").context_attention_fwd
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    case = PagedCase(model, serving, generator)
+
+    first_ms = case.timed(context_attention_fwd, *FIRST_CALL)
+    steady = [case.timed(context_attention_fwd, *FIRST_CALL) for _ in range(30)]
+    max_error = 0.0
+    for call in [FIRST_CALL, *CALLS]:
+        max_error = max(max_error, case.error(context_attention_fwd, *call))
+    print(json.dumps({
+        "mode": mode,
+        "device": torch.cuda.get_device_name(0),
+        "preload": preload_report.as_dict() if preload_report else None,
+        "first_ms": first_ms,
+        "steady_ms": statistics.median(steady),
+        "calls": len(CALLS) + 32,
+        "compiles": len(monitor.compiles),
+        "max_error": max_error,
+    }))  # fmt: skip
+    monitor.uninstall()
+
+
+class PagedCase:
+    """Real tensors in vLLM's paged layout, and a float32 reference for the same attention."""
+
+    def __init__(self, model, serving, generator):
+        import torch
+
+        self.torch = torch
+        self.generator = generator
+        self.q_heads = serving.heads_per_rank(model)
+        self.kv_heads = serving.kv_heads_per_rank(model)
+        self.head = model.head_dim
+        self.x = 16 // torch.empty((), dtype=torch.bfloat16).element_size()
+        blocks = MAX_NUM_SEQS * MODEL_LEN // BLOCK_SIZE
+        per_block = self.kv_heads * self.head * BLOCK_SIZE
+        self.storage = torch.empty((2, blocks * per_block), dtype=torch.bfloat16, device="cuda")
+        self.key_cache = self.storage[0].view(blocks, self.kv_heads, self.head // self.x, BLOCK_SIZE, self.x)
+        self.value_cache = self.storage[1].view(blocks, self.kv_heads, self.head, BLOCK_SIZE)
+        self.table = torch.zeros((MAX_NUM_SEQS, MODEL_LEN // BLOCK_SIZE), dtype=torch.int32, device="cuda")
+        self.scale = torch.tensor(1.0, dtype=torch.float32, device="cuda")
+
+    def randn(self, *shape):
+        return self.torch.randn(*shape, generator=self.generator, device="cuda", dtype=self.torch.float32)
+
+    def inputs(self, batch, query_lens, context_lens):
+        torch = self.torch
+        tokens = sum(query_lens)
+        q = self.randn(tokens, self.q_heads, self.head).bfloat16()
+        k = self.randn(tokens, self.kv_heads, self.head).bfloat16()
+        v = self.randn(tokens, self.kv_heads, self.head).bfloat16()
+        contexts = []
+        next_block = 0
+        for s, context in enumerate(context_lens):
+            blocks = -(-(context + query_lens[s]) // BLOCK_SIZE)
+            ids = torch.arange(next_block, next_block + blocks, dtype=torch.int32, device="cuda")
+            self.table[s, :blocks] = ids
+            next_block += blocks
+            ck = self.randn(context, self.kv_heads, self.head).bfloat16()
+            cv = self.randn(context, self.kv_heads, self.head).bfloat16()
+            for t in range(context):
+                block, offset = int(ids[t // BLOCK_SIZE]), t % BLOCK_SIZE
+                self.key_cache[block, :, :, offset, :] = ck[t].view(self.kv_heads, self.head // self.x, self.x)
+                self.value_cache[block, :, :, offset] = cv[t]
+            contexts.append((ck, cv))
+        starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        seq_lens = torch.tensor([c + q for c, q in zip(context_lens, query_lens, strict=True)], dtype=torch.int32,
+                                device="cuda")  # fmt: skip
+        out = torch.empty_like(q)
+        return q, k, v, out, starts, seq_lens, contexts
+
+    def call(self, fn, batch, query_lens, context_lens, prepared=None):
+        q, k, v, out, starts, seq_lens, contexts = prepared or self.inputs(batch, query_lens, context_lens)
+        fn(q, k, v, out, "auto", self.key_cache, self.value_cache, self.table[:batch], starts, seq_lens,
+           max(query_lens), self.scale, self.scale)  # fmt: skip
+        return q, k, v, out, contexts
+
+    def timed(self, fn, batch, query_lens, context_lens):
+        prepared = self.inputs(batch, query_lens, context_lens)
+        self.torch.cuda.synchronize()
+        started = time.perf_counter()
+        self.call(fn, batch, query_lens, context_lens, prepared)
+        self.torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1000
+
+    def error(self, fn, batch, query_lens, context_lens):
+        torch = self.torch
+        q, k, v, out, contexts = self.call(fn, batch, query_lens, context_lens)
+        torch.cuda.synchronize()
+        worst, start = 0.0, 0
+        group = self.q_heads // self.kv_heads
+        for s, (query_len, (ck, cv)) in enumerate(zip(query_lens, contexts, strict=True)):
+            context = context_lens[s]
+            keys = torch.cat([ck, k[start : start + query_len]]).float().repeat_interleave(group, dim=1)
+            values = torch.cat([cv, v[start : start + query_len]]).float().repeat_interleave(group, dim=1)
+            query = q[start : start + query_len].float()
+            scores = torch.einsum("qhd,khd->hqk", query, keys) / self.head**0.5
+            position = torch.arange(query_len, device="cuda")[:, None] + context
+            mask = torch.arange(context + query_len, device="cuda")[None, :] > position
+            scores.masked_fill_(mask, float("-inf"))
+            reference = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+            worst = max(worst, (out[start : start + query_len].float() - reference).abs().max().item())
+            start += query_len
+        return worst
+
+
+if __name__ == "__main__":
+    main()
