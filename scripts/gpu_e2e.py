@@ -48,7 +48,10 @@ def run_json(argv: list[str], env: dict[str, str]) -> dict:
     result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         sys.exit(f"{' '.join(argv[:4])} failed:\n{result.stderr[-3000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(result.stdout)  # a command's one JSON document
+    except json.JSONDecodeError:
+        return json.loads(result.stdout.strip().splitlines()[-1])  # a serving process's last line
 
 
 def main() -> None:
