@@ -146,6 +146,13 @@ def _initialize_specializer() -> None:
     native_specialize_impl(BaseBackend, 0, False, True, True)
 
 
+def is_local_gpu(target: Target) -> bool:
+    """Whether this process sees a GPU of `target`'s kind (launchers can be built for it)."""
+    import torch
+
+    return torch.cuda.is_available() and _local_target() == target
+
+
 def _local_target() -> Target | None:
     from .targets import detect_local_target
 

@@ -60,6 +60,9 @@ class WarmReport:
     failed: int
     # Entries of an earlier warm found damaged (size or checksum) and compiled again.
     replaced: int
+    # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
+    # when warming for this machine's own GPU (DESIGN.md fact 7); 0 elsewhere.
+    launchers: int
     # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
     # manifest showed the configuration warm).
     seconds: float
@@ -75,6 +78,26 @@ class WarmReport:
 
 def _library_modules(families: Sequence[FamilyShapes]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(prefix for family in families for prefix in provider_for(family.family).module_prefixes))
+
+
+def _build_launchers(
+    model: ModelConfig, serving: ServingParams, layout: CacheLayout, target: Target, selection: Selection
+) -> int:
+    """On a host with `target`'s GPU, load every kernel once so that Triton builds and caches its
+    launcher and driver utility modules (built with the host compiler, and needing the GPU's
+    driver): a serving process then only loads them. Returns how many kernels were loaded."""
+    from triton import knobs
+
+    from .runtime import is_local_gpu, preload
+
+    if not is_local_gpu(target):
+        return 0
+    with knobs.cache.scope():
+        knobs.cache.dir = str(layout.triton_dir)
+        report = preload(model, serving, layout, target=target, selection=selection, launchers=True)
+    for failure in report.failures:
+        logger.warning("launcher not built: %s", failure)
+    return report.kernels - len(report.failures)
 
 
 def _warm_from_manifest(layout: CacheLayout, key: str) -> tuple[Manifest | None, int]:
@@ -128,7 +151,7 @@ def warm(
     manifests: list[str] = []
     pool: CompilePool | None = None
     trace_seconds = compile_seconds = 0.0
-    replaced = 0
+    replaced = launchers = 0
     try:
         for target in targets:
             parts = configuration_parts(model, serving, selection, target, layout)
@@ -140,6 +163,7 @@ def warm(
                 families += manifest.families
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
                 manifests.append(str(layout.manifest_path(key)))
+                launchers += _build_launchers(model, serving, layout, target, selection)
                 continue
             compiled_here = [
                 family for family in shapes if not family.unsupported and skip_reason(family.family, target) is None
@@ -165,6 +189,7 @@ def warm(
                 artifacts = record_artifacts(layout, target_plan.jobs)
                 manifest = Manifest(key, parts, target_plan.families, target_plan.jobs, artifacts)
                 manifests.append(write_manifest(layout, manifest))
+                launchers += _build_launchers(model, serving, layout, target, selection)
     finally:
         if pool is not None:
             pool.close()
@@ -182,6 +207,7 @@ def warm(
         cached=sum(o.status == "cached" for o in outcomes),
         failed=len(failures),
         replaced=replaced,
+        launchers=launchers,
         seconds=time.perf_counter() - started,
         trace_seconds=trace_seconds,
         compile_seconds=compile_seconds,
