@@ -10,6 +10,7 @@ import enum
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,15 +26,21 @@ class ExitStatus(enum.IntEnum):
     USAGE = 2
 
 
-def _selection_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Options shared by every command that selects a configuration."""
+def _make_selection_options(multiple_models: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Options shared by every command that selects a configuration (bake takes several models)."""
+    return lambda command: _add_selection_options(command, multiple_models)
+
+
+def _add_selection_options(command: Callable[..., Any], multiple_models: bool) -> Callable[..., Any]:
     options = [
         click.option(
             "--model",
             "model_spec",
             required=True,
+            multiple=multiple_models,
             metavar="MODEL",
-            help="Preset name, path to a config.json, or a directory holding one.",
+            help="Preset name, path to a config.json, or a directory holding one"
+            + ("; repeatable." if multiple_models else "."),
         ),
         click.option(
             "--tp",
@@ -149,8 +156,17 @@ _cache_dir_option = click.option(
 )
 
 
+_selection_options = _make_selection_options(multiple_models=False)
+
+
 def _select(options: dict[str, Any]):
     """Model, serving parameters, engine selection and targets from the shared options."""
+    [(model, selection)], serving, targets = _select_models(options, (options["model_spec"],))
+    return model, serving, selection, targets
+
+
+def _select_models(options: dict[str, Any], model_specs: tuple[str, ...]):
+    """[(model, selection)], serving parameters and targets; every input checked before any work."""
     from .engines import select
     from .models import load_model
     from .serving import ServingParams
@@ -165,11 +181,14 @@ def _select(options: dict[str, Any]):
         target = resolve_target(name)
         if target not in targets:
             targets.append(target)
-    model = load_model(options["model_spec"])
-    selection = select(model, options["engine"], options["attention_backend"], families=options["families"])
-    # A combination the engine would refuse fails here, before any work.
-    serving.check(model)
-    return model, serving, selection, targets
+    selected = []
+    for spec in dict.fromkeys(model_specs):
+        model = load_model(spec)
+        selection = select(model, options["engine"], options["attention_backend"], families=options["families"])
+        # A combination the engine would refuse fails here, before any work.
+        serving.check(model)
+        selected.append((model, selection))
+    return selected, serving, targets
 
 
 def _emit_json(document: Any) -> None:
@@ -345,6 +364,149 @@ def env(engine, json_output) -> None:
 
 def _shown(value: str | None) -> str:
     return "(unset)" if value is None else value
+
+
+_worker_options = [
+    click.option(
+        "--jobs",
+        "max_workers",
+        type=int,
+        default=None,
+        help="Compile worker processes [default: the CPUs this process may use].",
+    ),
+    click.option(
+        "--job-timeout",
+        "job_timeout_seconds",
+        type=float,
+        default=900.0,
+        show_default=True,
+        help="Seconds one kernel may take to compile before it counts as failed.",
+    ),
+]
+
+
+def _check_worker_options(max_workers: int | None, job_timeout_seconds: float) -> None:
+    if max_workers is not None and max_workers <= 0:
+        raise InputError("--jobs", max_workers, "a positive integer")
+    if job_timeout_seconds <= 0:
+        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
+
+
+@cli.command()
+@_make_selection_options(multiple_models=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
+@click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")
+@_worker_options[0]
+@_worker_options[1]
+def bake(json_output, out, archive, max_workers, job_timeout_seconds, **options) -> None:
+    """Build a self-describing cache bundle for several models and targets (a CPU builder will do)."""
+    from pathlib import Path
+
+    from .cache.bundle import write_archive, write_index
+    from .cache.layout import CacheLayout
+    from .warming import warm as run_warm
+
+    _check_worker_options(max_workers, job_timeout_seconds)
+    selected, serving, targets = _select_models(options, options["model_spec"])
+    if archive is not None and Path(archive).is_dir():
+        raise InputError("--archive", archive, "a file path, not a directory")
+    layout = CacheLayout(Path(out).expanduser().absolute())
+    started = time.perf_counter()
+    keys, failures = [], []
+    for model, selection in selected:
+        report = run_warm(
+            model,
+            serving,
+            targets,
+            layout,
+            selection=selection,
+            max_workers=max_workers,
+            job_timeout_seconds=job_timeout_seconds,
+            progress=sys.stderr.isatty() and not json_output,
+        )
+        keys += [Path(path).stem for path in report.manifests]
+        failures += [f"{model.name}: {f.kernel} [{f.specialization}] on {f.target}: {f.error}" for f in report.failures]
+    if failures:
+        for failure in failures:
+            click.echo(f"failed: {failure}", err=True)
+        raise SystemExit(ExitStatus.FAILURE)
+    index = write_index(layout.root, keys)
+    archive_bytes = None
+    if archive is not None:
+        write_archive(layout.root, Path(archive))
+        archive_bytes = Path(archive).stat().st_size
+    document = {
+        "out": str(layout.root),
+        "archive": archive,
+        "configurations": list(index.configurations),
+        "files": index.files,
+        "bytes": index.bytes,
+        "archive_bytes": archive_bytes,
+        "seconds": time.perf_counter() - started,
+    }
+    if json_output:
+        _emit_json(document)
+        return
+    for configuration in index.configurations:
+        click.echo(
+            f"{configuration['target']}: {configuration['kernels']} kernels (manifest {configuration['manifest']})"
+        )
+    size = f"{index.bytes / 1e6:.0f} MB in {index.files} files"
+    if archive_bytes is not None:
+        size += f"; {archive} {archive_bytes / 1e6:.0f} MB"
+    click.echo(f"bundle {layout.root}: {size}, in {document['seconds']:.1f} s")
+
+
+@cli.command()
+@_selection_options
+@_cache_dir_option
+@click.option("--archive", required=True, type=click.Path(dir_okay=False), help="The .tar.gz to write.")
+def export(json_output, cache_dir, archive, **options) -> None:
+    """Write this configuration's manifests and kernels as one archive, for `kprecompile import`."""
+    import tempfile
+    from pathlib import Path
+
+    from .cache.bundle import export_bundle, write_archive
+    from .cache.layout import CacheLayout
+    from .cache.manifest import configuration_parts, manifest_key
+
+    model, serving, selection, targets = _select(options)
+    layout = CacheLayout.at(cache_dir)
+    keys = [
+        manifest_key(configuration_parts(model, serving, selection, target, layout, remember=False))
+        for target in targets
+    ]
+    with tempfile.TemporaryDirectory(prefix="kprecompile-export-") as scratch:
+        index = export_bundle(layout, keys, Path(scratch))
+        write_archive(Path(scratch), Path(archive))
+    document = {"archive": archive, "configurations": list(index.configurations), "files": index.files,
+                "bytes": index.bytes, "archive_bytes": Path(archive).stat().st_size}  # fmt: skip
+    if json_output:
+        _emit_json(document)
+    else:
+        click.echo(f"{archive}: {len(index.configurations)} configurations, {index.files} files")
+
+
+@cli.command(name="import")
+@click.argument("archive", type=click.Path(dir_okay=False))
+@_cache_dir_option
+@click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
+def import_command(archive, cache_dir, json_output) -> None:
+    """Add a bundle archive to the cache after validating all of it; all or nothing."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from .cache.bundle import import_archive
+    from .cache.layout import CacheLayout
+
+    report = import_archive(Path(archive), CacheLayout.at(cache_dir, layers=()))
+    if json_output:
+        _emit_json(asdict(report))
+    else:
+        click.echo(
+            f"{archive}: {report.configurations} configurations; {report.entries_added} kernels added, "
+            f"{report.entries_present} already present, {report.manifests} manifests, into {report.cache_dir}"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

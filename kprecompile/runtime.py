@@ -38,14 +38,28 @@ STRICT_VARIABLE = "KPRECOMPILE_STRICT"
 STRICT_MODES = ("off", "warn", "error")
 
 
-def activate(cache_dir: str | os.PathLike[str] | None = None) -> CacheLayout:
-    """Point this process (and the processes it starts) at the cache; returns its layout."""
+def activate(
+    cache_dir: str | os.PathLike[str] | None = None, layers: tuple[str | os.PathLike[str], ...] | None = None
+) -> CacheLayout:
+    """Point this process (and the processes it starts) at the cache; returns its layout.
+
+    `layers` (default $KPRECOMPILE_CACHE_LAYERS) are read-only baked caches searched after the
+    writable one, through kprecompile's layered Triton cache manager; nothing is written there.
+    """
     from triton import knobs
 
-    layout = CacheLayout.at(cache_dir)
+    from .cache.layout import LAYERS_VARIABLE
+
+    layout = CacheLayout.at(cache_dir, layers)
     triton_dir = str(layout.triton_dir)
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     knobs.cache.dir = triton_dir
+    if layout.layers:
+        from .cache.layered import LayeredCacheManager
+
+        os.environ[LAYERS_VARIABLE] = os.pathsep.join(str(layer) for layer in layout.layers)
+        os.environ["TRITON_CACHE_MANAGER"] = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
+        knobs.cache.manager_class = LayeredCacheManager
     aiter_dir = str(layout.aiter_jit_dir)
     if os.environ.get("AITER_JIT_DIR", aiter_dir) != aiter_dir:
         logger.info("AITER_JIT_DIR is set to %s: AITER's JIT builds stay there", os.environ["AITER_JIT_DIR"])
@@ -124,7 +138,7 @@ def preload(
     _initialize_specializer()
     return PreloadReport(
         target=target.name,
-        manifest=str(layout.manifest_path(key)),
+        manifest=str(layout.find_manifest(key) or layout.manifest_path(key)),
         kernels=len(manifest.jobs),
         loaded=counter.hits,
         compiled=counter.misses,

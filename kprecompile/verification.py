@@ -98,7 +98,7 @@ def _verify_target(layout: CacheLayout, parts: dict[str, Any], target: Target, d
             for job, problem in job_problems(layout, manifest, deep)
         )
         status: Status = "incomplete" if problems else "warm"
-        path = str(layout.manifest_path(key))
+        path = str(layout.find_manifest(key) or layout.manifest_path(key))
         return TargetVerdict(target.name, status, path, len(manifest.jobs), problems, ())
     reasons = _differences(layout, parts)
     if reasons:

@@ -162,7 +162,7 @@ def warm(
                 logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
                 families += manifest.families
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
-                manifests.append(str(layout.manifest_path(key)))
+                manifests.append(str(layout.find_manifest(key) or layout.manifest_path(key)))
                 launchers += _build_launchers(model, serving, layout, target, selection)
                 continue
             compiled_here = [

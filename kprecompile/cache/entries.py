@@ -8,17 +8,25 @@ import os
 import shutil
 from pathlib import Path
 
-from .layout import CacheLayout, triton_entry_name
+from .layout import CacheLayout
 
 
 def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
-    """The files of a complete entry for `key`, or None when it is absent or incomplete.
+    """The files of a complete entry for `key` in any of the layout's roots, or None.
 
-    Triton writes an entry's files first and its `__grp__*.json` group file last, naming
-    every file of the entry; the entry is a hit only when all of them exist. That is the
-    test used here.
+    Triton writes an entry's files first and its `__grp__*.json` group file last, naming every
+    file of the entry; the entry is complete when all of them exist. The group file names them
+    by absolute path at write time; they are looked up by name in the entry's own directory,
+    so that a cache that moved (a bundle, an image layer) is still read.
     """
-    entry = layout.triton_entry(key)
+    for entry in layout.triton_entries(key):
+        files = _group_files(entry)
+        if files is not None:
+            return files
+    return None
+
+
+def _group_files(entry: Path) -> list[Path] | None:
     try:
         groups = [path for path in entry.iterdir() if path.name.startswith("__grp__")]
     except (FileNotFoundError, NotADirectoryError):
@@ -28,7 +36,7 @@ def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
             children = json.loads(group.read_text())["child_paths"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        paths = [Path(path) for path in children.values()]
+        paths = [entry / os.path.basename(path) for path in children.values()]
         if paths and all(path.is_file() for path in paths):
             return paths
     return None
@@ -54,17 +62,21 @@ def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, o
     Plain `os` calls: verify runs this for every kernel of a configuration, in well under a
     millisecond each.
     """
-    entry = os.path.join(layout.triton_dir, triton_entry_name(key))
-    try:
-        files = {item.name: item for item in os.scandir(entry)}
-    except (FileNotFoundError, NotADirectoryError):
+    files = None
+    for candidate in layout.triton_entries(key):
+        try:
+            files = {item.name: item for item in os.scandir(candidate)}
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        if any(name.startswith("__grp__") for name in files):
+            break
+        files = None
+    if files is None:
         return "not in the cache"
     if not recorded:
         return None if compiled_files(layout, key) is not None else "not in the cache"
     # The recorded files are the group file's children at warm time: with the group file
     # present and each of them intact, Triton's own completeness test passes.
-    if not any(name.startswith("__grp__") for name in files):
-        return "not in the cache"
     for name, expected in recorded.items():
         item = files.get(name)
         if item is None:
@@ -78,7 +90,7 @@ def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, o
 
 
 def remove_entry(layout: CacheLayout, key: str) -> None:
-    """Delete a damaged entry so that the next compile writes it anew."""
+    """Delete a damaged entry of the writable root so that the next compile writes it anew."""
     shutil.rmtree(layout.triton_entry(key), ignore_errors=True)
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CACHE_DIR_VARIABLE = "KPRECOMPILE_CACHE_DIR"
+# Read-only cache roots (baked bundles, image layers) searched after the writable root.
+LAYERS_VARIABLE = "KPRECOMPILE_CACHE_LAYERS"
 _APP_NAME = "kprecompile"
 
 
@@ -45,10 +47,38 @@ def triton_entry_name(key: str) -> str:
 @dataclass(frozen=True)
 class CacheLayout:
     root: Path
+    # Read-only roots with the same layout (bundles baked elsewhere), searched after `root`
+    # for manifests and kernels and never written to.
+    layers: tuple[Path, ...] = ()
 
     @classmethod
-    def at(cls, root: str | os.PathLike[str] | None = None) -> CacheLayout:
-        return cls(Path(root).expanduser().absolute() if root is not None else default_cache_root().absolute())
+    def at(
+        cls, root: str | os.PathLike[str] | None = None, layers: tuple[str | os.PathLike[str], ...] | None = None
+    ) -> CacheLayout:
+        """`root` (default: $KPRECOMPILE_CACHE_DIR or the user cache) over `layers` (default:
+        $KPRECOMPILE_CACHE_LAYERS, paths separated by the OS path separator)."""
+        writable = Path(root).expanduser().absolute() if root is not None else default_cache_root().absolute()
+        if layers is None:
+            layers = tuple(part for part in os.environ.get(LAYERS_VARIABLE, "").split(os.pathsep) if part)
+        read_only = tuple(Path(layer).expanduser().absolute() for layer in layers)
+        return cls(writable, tuple(layer for layer in read_only if layer != writable))
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        """Every root, in search order: the writable one first."""
+        return (self.root, *self.layers)
+
+    def triton_entries(self, key: str) -> tuple[Path, ...]:
+        """Where an entry for `key` may be, in search order."""
+        name = triton_entry_name(key)
+        return tuple(root / "triton-v1" / name for root in self.roots)
+
+    def find_manifest(self, manifest_key: str) -> Path | None:
+        for root in self.roots:
+            path = root / "manifests-v1" / f"{manifest_key}.json"
+            if path.is_file():
+                return path
+        return None
 
     @property
     def triton_dir(self) -> Path:

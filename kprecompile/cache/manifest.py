@@ -114,8 +114,8 @@ def write_manifest(layout: CacheLayout, manifest: Manifest) -> str:
 
 
 def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
-    """The manifest for `key`, or None if absent; a corrupt one is logged and treated as absent."""
-    path = layout.manifest_path(key)
+    """The manifest for `key` in any root, or None; a corrupt one is logged and treated as absent."""
+    path = layout.find_manifest(key) or layout.manifest_path(key)
     try:
         document = json.loads(path.read_bytes())
         if document["schema"] != MANIFEST_SCHEMA or document["key"] != key:
@@ -139,10 +139,12 @@ def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
 def read_all_manifests(layout: CacheLayout) -> list[dict[str, Any]]:
     """The parts of every readable manifest in the cache (to explain why a key has none)."""
     documents = []
-    try:
-        paths = sorted(layout.manifests_dir.glob("*.json"))
-    except OSError:
-        return documents
+    paths = []
+    for root in layout.roots:
+        try:
+            paths += sorted((root / "manifests-v1").glob("*.json"))
+        except OSError:
+            continue
     for path in paths:
         try:
             document = json.loads(path.read_bytes())

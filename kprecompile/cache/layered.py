@@ -1,0 +1,82 @@
+"""A Triton cache manager over read-only baked layers and one writable cache.
+
+Selected with `TRITON_CACHE_MANAGER=kprecompile.cache.layered:LayeredCacheManager` (which
+`kprecompile.activate(..., layers=...)` sets). Reads look in the writable cache
+(`TRITON_CACHE_DIR`) first, then in each layer's `triton-v1/` ($KPRECOMPILE_CACHE_LAYERS);
+writes (misses compiled while serving, launchers built on first use) go to the writable cache
+only, so a layer can sit on a read-only image layer. Triton's group files name an entry's files
+by their absolute path at bake time; here they are found by name in the entry's own directory,
+so a bundle works wherever it is unpacked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+from triton import knobs
+from triton.runtime.cache import CacheManager, FileCacheManager
+
+from .layout import LAYERS_VARIABLE
+
+
+def layer_triton_dirs() -> list[str]:
+    roots = [part for part in os.environ.get(LAYERS_VARIABLE, "").split(os.pathsep) if part]
+    return [os.path.join(root, "triton-v1") for root in roots]
+
+
+class LayeredCacheManager(CacheManager):
+    def __init__(self, key: str, override: bool = False, dump: bool = False):
+        self.key = key
+        self._delegate = FileCacheManager(key, override, dump) if (override or dump) else None
+        writable = knobs.cache.dir
+        if not writable:
+            raise RuntimeError("Could not create or locate cache dir")
+        self.cache_dir = os.path.join(writable, key)
+        # Search order: the writable entry, then each layer's.
+        self._dirs = [self.cache_dir, *(os.path.join(layer, key) for layer in layer_triton_dirs())]
+
+    def get_file(self, filename: str) -> str | None:
+        if self._delegate:
+            return self._delegate.get_file(filename)
+        for directory in self._dirs:
+            path = os.path.join(directory, filename)
+            if os.path.exists(path):
+                return path
+        return None
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._delegate:
+            return self._delegate.get_group(filename)
+        for directory in self._dirs:
+            group_path = os.path.join(directory, f"__grp__{filename}")
+            try:
+                with open(group_path) as group:
+                    children = json.load(group).get("child_paths")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if not isinstance(children, dict):
+                continue
+            found = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
+            if all(os.path.exists(path) for path in found.values()):
+                return found
+        return None
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str:
+        if self._delegate:
+            return self._delegate.put_group(filename, group)
+        return self.put(json.dumps({"child_paths": group}), f"__grp__{filename}", binary=False)
+
+    def put(self, data, filename: str, binary: bool = True) -> str:
+        """Atomically write into the writable cache (temporary file, then rename)."""
+        if self._delegate:
+            return self._delegate.put(data, filename, binary)
+        os.makedirs(self.cache_dir, exist_ok=True)
+        binary = isinstance(data, bytes)
+        path = os.path.join(self.cache_dir, filename)
+        temporary = os.path.join(self.cache_dir, f".tmp.{os.getpid()}.{uuid.uuid4().hex}.{filename}")
+        with open(temporary, "wb" if binary else "w") as file:
+            file.write(data if binary else str(data))
+        os.replace(temporary, path)
+        return path
