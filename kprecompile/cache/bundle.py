@@ -165,7 +165,8 @@ def import_archive(archive: Path, layout: CacheLayout) -> ImportReport:
     try:
         tar = tarfile.open(archive, "r:*")
     except (OSError, tarfile.TarError) as error:
-        raise InputError("archive", str(archive), f"a readable .tar.gz bundle ({error})") from None
+        reason = (str(error).splitlines() or [type(error).__name__])[0].rstrip(":")
+        raise InputError("archive", str(archive), f"a readable .tar.gz bundle ({reason})") from None
     with tar:
         members = tar.getmembers()
         index = _validate(tar, members)

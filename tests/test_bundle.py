@@ -1,0 +1,220 @@
+"""Bake, serve from a read-only layer, export and import: real bundles and crafted archives."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from kprecompile.cache.bundle import BUNDLE_FILE, BundleError, import_archive
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.cli import main
+
+ROOT = Path(__file__).parent.parent
+# Small stand-ins for the Dockerfile's build arguments: the command line is the Dockerfile's.
+BUILD_ARGS = {
+    "MODEL": "deepseek-v2-lite",
+    "TP": "1",
+    "TARGETS": "--target gfx942 --target gfx950",
+    "SERVING": "--max-num-seqs 3 --jobs 2",
+}
+SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
+
+
+def dockerfile_bake_command(out: Path) -> list[str]:
+    text = (ROOT / "scripts" / "Dockerfile.example").read_text()
+    [line] = [line for line in text.splitlines() if line.startswith("RUN kprecompile bake")]
+    command = re.sub(r"\$\{(\w+)\}", lambda match: BUILD_ARGS[match.group(1)], line.removeprefix("RUN "))
+    return [part if part != "/opt/kprecompile/bundle" else str(out) for part in shlex.split(command)]
+
+
+def tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under root with its size and modification time: any write shows."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+def run(*argv) -> int:
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    return exited.value.code
+
+
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory):
+    out = tmp_path_factory.mktemp("image") / "bundle"
+    archive = out.parent / "bundle.tgz"
+    command = dockerfile_bake_command(out)
+    assert command[:2] == ["kprecompile", "bake"]
+    result = subprocess.run([sys.executable, "-m", "kprecompile", *command[1:], "--archive", str(archive), "--json"],
+                            capture_output=True, text=True, check=True, timeout=900)  # fmt: skip
+    document = json.loads(result.stdout)
+    assert {c["target"] for c in document["configurations"]} == {"gfx942", "gfx950"}
+    return out, archive, document
+
+
+SERVE_FROM_LAYER = """
+import json, sys
+from kprecompile.engines import select
+from kprecompile.models import load_model
+from kprecompile.runtime import JitMonitor, activate, preload
+from kprecompile.serving import ServingParams
+from kprecompile.targets import TARGETS
+from kprecompile.verification import verify
+layout = activate(sys.argv[1])  # layers come from KPRECOMPILE_CACHE_LAYERS, as in the image
+monitor = JitMonitor("off").install()
+model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
+targets = [TARGETS["gfx942"], TARGETS["gfx950"]]
+report = verify(model, serving, targets, layout, selection=select(model))
+loaded = [preload(model, serving, layout, target=t, selection=select(model)).as_dict() for t in targets]
+print(json.dumps({"warm": report.warm, "layers": [str(p) for p in layout.layers], "preload": loaded,
+                  "compiles": len(monitor.compiles)}))
+"""
+
+
+def test_a_baked_read_only_layer_serves_without_a_write(baked, tmp_path):
+    out, _, document = baked
+    for path in [out, *out.rglob("*")]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    before = tree(out)
+    try:
+        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(out), "VLLM_ROCM_USE_AITER": "1"}
+        verify_status = subprocess.run(
+            [sys.executable, "-m", "kprecompile", "verify", *SELECTION, "--target", "gfx942", "--target", "gfx950",
+             "--cache-dir", str(tmp_path / "user")], env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert verify_status.returncode == 0, verify_status.stdout + verify_status.stderr
+        served = subprocess.run([sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")], env=env,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+        result = json.loads(served.stdout.strip().splitlines()[-1])
+    finally:
+        for path in [out, *out.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert result["warm"] and result["layers"] == [str(out)]
+    kernels = sum(c["kernels"] for c in document["configurations"])
+    assert sum(p["loaded"] for p in result["preload"]) == kernels and result["compiles"] == 0
+    assert all(p["compiled"] == 0 for p in result["preload"])
+    # Nothing was written to the baked layer, and no kernel landed in the user cache either.
+    assert tree(out) == before
+    assert not list((tmp_path / "user").glob("triton-v1/*/*.hsaco"))
+
+
+def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
+    _, archive, document = baked
+    destination = CacheLayout(tmp_path / "imported")
+    report = import_archive(archive, destination)
+    kernels = sum(c["kernels"] for c in document["configurations"])
+    assert report.entries_added == kernels and report.manifests == 2
+    for target in ("gfx942", "gfx950"):
+        status = run("verify", *SELECTION, "--target", target, "--cache-dir", str(destination.root))
+        assert status == 0
+    # Group files now name the files where they are: Triton's own cache manager finds them.
+    group = next(destination.triton_dir.glob("*/__grp__*"))
+    assert all(
+        path.startswith(str(destination.triton_dir)) for path in json.loads(group.read_text())["child_paths"].values()
+    )
+    again = import_archive(archive, destination)
+    assert (again.entries_added, again.entries_present) == (0, kernels)
+
+
+def test_export_then_import_one_configuration(baked, tmp_path):
+    out, _, _ = baked
+    archive = tmp_path / "gfx950.tgz"
+    assert run("export", *SELECTION, "--target", "gfx950", "--cache-dir", str(out), "--archive", str(archive)) == 0
+    report = import_archive(archive, CacheLayout(tmp_path / "other"))
+    assert report.configurations == 1 and report.manifests == 1
+    assert run("verify", *SELECTION, "--target", "gfx950", "--cache-dir", str(tmp_path / "other")) == 0
+    assert run("verify", *SELECTION, "--target", "gfx942", "--cache-dir", str(tmp_path / "other")) == 1
+
+
+def _rewrite(archive: Path, crafted: Path, edit) -> Path:
+    """A copy of `archive` with `edit(name, data) -> [(TarInfo, data)]` applied to every member."""
+    with tarfile.open(archive) as source, tarfile.open(crafted, "w:gz") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None
+            for info, payload in edit(member, data):
+                target.addfile(info, io.BytesIO(payload) if payload is not None else None)
+    return crafted
+
+
+def _extra(info_name: str, kind: bytes = tarfile.REGTYPE, payload: bytes = b"x", linkname: str = ""):
+    def edit(member, data):
+        yield member, data
+        if member.name == BUNDLE_FILE:
+            info = tarfile.TarInfo(info_name)
+            info.type = kind
+            info.linkname = linkname
+            info.size = len(payload) if kind == tarfile.REGTYPE else 0
+            yield info, payload if kind == tarfile.REGTYPE else None
+
+    return edit
+
+
+def _altered_hsaco(member, data):
+    if member.name.endswith(".hsaco") and not getattr(_altered_hsaco, "done", False):
+        _altered_hsaco.done = True
+        data = bytes([data[0] ^ 0xFF]) + data[1:]
+    yield member, data
+
+
+def _other_toolchain(member, data):
+    if member.name == BUNDLE_FILE:
+        index = json.loads(data)
+        index["toolchains"]["gfx942"]["triton_key"] = "f" * 64
+        index["toolchains"]["gfx942"]["triton_path"] = "/opt/builder/triton"
+        data = json.dumps(index).encode()
+        member.size = len(data)
+    yield member, data
+
+
+@pytest.mark.parametrize(
+    "case, edit, member, reason",
+    [
+        ("traversal", _extra("triton-v1/../../escaped"), "triton-v1/../../escaped", "path escapes the destination"),
+        ("absolute", _extra("/tmp/kprecompile-absolute"), "/tmp/kprecompile-absolute", "absolute path"),
+        ("symlink", _extra("triton-v1/link", tarfile.SYMTYPE, linkname="/etc/passwd"), "triton-v1/link",
+         "link to '/etc/passwd'"),
+        ("hardlink", _extra("triton-v1/hard", tarfile.LNKTYPE, linkname=BUNDLE_FILE), "triton-v1/hard", "link to"),
+        ("device", _extra("triton-v1/device", tarfile.CHRTYPE), "triton-v1/device", "device, FIFO or other special"),
+        ("fifo", _extra("triton-v1/fifo", tarfile.FIFOTYPE), "triton-v1/fifo", "device, FIFO or other special"),
+        ("unlisted", _extra("triton-v1/ABC/extra.bin"), "triton-v1/ABC/extra.bin", "not listed in bundle.json"),
+        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "outside the bundle layout"),
+        ("checksum", _altered_hsaco, ".hsaco", "sha256 does not match bundle.json"),
+        ("toolchain", _other_toolchain, BUNDLE_FILE, "toolchain mismatch: gfx942 was baked with Triton key fff"),
+    ],
+)  # fmt: skip
+def test_a_crafted_archive_is_refused_and_the_destination_untouched(baked, tmp_path, case, edit, member, reason):
+    _, archive, _ = baked
+    crafted = _rewrite(archive, tmp_path / f"{case}.tgz", edit)
+    destination = tmp_path / "cache"
+    destination.mkdir()
+    (destination / "keep.txt").write_text("untouched")
+    before = tree(destination)
+    with pytest.raises(BundleError) as refused:
+        import_archive(crafted, CacheLayout(destination))
+    assert member in refused.value.member and reason in str(refused.value), str(refused.value)
+    assert tree(destination) == before
+    assert not (tmp_path / "escaped").exists() and not Path("/tmp/kprecompile-absolute").exists()
+    # Through the CLI: exit 2, one line naming the member and the reason.
+    status = run("import", str(crafted), "--cache-dir", str(destination))
+    assert status == 2 and tree(destination) == before
+
+
+def test_import_of_something_that_is_not_an_archive(tmp_path, capsys):
+    bogus = tmp_path / "bogus.tgz"
+    bogus.write_bytes(b"not a tar")
+    assert run("import", str(bogus), "--cache-dir", str(tmp_path / "cache")) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"kprecompile: archive: got '{bogus}', expected a readable .tar.gz bundle")
+        and err.count("\n") == 1
+    )
+    assert not (tmp_path / "cache").exists()
