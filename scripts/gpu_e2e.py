@@ -58,7 +58,7 @@ def run_json(argv: list[str], env: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--serve", choices=["preload", "cold", "disk"], help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=["preload", "cold", "disk", "layer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.cache_dir)
@@ -117,8 +117,16 @@ def report(target: str, warm: dict, warm_seconds: float, results: dict) -> None:
           f"({results['disk']['compiles']} compiles)")  # fmt: skip
     print(f"first call, disk cache warmed on this GPU host ({results['launchers']['built']} launchers built, "
           f"no preload): {results['launchers']['first_ms']:.1f} ms")  # fmt: skip
-    if served["compiles"] or first > goal:
+    layer = results["layer"]
+    print(f"served from the bake as a read-only layer: {layer['preload']['loaded']} loaded, {layer['compiles']} "
+          f"compiles, first call {layer['first_ms']:.2f} ms, layer unchanged: {layer['layer_unchanged']}, "
+          f"written to the user cache: {', '.join(layer['written']) or 'nothing'}")  # fmt: skip
+    if served["compiles"] or first > goal or layer["compiles"] or not layer["layer_unchanged"]:
         sys.exit(1)
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
 
 
 def _local_target_name() -> str:
@@ -140,8 +148,12 @@ def serve(mode: str, cache_dir: Path) -> None:
     model = load_model(MODEL)
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=4096, max_model_len=MODEL_LEN)
     preload_report = None
-    if mode == "preload":
-        layout = activate(cache_dir)
+    if mode in ("preload", "layer"):
+        # "layer": the warm cache as a read-only baked layer over an empty writable cache.
+        if mode == "layer":
+            layout = activate(Path(cache_dir).parent / "writable", layers=(cache_dir,))
+        else:
+            layout = activate(cache_dir)
         monitor = JitMonitor("warn").install()
         preload_report = preload(model, serving, layout, target=detect_local_target(), selection=select(model, "aiter"))
     else:
