@@ -95,6 +95,12 @@ def main() -> None:
             [sys.executable, __file__, "--serve", "disk", "--cache-dir", str(gpu_cache)], env
         )
         results["launchers"]["built"] = gpu_warm["launchers"]
+        # The bake as a read-only image layer: nothing may be written to it.
+        before = _tree(cache)
+        results["layer"] = run_json([sys.executable, __file__, "--serve", "layer", "--cache-dir", str(cache)], env)
+        results["layer"]["layer_unchanged"] = _tree(cache) == before
+        written = (cache.parent / "writable").rglob("*")
+        results["layer"]["written"] = sorted(path.name for path in written if path.is_file())
     report(target, warm, warm_seconds, results)
 
 
