@@ -245,33 +245,43 @@ def _echo_families(families) -> None:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4])
 
 
+_worker_options = [
+    click.option(
+        "--jobs",
+        "max_workers",
+        type=int,
+        default=None,
+        help="Compile worker processes [default: the CPUs this process may use].",
+    ),
+    click.option(
+        "--job-timeout",
+        "job_timeout_seconds",
+        type=float,
+        default=900.0,
+        show_default=True,
+        help="Seconds one kernel may take to compile before it counts as failed.",
+    ),
+]
+
+
+def _check_worker_options(max_workers: int | None, job_timeout_seconds: float) -> None:
+    if max_workers is not None and max_workers <= 0:
+        raise InputError("--jobs", max_workers, "a positive integer")
+    if job_timeout_seconds <= 0:
+        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
+
+
 @cli.command()
 @_selection_options
-@click.option(
-    "--jobs",
-    "max_workers",
-    type=int,
-    default=None,
-    help="Compile worker processes [default: the CPUs this process may use].",
-)
+@_worker_options[0]
 @_cache_dir_option
-@click.option(
-    "--job-timeout",
-    "job_timeout_seconds",
-    type=float,
-    default=900.0,
-    show_default=True,
-    help="Seconds one kernel may take to compile before it counts as failed.",
-)
+@_worker_options[1]
 def warm(json_output, max_workers, cache_dir, job_timeout_seconds, **options) -> None:
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     from .cache.layout import CacheLayout
     from .warming import warm as run_warm
 
-    if max_workers is not None and max_workers <= 0:
-        raise InputError("--jobs", max_workers, "a positive integer")
-    if job_timeout_seconds <= 0:
-        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
+    _check_worker_options(max_workers, job_timeout_seconds)
     model, serving, selection, targets = _select(options)
     report = run_warm(
         model,
@@ -364,32 +374,6 @@ def env(engine, json_output) -> None:
 
 def _shown(value: str | None) -> str:
     return "(unset)" if value is None else value
-
-
-_worker_options = [
-    click.option(
-        "--jobs",
-        "max_workers",
-        type=int,
-        default=None,
-        help="Compile worker processes [default: the CPUs this process may use].",
-    ),
-    click.option(
-        "--job-timeout",
-        "job_timeout_seconds",
-        type=float,
-        default=900.0,
-        show_default=True,
-        help="Seconds one kernel may take to compile before it counts as failed.",
-    ),
-]
-
-
-def _check_worker_options(max_workers: int | None, job_timeout_seconds: float) -> None:
-    if max_workers is not None and max_workers <= 0:
-        raise InputError("--jobs", max_workers, "a positive integer")
-    if job_timeout_seconds <= 0:
-        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
 
 
 @cli.command()

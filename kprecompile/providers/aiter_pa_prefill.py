@@ -8,10 +8,10 @@ the block table is the first rows of a (max_num_seqs, max_blocks_per_seq) int32 
 
 from __future__ import annotations
 
-from ..shapes._common import TWO_GIB
 from ..shapes.pa_prefill import PaPrefillShape
 from ..targets import Target
 from ._imports import import_library_module
+from ._kv_cache import block_count, cache_dtype
 
 WRAPPER_MODULE = "aiter.ops.triton.pa_prefill"
 
@@ -42,14 +42,11 @@ def launch(shape: PaPrefillShape, target: Target) -> None:
     wrapper = import_library_module(WRAPPER_MODULE)
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
-    cache_dtype = target.fp8_dtype if shape.kv_cache_fp8 else dtype
-    if cache_dtype is None:
-        raise ValueError(f"{target.name} has no FP8 type for an FP8 KV cache")
-    element = torch.empty((), dtype=cache_dtype, device=meta).element_size()
+    element_type = cache_dtype(shape.dtype, shape.kv_cache_fp8, target)
+    element = torch.empty((), dtype=element_type, device=meta).element_size()
     per_block = 2 * shape.kv_heads * shape.head_size * shape.block_size * element
-    needed = shape.batch * shape.max_blocks_per_seq
-    blocks = needed if shape.kv_cache_storage == "under_2gib" else max(needed, TWO_GIB // per_block + 1)
-    key_cache, value_cache = kv_cache_views(shape, blocks, cache_dtype, meta)
+    blocks = block_count(shape.batch * shape.max_blocks_per_seq, per_block, shape.kv_cache_storage)
+    key_cache, value_cache = kv_cache_views(shape, blocks, element_type, meta)
     q = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     k = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
     v = torch.empty_like(k)

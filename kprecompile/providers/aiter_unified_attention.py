@@ -10,10 +10,10 @@ The KV tensor's size is chosen under or over 2 GiB to match the shape's storage 
 
 from __future__ import annotations
 
-from ..shapes._common import TWO_GIB
 from ..shapes.paged_attention import PagedAttentionShape
 from ..targets import Target
 from ._imports import import_library_module
+from ._kv_cache import block_count, cache_dtype
 
 WRAPPER_MODULE = "aiter.ops.triton.unified_attention"
 
@@ -31,27 +31,19 @@ def describe(shape: PagedAttentionShape) -> str:
     )
 
 
-def _num_blocks(shape: PagedAttentionShape, element_size: int) -> int:
-    per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element_size
-    needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
-    if shape.kv_cache_storage == "under_2gib":
-        return max(needed, 1)
-    return max(needed, TWO_GIB // per_block + 1)
-
-
 def launch(shape: PagedAttentionShape, target: Target) -> None:
     import torch
 
     wrapper = import_library_module(WRAPPER_MODULE)
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
-    cache_dtype = target.fp8_dtype if shape.kv_cache_fp8 else dtype
-    if cache_dtype is None:
-        raise ValueError(f"{target.name} has no FP8 type for an FP8 KV cache")
-    element_size = torch.empty((), dtype=cache_dtype, device=meta).element_size()
-    blocks = _num_blocks(shape, element_size)
+    element_type = cache_dtype(shape.dtype, shape.kv_cache_fp8, target)
+    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
+    needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
+    blocks = block_count(needed, per_block, shape.kv_cache_storage)
     kv_cache = torch.empty(
-        (2, blocks, shape.block_size, shape.kv_heads, shape.head_size), dtype=cache_dtype, device=meta
+        (2, blocks, shape.block_size, shape.kv_heads, shape.head_size), dtype=element_type, device=meta
     )
     key_cache, value_cache = kv_cache.unbind(0)
     query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
