@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ._common import KV_CACHE_STORAGE_CLASSES, geometric_points, int_class_representatives
-from .paged_attention import StorageClass
+from .paged_attention import StorageClass, kv_cache_parameters
 
 FAMILY = "pa_prefill"
 
@@ -64,15 +64,8 @@ def enumerate_pa_prefill(model: ModelConfig, serving: ServingParams) -> tuple[Pa
 
 
 def describe_parameters(shapes: tuple[PaPrefillShape, ...]) -> dict[str, object]:
-    first = shapes[0]
-    parameters: dict[str, object] = {
-        "heads_per_rank": f"{first.q_heads}q/{first.kv_heads}kv",
-        "head_size": first.head_size,
-        "block_size": first.block_size,
-        "batch": ",".join(str(b) for b in sorted({shape.batch for shape in shapes})),
-        "max_query_len": f"1..{max(shape.max_query_len for shape in shapes)}",
-        "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype,
-    }
-    if first.sliding_window:
-        parameters["sliding_window"] = first.sliding_window
-    return parameters
+    return kv_cache_parameters(
+        shapes[0],
+        batch=",".join(str(b) for b in sorted({shape.batch for shape in shapes})),
+        max_query_len=f"1..{max(shape.max_query_len for shape in shapes)}",
+    )

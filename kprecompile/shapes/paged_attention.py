@@ -12,7 +12,7 @@ decode batch size, and token counts one per power-of-two bucket.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..models import ModelConfig
 from ..serving import ServingParams
@@ -31,6 +31,9 @@ _QUERY_LEN_POINTS = (2, 255, 256)
 _SHORT_CONTEXT = 512
 
 StorageClass = Literal["under_2gib", "over_2gib"]
+
+if TYPE_CHECKING:
+    from .pa_prefill import PaPrefillShape
 
 
 @dataclass(frozen=True)
@@ -131,16 +134,27 @@ def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tupl
     return tuple(shapes)
 
 
-def describe_parameters(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
-    first = shapes[0]
+def kv_cache_parameters(first: PagedAttentionShape | PaPrefillShape, **varying: object) -> dict[str, object]:
+    """What `plan` shows for a paged-attention family: heads, head and block size, what varies,
+    the KV cache's type and the sliding window."""
     parameters: dict[str, object] = {
         "heads_per_rank": f"{first.q_heads}q/{first.kv_heads}kv",
         "head_size": first.head_size,
         "block_size": first.block_size,
-        "num_seqs": f"1..{max(shape.num_seqs for shape in shapes)}",
-        "max_query_len": ",".join(str(q) for q in sorted({shape.max_query_len for shape in shapes})),
+        **varying,
         "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype,
     }
     if first.sliding_window:
         parameters["sliding_window"] = first.sliding_window
     return parameters
+
+
+def describe_parameters(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
+    counts = sorted({shape.num_seqs for shape in shapes})
+    # Every count for decode; one per Triton integer class for steps with a prefill.
+    contiguous = counts == list(range(1, counts[-1] + 1))
+    return kv_cache_parameters(
+        shapes[0],
+        num_seqs=f"1..{counts[-1]}" if contiguous and len(counts) > 2 else ",".join(map(str, counts)),
+        max_query_len=",".join(str(q) for q in sorted({shape.max_query_len for shape in shapes})),
+    )
