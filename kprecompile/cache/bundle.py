@@ -94,7 +94,7 @@ def write_index(root: Path, manifest_keys: Iterable[str]) -> BundleIndex:
     document = {
         "schema": BUNDLE_SCHEMA,
         "kprecompile": __version__,
-        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "configurations": configurations,
         "toolchains": toolchains,
         "files": files,
