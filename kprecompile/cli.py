@@ -376,6 +376,16 @@ def _shown(value: str | None) -> str:
     return "(unset)" if value is None else value
 
 
+def _check_archive_path(archive: str) -> None:
+    from pathlib import Path
+
+    path = Path(archive)
+    if path.is_dir():
+        raise InputError("--archive", archive, "a file path, not a directory")
+    if not path.absolute().parent.is_dir():
+        raise InputError("--archive", archive, "a file in an existing directory")
+
+
 @cli.command()
 @_make_selection_options(multiple_models=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
@@ -392,8 +402,8 @@ def bake(json_output, out, archive, max_workers, job_timeout_seconds, **options)
 
     _check_worker_options(max_workers, job_timeout_seconds)
     selected, serving, targets = _select_models(options, options["model_spec"])
-    if archive is not None and Path(archive).is_dir():
-        raise InputError("--archive", archive, "a file path, not a directory")
+    if archive is not None:
+        _check_archive_path(archive)
     layout = CacheLayout(Path(out).expanduser().absolute())
     started = time.perf_counter()
     keys, failures = [], []
@@ -455,6 +465,7 @@ def export(json_output, cache_dir, archive, **options) -> None:
     from .cache.manifest import configuration_parts, manifest_key
 
     model, serving, selection, targets = _select(options)
+    _check_archive_path(archive)
     layout = CacheLayout.at(cache_dir)
     keys = [
         manifest_key(configuration_parts(model, serving, selection, target, layout, remember=False))

@@ -218,3 +218,26 @@ def test_import_of_something_that_is_not_an_archive(tmp_path, capsys):
         and err.count("\n") == 1
     )
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["bake", "--model", "deepseek-v2-lite", "--model", "no-such-model", "--target", "gfx942"],
+         "kprecompile: --model: got 'no-such-model', expected a preset name"),
+        (["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/missing/dir/b.tgz"],
+         "kprecompile: --archive: got '{tmp}/missing/dir/b.tgz', expected a file in an existing directory"),
+        (["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}"],
+         "kprecompile: Invalid value for '--archive': File '{tmp}' is a directory."),
+        (["export", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/x.tgz"],
+         "kprecompile: archive member 'manifests-v1/"),
+    ],
+)  # fmt: skip
+def test_bad_bake_and_export_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "bundle"
+    argv = [part.format(tmp=tmp_path) for part in argv]
+    extra = ["--out", str(out)] if argv[0] == "bake" else ["--cache-dir", str(tmp_path / "empty")]
+    assert run(*argv, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1, err
+    assert not out.exists() and not (tmp_path / "x.tgz").exists()
