@@ -160,8 +160,21 @@ def _initialize_specializer() -> None:
     native_specialize_impl(BaseBackend, 0, False, True, True)
 
 
+# Device nodes a GPU driver creates; without one there is no GPU to ask torch about.
+_DEVICE_NODES = {"cuda": "/dev/nvidiactl", "hip": "/dev/kfd"}
+
+
 def is_local_gpu(target: Target) -> bool:
-    """Whether this process sees a GPU of `target`'s kind (launchers can be built for it)."""
+    """Whether this process sees a GPU of `target`'s kind (launchers can be built for it).
+
+    Answers from the environment and the driver's device node first, so that a CPU builder
+    (or a warm that finds everything cached) never pays for importing torch to learn "no".
+    """
+    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        if os.environ.get(variable) == "":
+            return False
+    if not os.path.exists(_DEVICE_NODES[target.backend]):
+        return False
     import torch
 
     return torch.cuda.is_available() and _local_target() == target

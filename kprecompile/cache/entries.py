@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
-from .layout import CacheLayout
+from .layout import CacheLayout, triton_entry_name
 
 
 def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
@@ -54,6 +55,11 @@ def artifact_digests(layout: CacheLayout, key: str) -> dict[str, dict[str, objec
     return {path.name: {"sha256": _sha256(path), "size": path.stat().st_size} for path in sorted(files)}
 
 
+@functools.lru_cache(maxsize=64)
+def _triton_dirs(layout: CacheLayout) -> tuple[str, ...]:
+    return tuple(os.path.join(root, "triton-v1") for root in layout.roots)
+
+
 def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, object]], deep: bool) -> str | None:
     """Why Triton would not serve the entry for `key` as recorded, or None when it would.
 
@@ -63,9 +69,10 @@ def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, o
     millisecond each.
     """
     files = None
-    for candidate in layout.triton_entries(key):
+    name = triton_entry_name(key)
+    for triton_dir in _triton_dirs(layout):
         try:
-            files = {item.name: item for item in os.scandir(candidate)}
+            files = {item.name: item for item in os.scandir(os.path.join(triton_dir, name))}
         except (FileNotFoundError, NotADirectoryError):
             continue
         if any(name.startswith("__grp__") for name in files):
