@@ -7,6 +7,7 @@ MLA decode, real compiles); each test then changes the environment or the cache 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -243,3 +244,27 @@ def test_env_command_prints_the_fingerprint_and_its_hash(capsys, monkeypatch):
     assert set(document["variables"]) == {variable.name for variable in VARIABLES}
     status, out = run(capsys, "env")
     assert "VLLM_ROCM_USE_AITER " in out and out.rstrip().endswith(compute_hash())
+
+
+TORCH_FREE = """
+import sys
+from kprecompile.cli import main
+for command in ("verify", "warm"):
+    try:
+        main([command, "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "3",
+              "--cache-dir", sys.argv[1]])
+    except SystemExit as exited:
+        assert exited.code == 0, (command, exited.code)
+print("torch imported" if "torch" in sys.modules else "torch not imported")
+"""
+
+
+def test_verify_and_warm_on_a_warm_cache_never_import_torch(layout):
+    """Importing torch costs a second or more: a warm cache must be confirmed without it."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "VLLM_ROCM_USE_AITER": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(layout.root)], capture_output=True, text=True,
+                            env=env, check=True)  # fmt: skip
+    assert result.stdout.strip().splitlines()[-1] == "torch not imported"
