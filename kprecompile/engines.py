@@ -18,6 +18,7 @@ Engines:
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -92,8 +93,6 @@ def select(
     `attention_backend` (the CLI's --attention-backend) wins over VLLM_ATTENTION_BACKEND, as
     vLLM's --attention-backend does. `families`, when given, keeps only those (--family).
     """
-    import os
-
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
     environ = os.environ if environ is None else environ

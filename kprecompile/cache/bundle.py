@@ -293,10 +293,3 @@ def _point_group_at(entry: Path, final: Path) -> None:
         children = document.get("child_paths", {})
         document["child_paths"] = {name: str(final / os.path.basename(path)) for name, path in children.items()}
         group.write_text(json.dumps(document))
-
-
-def read_index(bundle: Path) -> dict[str, Any]:
-    try:
-        return json.loads((bundle / BUNDLE_FILE).read_text())
-    except (OSError, ValueError) as error:
-        raise BundleError(BUNDLE_FILE, f"unreadable ({error})") from None
