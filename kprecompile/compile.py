@@ -68,16 +68,20 @@ def _summarize(error: BaseException) -> str:
 _MODULE_SETS = ModuleSets(tuple(dict.fromkeys(p for provider in PROVIDERS.values() for p in provider.module_prefixes)))
 
 
-def _kernel(job: CompileJob) -> Any:
-    """The job's JITFunction, from library modules imported for the job's target, as traced."""
+def jit_function(kernel: Any) -> Any:
+    """The JITFunction under a kernel object (unwrapping triton.heuristics / triton.autotune)."""
     from triton.runtime.jit import JITFunction
 
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def _kernel(job: CompileJob) -> Any:
+    """The job's JITFunction, from library modules imported for the job's target, as traced."""
     target = TARGETS[job.target]
     with active_target(target), device_model(target), _MODULE_SETS.entered(target.name):
-        kernel = resolve_object(job.kernel)
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn  # unwrap triton.heuristics / triton.autotune
-    return kernel
+        return jit_function(resolve_object(job.kernel))
 
 
 def _preload(job: CompileJob, layout: CacheLayout) -> str:

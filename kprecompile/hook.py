@@ -18,7 +18,8 @@ from typing import Any
 
 from .engines import Selection, select
 from .models import ModelConfig
-from .runtime import JitMonitor, NotWarmError, PreloadReport, activate, preload
+from .monitor import JitMonitor
+from .runtime import NotWarmError, PreloadReport, activate, preload
 from .serving import ServingParams
 from .targets import Target, detect_local_target
 from .verification import verify

@@ -1,4 +1,4 @@
-"""The serving side: point a process at the cache, load the planned kernels, watch for JIT.
+"""The serving side: point a process at the cache and load the planned kernels.
 
 - `activate` makes Triton (and AITER's JIT builds) use kprecompile's cache. It must run before
   the first kernel compiles (for AITER's JIT directory, before `import aiter`); calling it again,
@@ -7,19 +7,15 @@
   `JITFunction.preload`: the binary from the cache into the kernel's in-memory cache, and on a
   GPU also the module load and the launcher Triton builds with the host compiler (DESIGN.md
   fact 7), so the engine's first real call costs about what its hundredth does.
-- `JitMonitor` counts compiles that still happen (Triton's compilation listener with
-  `cache_hit` false), names each kernel and specialization, and follows `KPRECOMPILE_STRICT`:
-  `off` counts only, `warn` (default) logs each, `error` raises in the launching call. At exit
-  it prints one summary line.
+
+The JIT monitor that watches what still compiles afterwards is in `monitor.py`.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,9 +29,6 @@ from .serving import ServingParams
 from .targets import Target
 
 logger = logging.getLogger(__name__)
-
-STRICT_VARIABLE = "KPRECOMPILE_STRICT"
-STRICT_MODES = ("off", "warn", "error")
 
 
 def activate(
@@ -105,6 +98,7 @@ def preload(
     """
     from triton import knobs
 
+    from .compile import jit_function
     from .driver import active_target
     from .providers._imports import resolve_object
     from .targets import detect_local_target
@@ -129,7 +123,7 @@ def preload(
         knobs.compilation.listener = counter.chained(knobs.compilation.listener)
         for job in manifest.jobs:
             try:
-                kernel = _jit_function(resolve_object(job.kernel))
+                kernel = jit_function(resolve_object(job.kernel))
                 compiled = kernel.preload(job.specialization)
                 if launchers:
                     compiled._init_handles()
@@ -189,14 +183,6 @@ def _local_target() -> Target | None:
         return None
 
 
-def _jit_function(kernel: Any) -> Any:
-    from triton.runtime.jit import JITFunction
-
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn  # unwrap triton.heuristics / triton.autotune
-    return kernel
-
-
 class _ListenerCounter:
     """Counts Triton compile events (hits from the disk cache, real compiles), chaining a listener."""
 
@@ -214,107 +200,3 @@ class _ListenerCounter:
                 previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
 
         return listen
-
-
-@dataclass(frozen=True)
-class JitCompile:
-    kernel: str
-    specialization: str
-    seconds: float
-
-
-class UnplannedCompileError(KprecompileError):
-    """A kernel compiled while serving under KPRECOMPILE_STRICT=error."""
-
-
-def strict_mode() -> str:
-    mode = os.environ.get(STRICT_VARIABLE, "warn").strip().lower() or "warn"
-    if mode not in STRICT_MODES:
-        raise InputError(STRICT_VARIABLE, mode, "one of " + ", ".join(STRICT_MODES))
-    return mode
-
-
-class JitMonitor:
-    """Watches for kernels compiled in this process after it was prepared."""
-
-    def __init__(self, mode: str | None = None):
-        self.mode = strict_mode() if mode is None else mode
-        if self.mode not in STRICT_MODES:
-            raise InputError(STRICT_VARIABLE, self.mode, "one of " + ", ".join(STRICT_MODES))
-        self.compiles: list[JitCompile] = []
-        self.cache_hits = 0
-        self._previous = None
-        self._installed = False
-
-    def install(self) -> JitMonitor:
-        """Start listening (idempotent); the summary line is printed at exit."""
-        from triton import knobs
-
-        if not self._installed:
-            self._previous = knobs.compilation.listener
-            knobs.compilation.listener = self._listen
-            atexit.register(self._print_summary)
-            self._installed = True
-        return self
-
-    def uninstall(self) -> None:
-        from triton import knobs
-
-        if self._installed:
-            knobs.compilation.listener = self._previous
-            atexit.unregister(self._print_summary)
-            self._installed = False
-
-    def _listen(self, *, src, metadata, metadata_group, times, cache_hit):
-        if self._previous is not None:
-            self._previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times, cache_hit=cache_hit)
-        if cache_hit:
-            self.cache_hits += 1
-            return
-        event = JitCompile(_kernel_name(src, metadata), _specialization(src), _seconds(times))
-        self.compiles.append(event)
-        if self.mode == "warn":
-            logger.warning("JIT compile while serving: %s [%s]", event.kernel, event.specialization)
-        elif self.mode == "error":
-            raise UnplannedCompileError(
-                f"{event.kernel} [{event.specialization}] compiled while serving ({STRICT_VARIABLE}=error)"
-            )
-
-    def summary(self) -> str:
-        if not self.compiles:
-            return f"kprecompile: 0 kernels compiled while serving ({self.cache_hits} loaded from the cache)"
-        names = sorted({event.kernel for event in self.compiles})
-        seconds = sum(event.seconds for event in self.compiles)
-        return f"kprecompile: {len(self.compiles)} kernels compiled while serving ({seconds:.1f} s): " + ", ".join(
-            names
-        )
-
-    def _print_summary(self) -> None:
-        print(self.summary(), file=sys.stderr)
-
-
-def _kernel_name(src: Any, metadata: dict[str, Any]) -> str:
-    fn = getattr(src, "fn", None)
-    if fn is not None and hasattr(fn, "module"):
-        return f"{fn.module}:{fn.fn.__qualname__}" if hasattr(fn, "fn") else f"{fn.module}:{metadata.get('name')}"
-    return str(metadata.get("name", "?"))
-
-
-def _specialization(src: Any) -> str:
-    fn = getattr(src, "fn", None)
-    constants = getattr(src, "constants", {}) or {}
-    names = getattr(fn, "arg_names", [])
-    parts = []
-    for path, value in constants.items():
-        index = path[0] if isinstance(path, tuple) and path else path
-        name = names[index] if isinstance(index, int) and index < len(names) else str(path)
-        parts.append(f"{name}={value}")
-    return ", ".join(parts)
-
-
-def _seconds(times: Any) -> float:
-    """Triton's CompileTimes are in microseconds."""
-    try:
-        return float(times.total) / 1e6
-    except (AttributeError, TypeError, ValueError):
-        return 0.0

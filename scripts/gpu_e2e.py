@@ -147,7 +147,8 @@ def serve(mode: str, cache_dir: Path) -> None:
 
     from kprecompile.engines import select
     from kprecompile.models import load_model
-    from kprecompile.runtime import JitMonitor, activate, preload
+    from kprecompile.monitor import JitMonitor
+    from kprecompile.runtime import activate, preload
     from kprecompile.serving import ServingParams
     from kprecompile.targets import detect_local_target
 

@@ -14,8 +14,9 @@ import sys
 from kprecompile.driver import LaunchRefusedError, active_target
 from kprecompile.engines import select
 from kprecompile.models import load_model
+from kprecompile.monitor import JitMonitor, UnplannedCompileError
 from kprecompile.providers import provider_for
-from kprecompile.runtime import JitMonitor, UnplannedCompileError, activate, preload
+from kprecompile.runtime import activate, preload
 from kprecompile.serving import ServingParams
 from kprecompile.shapes.fp8_bmm import enumerate_fp8_bmm
 from kprecompile.targets import TARGETS

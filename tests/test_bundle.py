@@ -65,7 +65,8 @@ SERVE_FROM_LAYER = """
 import json, sys
 from kprecompile.engines import select
 from kprecompile.models import load_model
-from kprecompile.runtime import JitMonitor, activate, preload
+from kprecompile.monitor import JitMonitor
+from kprecompile.runtime import activate, preload
 from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
 from kprecompile.verification import verify

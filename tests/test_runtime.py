@@ -17,7 +17,8 @@ from kprecompile.cache.layout import CacheLayout
 from kprecompile.engines import select
 from kprecompile.integrations.vllm import from_vllm_config
 from kprecompile.models import load_model
-from kprecompile.runtime import JitMonitor, NotWarmError, activate, preload
+from kprecompile.monitor import JitMonitor
+from kprecompile.runtime import NotWarmError, activate, preload
 from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
 from kprecompile.verification import verify
