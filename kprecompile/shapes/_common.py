@@ -1,23 +1,12 @@
-"""Facts every family derives the same way from the model and the serving parameters."""
+"""What several families share: KV-cache storage classes and the integer points a plan walks."""
 
 from __future__ import annotations
-
-from ..models import ModelConfig
-from ..serving import ServingParams
 
 # On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
 # ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
 # side is reachable: attention families plan both.
 KV_CACHE_STORAGE_CLASSES = ("under_2gib", "over_2gib")
 TWO_GIB = 2**31
-
-
-def heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
-    return serving.heads_per_rank(model)
-
-
-def kv_heads_per_rank(model: ModelConfig, serving: ServingParams) -> int:
-    return serving.kv_heads_per_rank(model)
 
 
 def geometric_points(low: int, high: int) -> tuple[int, ...]:

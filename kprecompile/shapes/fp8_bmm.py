@@ -21,7 +21,6 @@ from typing import Literal
 
 from ..models import ModelConfig
 from ..serving import ServingParams
-from ._common import heads_per_rank
 
 FAMILY = "fp8_bmm"
 GROUP_SIZE = 128
@@ -48,7 +47,7 @@ def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams) -> tuple[Fp8Bm
     if model.mla is None:
         return ()
     mla = model.mla
-    heads = heads_per_rank(model, serving)
+    heads = serving.heads_per_rank(model)
     dtype = serving.activation_dtype(model)
     shapes = []
     for m in serving.decode_token_counts():

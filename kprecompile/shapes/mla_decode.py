@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 from ..models import ModelConfig
 from ..serving import ServingParams
-from ._common import heads_per_rank
 
 FAMILY = "mla_decode"
 # AITER 0.1.7's non-persistent MLA decode supports these head counts per rank.
@@ -41,7 +40,7 @@ class MlaDecodeShape:
 def unsupported_reason(model: ModelConfig, serving: ServingParams) -> str | None:
     if model.mla is None:
         return None
-    heads = heads_per_rank(model, serving)
+    heads = serving.heads_per_rank(model)
     if heads not in SUPPORTED_HEADS:
         return (
             f"AITER's MLA decode supports {' or '.join(map(str, SUPPORTED_HEADS))} heads per rank; "
@@ -53,7 +52,7 @@ def unsupported_reason(model: ModelConfig, serving: ServingParams) -> str | None
 def enumerate_mla_decode(model: ModelConfig, serving: ServingParams) -> tuple[MlaDecodeShape, ...]:
     if model.mla is None or unsupported_reason(model, serving):
         return ()
-    heads = heads_per_rank(model, serving)
+    heads = serving.heads_per_rank(model)
     context = min(serving.model_len(model), _LONG_CONTEXT)
     shapes = []
     # With speculative decoding a request verifies up to 1 + spec tokens in one step.

@@ -14,7 +14,7 @@ from typing import Literal
 
 from ..models import ModelConfig
 from ..serving import ServingParams
-from ._common import heads_per_rank, int_class_representatives
+from ._common import int_class_representatives
 
 FAMILY = "mla_prefill"
 
@@ -42,7 +42,7 @@ def enumerate_mla_prefill(model: ModelConfig, serving: ServingParams) -> tuple[M
     if model.mla is None:
         return ()
     mla = model.mla
-    heads = heads_per_rank(model, serving)
+    heads = serving.heads_per_rank(model)
     budget = serving.max_num_batched_tokens
     model_len = serving.model_len(model)
     # Requests with at most decode_query_len new tokens are decodes; prefills are longer.

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ._common import KV_CACHE_STORAGE_CLASSES, geometric_points, int_class_representatives
-from .paged_attention import StorageClass, kv_cache_parameters
+from .paged_attention import StorageClass, kv_cache_parameters, paged_kv_fields
 
 FAMILY = "pa_prefill"
 
@@ -41,16 +41,7 @@ def enumerate_pa_prefill(model: ModelConfig, serving: ServingParams) -> tuple[Pa
         return ()
     model_len = serving.model_len(model)
     budget = min(serving.max_num_batched_tokens, model_len)
-    base = {
-        "q_heads": serving.heads_per_rank(model),
-        "kv_heads": serving.kv_heads_per_rank(model),
-        "head_size": model.head_dim,
-        "block_size": serving.block_size,
-        "max_blocks_per_seq": -(-model_len // serving.block_size),
-        "sliding_window": model.sliding_window or 0,
-        "dtype": serving.activation_dtype(model),
-        "kv_cache_fp8": serving.kv_cache_is_fp8,
-    }
+    base = paged_kv_fields(model, serving)
     shapes = []
     for storage in KV_CACHE_STORAGE_CLASSES:
         for batch in int_class_representatives(min(serving.max_num_seqs, budget)):

@@ -16,13 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ..models import ModelConfig
 from ..serving import ServingParams
-from ._common import (
-    KV_CACHE_STORAGE_CLASSES,
-    geometric_points,
-    heads_per_rank,
-    int_class_representatives,
-    kv_heads_per_rank,
-)
+from ._common import KV_CACHE_STORAGE_CLASSES, geometric_points, int_class_representatives
 
 PREFIX_PREFILL = "prefix_prefill"
 PAGED_DECODE = "paged_decode"
@@ -55,11 +49,12 @@ class PagedAttentionShape:
     kv_cache_storage: StorageClass
 
 
-def _base(model: ModelConfig, serving: ServingParams) -> dict[str, object]:
+def paged_kv_fields(model: ModelConfig, serving: ServingParams) -> dict[str, object]:
+    """The fields every paged-KV attention shape takes from the model and serving settings."""
     model_len = serving.model_len(model)
     return {
-        "q_heads": heads_per_rank(model, serving),
-        "kv_heads": kv_heads_per_rank(model, serving),
+        "q_heads": serving.heads_per_rank(model),
+        "kv_heads": serving.kv_heads_per_rank(model),
         "head_size": model.head_dim,
         "block_size": serving.block_size,
         "max_blocks_per_seq": -(-model_len // serving.block_size),
@@ -77,7 +72,7 @@ def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[
     """Pure decode steps: every batch size, short and long contexts, both KV-cache storage classes."""
     if model.mla is not None:
         return ()
-    base = _base(model, serving)
+    base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     query_len = serving.decode_query_len
     shapes = []
@@ -105,7 +100,7 @@ def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tupl
     """Steps with a prefill: sequence-count classes x query lengths x token counts x contexts."""
     if model.mla is not None:
         return ()
-    base = _base(model, serving)
+    base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
     shortest_prefill = serving.decode_query_len + 1
