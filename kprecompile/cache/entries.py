@@ -27,19 +27,31 @@ def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
     return None
 
 
+def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[str, str] | None:
+    """The files a Triton group file names, found by name in its own directory, when all exist.
+
+    Triton records them by absolute path at write time; looking them up beside the group file
+    is what lets a moved cache (a bundle, an image layer) be read. Used here and by the
+    layered Triton cache manager.
+    """
+    try:
+        with open(os.path.join(directory, group_name), "rb") as group:
+            children = json.loads(group.read())["child_paths"]
+        found = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return found if all(os.path.isfile(path) for path in found.values()) else None
+
+
 def _group_files(entry: Path) -> list[Path] | None:
     try:
-        groups = [path for path in entry.iterdir() if path.name.startswith("__grp__")]
+        groups = [path.name for path in entry.iterdir() if path.name.startswith("__grp__")]
     except (FileNotFoundError, NotADirectoryError):
         return None
     for group in groups:
-        try:
-            children = json.loads(group.read_text())["child_paths"]
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        paths = [entry / os.path.basename(path) for path in children.values()]
-        if paths and all(path.is_file() for path in paths):
-            return paths
+        children = group_children(entry, group)
+        if children:
+            return [Path(path) for path in children.values()]
     return None
 
 

@@ -18,6 +18,7 @@ import uuid
 from triton import knobs
 from triton.runtime.cache import CacheManager, FileCacheManager
 
+from .entries import group_children
 from .layout import LAYERS_VARIABLE
 
 
@@ -50,16 +51,8 @@ class LayeredCacheManager(CacheManager):
         if self._delegate:
             return self._delegate.get_group(filename)
         for directory in self._dirs:
-            group_path = os.path.join(directory, f"__grp__{filename}")
-            try:
-                with open(group_path) as group:
-                    children = json.load(group).get("child_paths")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if not isinstance(children, dict):
-                continue
-            found = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
-            if all(os.path.exists(path) for path in found.values()):
+            found = group_children(directory, f"__grp__{filename}")
+            if found is not None:
                 return found
         return None
 
