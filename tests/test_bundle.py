@@ -108,6 +108,28 @@ def test_a_baked_read_only_layer_serves_without_a_write(baked, tmp_path):
     assert not list((tmp_path / "user").glob("triton-v1/*/*.hsaco"))
 
 
+def test_a_moved_bundle_still_serves(baked, tmp_path):
+    """A bundle copied elsewhere (an image layer's path differs from the builder's) keeps working:
+    its group files still name the builder's paths, and kernels are found beside them."""
+    import shutil
+
+    out, _, document = baked
+    moved = tmp_path / "elsewhere" / "bundle"
+    moved.parent.mkdir()
+    shutil.move(out, moved)  # the builder's path no longer exists
+    try:
+        group = next(moved.glob("triton-v1/*/__grp__*"))
+        assert str(out) in group.read_text()  # not rewritten: still the builder's paths
+        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
+        served = subprocess.run([sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")], env=env,
+                                capture_output=True, text=True, check=True)  # fmt: skip
+    finally:
+        shutil.move(moved, out)
+    result = json.loads(served.stdout.strip().splitlines()[-1])
+    kernels = sum(c["kernels"] for c in document["configurations"])
+    assert result["warm"] and sum(p["loaded"] for p in result["preload"]) == kernels and result["compiles"] == 0
+
+
 def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
     _, archive, document = baked
     destination = CacheLayout(tmp_path / "imported")
