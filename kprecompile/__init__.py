@@ -12,7 +12,11 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "activate": "runtime",
+    "preload": "runtime",
+    "prepare": "hook",
     "CacheLayout": "cache",
+    "cache_layout": "settings",
     "InputError": "errors",
     "KprecompileError": "errors",
     "ModelConfig": "models",
@@ -43,9 +47,13 @@ __all__ = [
     "VerifyReport",
     "WarmReport",
     "__version__",
+    "activate",
+    "cache_layout",
     "compute_hash",
     "load_model",
     "plan",
+    "preload",
+    "prepare",
     "resolve_target",
     "select",
     "verify",
@@ -65,9 +73,12 @@ if TYPE_CHECKING:
     from .engines import Selection, select
     from .environment import compute_hash
     from .errors import InputError, KprecompileError
+    from .hook import prepare
     from .models import ModelConfig, load_model
     from .planning import Plan, plan
+    from .runtime import activate, preload
     from .serving import ServingParams
+    from .settings import cache_layout
     from .targets import Target, resolve_target
     from .verification import VerifyReport, verify
     from .warming import WarmReport, warm

@@ -12,14 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from . import settings
 from .cache.entries import is_compiled
+from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .cache.locks import hold_lock
 from .driver import active_target, device_model
-from .providers import PROVIDERS
-from .providers._imports import resolve_object
+from .libraries import resolve_kernel
+from .shapes import FAMILIES
 from .targets import TARGETS
-from .trace import CompileJob, ModuleSets
+from .trace import ModuleSets
 
 Status = Literal["compiled", "cached", "failed"]
 
@@ -32,6 +34,14 @@ class JobOutcome:
     error: str | None = None
 
 
+def job_lock(layout: CacheLayout, job: CompileJob, timeout_seconds: float | None = None):
+    """The job's lock: one per Triton key, waiting up to $KPRECOMPILE_LOCK_TIMEOUT by default."""
+    timeout = settings.LOCK_TIMEOUT.read() if timeout_seconds is None else timeout_seconds
+    return hold_lock(
+        layout.lock_path(job.key), f"{job.kernel_name} on {job.target}", timeout, settings.LOCK_TIMEOUT.name
+    )
+
+
 def compile_job(job: CompileJob, layout: CacheLayout, lock_timeout_seconds: float | None = None) -> JobOutcome:
     """Make sure `job` is in the cache. Never raises for a failed compile: it is reported."""
     started = time.perf_counter()
@@ -42,7 +52,7 @@ def compile_job(job: CompileJob, layout: CacheLayout, lock_timeout_seconds: floa
     try:
         if is_compiled(layout, job.key):
             return outcome("cached")
-        with hold_lock(layout.lock_path(job.key), f"{job.kernel_name} on {job.target}", lock_timeout_seconds):
+        with job_lock(layout, job, lock_timeout_seconds):
             if is_compiled(layout, job.key):
                 return outcome("cached")
             compiled_key = _preload(job, layout)
@@ -64,24 +74,16 @@ def _summarize(error: BaseException) -> str:
     return lines[-1] if lines else repr(error)
 
 
-# Library modules of every provider, imported once per target in this process.
-_MODULE_SETS = ModuleSets(tuple(dict.fromkeys(p for provider in PROVIDERS.values() for p in provider.module_prefixes)))
-
-
-def jit_function(kernel: Any) -> Any:
-    """The JITFunction under a kernel object (unwrapping triton.heuristics / triton.autotune)."""
-    from triton.runtime.jit import JITFunction
-
-    while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn
-    return kernel
+# Library modules of every family, imported once per target in this process.
+LIBRARY_MODULES = tuple(dict.fromkeys(prefix for family in FAMILIES.values() for prefix in family.traced_modules))
+_MODULE_SETS = ModuleSets(LIBRARY_MODULES)
 
 
 def _kernel(job: CompileJob) -> Any:
     """The job's JITFunction, from library modules imported for the job's target, as traced."""
     target = TARGETS[job.target]
     with active_target(target), device_model(target), _MODULE_SETS.entered(target.name):
-        return jit_function(resolve_object(job.kernel))
+        return resolve_kernel(job.kernel)
 
 
 def _preload(job: CompileJob, layout: CacheLayout) -> str:

@@ -20,13 +20,10 @@ import contextlib
 from collections.abc import Iterator
 from types import SimpleNamespace
 
+from .errors import LaunchRefusedError
 from .targets import TARGETS, Target
 
 _FIRST_DEVICE_INDEX = 1000
-
-
-class LaunchRefusedError(RuntimeError):
-    """Raised when something tries to launch a kernel through the cross-compile driver."""
 
 
 def device_index(target: Target) -> int:
@@ -54,7 +51,7 @@ def _make_driver_class():
 
         def set_current_device(self, device: int) -> None:
             if device != self.device:
-                raise LaunchRefusedError(f"cross-compile driver for {self.target.name} has no device {device}")
+                raise LaunchRefusedError(self.target.name, f"device {device} was asked for")
 
         def get_current_stream(self, device: int | None = None) -> int:
             return 0
@@ -65,7 +62,7 @@ def _make_driver_class():
             return torch.device("meta")
 
         def map_python_to_cpp_type(self, ty: str) -> str:
-            raise LaunchRefusedError("the cross-compile driver builds no launchers")
+            raise LaunchRefusedError(self.target.name, "a launcher was to be built")
 
         def get_benchmarker(self):
             # Autotuners benchmark every config: run each once so that every config's compile
@@ -86,11 +83,11 @@ def _make_driver_class():
 
         @property
         def launcher_cls(self):
-            raise LaunchRefusedError(f"a kernel reached launch under the cross-compile driver for {self.target.name}")
+            raise LaunchRefusedError(self.target.name, "a kernel reached launch")
 
         @property
         def utils(self):
-            raise LaunchRefusedError(f"a kernel reached launch under the cross-compile driver for {self.target.name}")
+            raise LaunchRefusedError(self.target.name, "a kernel reached launch")
 
     return CrossCompileDriver
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from .environment import DEFAULT_ENGINE, ENGINES, registered_values
 from .errors import InputError
 from .models import ModelConfig
+from .shapes.family import FamilyName
 
 MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
 GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
@@ -46,11 +47,11 @@ AITER_API = "aiter"
 
 @dataclass(frozen=True)
 class FamilyChoice:
-    family: str
+    family: FamilyName
     # The engine's backend (or path) that runs this family's kernels.
     backend: str
-    # Why kprecompile does not compile this family here, or None when it does.
-    not_planned: str | None = None
+    # Why kprecompile does not compile this family under this selection, or None when it does.
+    skip_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class Selection:
     choices: tuple[FamilyChoice, ...]
 
     @property
-    def planned(self) -> tuple[str, ...]:
-        return tuple(choice.family for choice in self.choices if choice.not_planned is None)
+    def planned(self) -> tuple[FamilyName, ...]:
+        return tuple(choice.family for choice in self.choices if choice.skip_reason is None)
 
     def as_dict(self) -> dict[str, object]:
         """The selection as `plan --json` shows it."""

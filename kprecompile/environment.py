@@ -10,13 +10,12 @@ manifest key, and `compute_hash()` gives it to engines to fold into their own ca
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from .cache.keys import hash_named_dict
 from .errors import InputError
 
 # bool: vLLM's `os.getenv(name, default).lower() in ("true", "1")`;
@@ -102,7 +101,7 @@ class Fingerprint:
 
     @property
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.as_dict(), sort_keys=True).encode()).hexdigest()
+        return hash_named_dict(self.as_dict())
 
 
 def registered_values(environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, str | None]:

@@ -2,7 +2,8 @@
 
 Each class also inherits the nearest builtin, carries its subject as attributes and survives
 pickling, because errors cross worker processes. A message says what failed, where, and how
-to fix it, on one line.
+to fix it, on one line. The CLI maps `InputError` to exit status 2 and every other
+`KprecompileError` to 1.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ class KprecompileError(Exception):
 
 
 class InputError(KprecompileError, ValueError):
-    """A user-supplied value is wrong: a CLI option, a model config field, a serving parameter.
+    """A user-supplied value is wrong: a CLI option, a model config field, a serving parameter,
+    an environment variable, an archive member.
 
     The CLI maps it to exit status 2 and prints only the message.
     """
@@ -34,6 +36,17 @@ class ModelConfigError(InputError):
     """A field of a model's config.json is missing or malformed."""
 
 
+class BundleError(InputError):
+    """A bundle or archive that cannot be used here: names the member and what it should be."""
+
+    def __init__(self, member: str, expected: str):
+        self.member = member
+        super().__init__("archive member", member, expected)
+
+    def __reduce__(self):
+        return (type(self), (self.member, self.expected))
+
+
 class LockTimeoutError(KprecompileError, TimeoutError):
     """Another process held a cache lock for longer than the configured timeout."""
 
@@ -42,9 +55,9 @@ class LockTimeoutError(KprecompileError, TimeoutError):
         self.timeout_seconds = timeout_seconds
         self.variable = variable
         super().__init__(
-            f"timed out after {timeout_seconds:g} s waiting for the lock at {path}; another "
-            f"process is compiling this kernel. Raise {variable} to wait longer, or remove the "
-            "lock file if no kprecompile process is running."
+            f"timed out after {timeout_seconds:g} s waiting for the lock at {path}: a running process is "
+            f"compiling this kernel (the lock is released when its holder exits, even by a crash). Raise "
+            f"{variable} to wait longer, or stop that process."
         )
 
     def __reduce__(self):
@@ -52,7 +65,7 @@ class LockTimeoutError(KprecompileError, TimeoutError):
 
 
 class TracingError(KprecompileError, RuntimeError):
-    """A provider's library call failed while its kernels were being traced."""
+    """A family's library call failed while its kernels were being traced."""
 
     def __init__(self, family: str, call: str, reason: str):
         self.family = family
@@ -62,3 +75,56 @@ class TracingError(KprecompileError, RuntimeError):
 
     def __reduce__(self):
         return (type(self), (self.family, self.call, self.reason))
+
+
+class LibraryUnavailableError(KprecompileError, ImportError):
+    """The library that holds a kernel family is not installed here."""
+
+    def __init__(self, library: str, install: str):
+        self.library = library
+        self.install = install
+        super().__init__(f"{library} is not installed here ({install})")
+
+    def __reduce__(self):
+        return (type(self), (self.library, self.install))
+
+
+class LaunchRefusedError(KprecompileError, RuntimeError):
+    """Something tried to launch a kernel through the cross-compile driver (there is no GPU)."""
+
+    def __init__(self, target: str, what: str):
+        self.target = target
+        self.what = what
+        super().__init__(f"{what} under the cross-compile driver for {target}")
+
+    def __reduce__(self):
+        return (type(self), (self.target, self.what))
+
+
+class NotWarmError(KprecompileError, LookupError):
+    """No manifest for this configuration: it was never warmed (or baked) here."""
+
+    def __init__(self, model: str, target: str, cache_dir: str):
+        self.model = model
+        self.target = target
+        self.cache_dir = cache_dir
+        super().__init__(
+            f"no manifest for {model} on {target} in {cache_dir}: run `kprecompile warm` for this "
+            "configuration, or `kprecompile verify` to see what differs"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.model, self.target, self.cache_dir))
+
+
+class UnplannedCompileError(KprecompileError, RuntimeError):
+    """A kernel compiled while serving under KPRECOMPILE_STRICT=error."""
+
+    def __init__(self, kernel: str, specialization: str, variable: str):
+        self.kernel = kernel
+        self.specialization = specialization
+        self.variable = variable
+        super().__init__(f"{kernel} [{specialization}] compiled while serving ({variable}=error)")
+
+    def __reduce__(self):
+        return (type(self), (self.kernel, self.specialization, self.variable))

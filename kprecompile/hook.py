@@ -17,9 +17,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .engines import Selection, select
+from .errors import NotWarmError
 from .models import ModelConfig
 from .monitor import JitMonitor
-from .runtime import NotWarmError, PreloadReport, activate, preload
+from .pool import default_worker_count
+from .progress import ProgressBar
+from .runtime import PreloadReport, activate, preload
 from .serving import ServingParams
 from .targets import Target, detect_local_target
 from .verification import verify
@@ -68,9 +71,7 @@ def prepare(
     was_warm = verify(model, serving, [target], layout, selection=selection).warm
     warm_report = None
     if not was_warm:
-        workers = max(
-            1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // ranks
-        )
+        workers = max(1, default_worker_count() // ranks)
         warm_report = warm(
             model,
             serving,
@@ -78,7 +79,7 @@ def prepare(
             layout,
             selection=selection,
             max_workers=workers,
-            progress=rank == 0 and sys.stderr.isatty(),
+            progress=ProgressBar() if rank == 0 and sys.stderr.isatty() else None,
             rank=rank,
             ranks=ranks,
         )

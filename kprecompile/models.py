@@ -6,13 +6,13 @@ malformed config fails here with the field's name instead of deep inside a kerne
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .cache.keys import hash_named_dict
 from .errors import InputError, ModelConfigError
 
 CONFIG_FILENAME = "config.json"
@@ -149,7 +149,7 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConf
         torch_dtype=fields.choice("torch_dtype", ("bfloat16", "float16", "float32"), default="bfloat16"),
         mla=mla,
     )
-    digest = hashlib.sha256(json.dumps({**read, "mla": mla and asdict(mla)}, sort_keys=True).encode()).hexdigest()
+    digest = hash_named_dict({**read, "mla": mla and asdict(mla)})
     return ModelConfig(name=name, source=source, digest=digest, **read)
 
 

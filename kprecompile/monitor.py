@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import InputError, KprecompileError
+from . import settings
+from .errors import InputError, UnplannedCompileError
 
 logger = logging.getLogger(__name__)
-
-STRICT_VARIABLE = "KPRECOMPILE_STRICT"
-STRICT_MODES = ("off", "warn", "error")
 
 
 @dataclass(frozen=True)
@@ -29,24 +26,13 @@ class JitCompile:
     seconds: float
 
 
-class UnplannedCompileError(KprecompileError):
-    """A kernel compiled while serving under KPRECOMPILE_STRICT=error."""
-
-
-def strict_mode() -> str:
-    mode = os.environ.get(STRICT_VARIABLE, "warn").strip().lower() or "warn"
-    if mode not in STRICT_MODES:
-        raise InputError(STRICT_VARIABLE, mode, "one of " + ", ".join(STRICT_MODES))
-    return mode
-
-
 class JitMonitor:
     """Watches for kernels compiled in this process after it was prepared."""
 
-    def __init__(self, mode: str | None = None):
-        self.mode = strict_mode() if mode is None else mode
-        if self.mode not in STRICT_MODES:
-            raise InputError(STRICT_VARIABLE, self.mode, "one of " + ", ".join(STRICT_MODES))
+    def __init__(self, mode: settings.StrictMode | None = None):
+        self.mode = settings.STRICT.read() if mode is None else mode
+        if self.mode not in settings.STRICT_MODES:
+            raise InputError(settings.STRICT.name, self.mode, settings.STRICT.expected)
         self.compiles: list[JitCompile] = []
         self.cache_hits = 0
         self._previous = None
@@ -82,9 +68,7 @@ class JitMonitor:
         if self.mode == "warn":
             logger.warning("JIT compile while serving: %s [%s]", event.kernel, event.specialization)
         elif self.mode == "error":
-            raise UnplannedCompileError(
-                f"{event.kernel} [{event.specialization}] compiled while serving ({STRICT_VARIABLE}=error)"
-            )
+            raise UnplannedCompileError(event.kernel, event.specialization, settings.STRICT.name)
 
     def summary(self) -> str:
         if not self.compiles:

@@ -1,33 +1,34 @@
 """`plan`: model + serving parameters + engine selection + targets -> the unique kernels to compile.
 
-The engine's selection says which families run (and why the others are not planned); each
-planned family's shapes are enumerated, its provider says whether it runs on each target, and
-the provider's real calls are traced into compile jobs. Nothing is compiled.
+The engine's selection says which families run (and why the others are not compiled); each
+planned family's shapes are enumerated, the family says whether it runs on each target, and
+its real calls are traced into compile jobs. Nothing is compiled.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
-from .cache.toolchain import triton_key_text
 from .engines import Selection, select
 from .models import ModelConfig
-from .providers import Provider, provider_for
 from .serving import ServingParams
-from .shapes import FamilyShapes, enumerate_shapes
+from .shapes import FAMILIES, FamilyName
 from .targets import Target
-from .trace import CompileJob, trace_calls
+from .toolchain import triton_key_text
+from .trace import trace_calls
+
+# Each planned family's shapes, in selection order.
+PlannedShapes = Mapping[FamilyName, tuple[Any, ...]]
 
 
 @dataclass(frozen=True)
 class FamilyPlan:
-    name: str
+    family: FamilyName
     target: str
     # Library calls enumerated for this family (one per shape record).
     calls: int
@@ -35,9 +36,12 @@ class FamilyPlan:
     kernels: int
     parameters: dict[str, Any]
     # Why this family is not compiled for this target, or None.
-    skipped: str | None = None
+    skip_reason: str | None = None
     # The engine backend (or flag) that runs this family.
     backend: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -56,51 +60,53 @@ class Plan:
     def kernels(self) -> int:
         return len(self.jobs)
 
-    def summary(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         """The JSON document of `kprecompile plan --json`."""
         return {
             "model": self.model,
             "serving": self.serving.as_dict(),
             "engine": self.selection.as_dict(),
             "targets": list(self.targets),
-            "families": [vars(family) for family in self.families],
+            "families": [family.as_dict() for family in self.families],
             "kernels": self.kernels,
             "trace_seconds": self.trace_seconds,
             "import_seconds": self.import_seconds,
         }
 
 
-def _missing_library(provider: Provider) -> str | None:
-    top_level = provider.module_prefixes[0].partition(".")[0]
-    if importlib.util.find_spec(top_level) is None:
-        return f"{provider.library} is not installed here"
-    return None
+def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> dict[FamilyName, tuple]:
+    """The shapes of every family the selection plans (input errors surface here). Families
+    with nothing to do for this model are left out."""
+    serving.check(model)
+    shapes = {name: FAMILIES[name].enumerate_shapes(model, serving) for name in selection.planned}
+    return {name: found for name, found in shapes.items() if found}
 
 
-def skip_reason(family: str, target: Target) -> str | None:
-    """Why `family` is not compiled for `target` (unsupported there, library missing), or None."""
-    provider = provider_for(family)
-    return provider.unsupported_reason(target) or _missing_library(provider)
+def compiled_families(
+    model: ModelConfig, serving: ServingParams, shapes: PlannedShapes, target: Target
+) -> list[FamilyName]:
+    """The families of `shapes` that compile something on `target`."""
+    return [
+        name for name, found in shapes.items() if found and FAMILIES[name].skip_reason(model, serving, target) is None
+    ]
 
 
 def plan_family(
-    family: FamilyShapes, target: Target, backend: str = "", triton_key: str | None = None
+    name: FamilyName,
+    shapes: tuple[Any, ...],
+    model: ModelConfig,
+    serving: ServingParams,
+    target: Target,
+    backend: str = "",
+    triton_key: str | None = None,
 ) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
-    provider = provider_for(family.family)
-    skipped = family.unsupported or skip_reason(family.family, target)
-    if skipped:
-        plan = FamilyPlan(family.family, target.name, len(family.shapes), 0, family.parameters, skipped, backend)
-        return plan, ()
-    calls = ((provider.describe(shape), partial(provider.launch, shape, target)) for shape in family.shapes)
-    result = trace_calls(calls, target, family.family, provider.module_prefixes, triton_key)
-    plan = FamilyPlan(family.family, target.name, result.calls, len(result.jobs), family.parameters, None, backend)
-    return plan, result.jobs
-
-
-def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> tuple[FamilyShapes, ...]:
-    """The shapes of every family the selection plans (input errors surface here)."""
-    serving.check(model)
-    return enumerate_shapes(model, serving, selection.planned)
+    family = FAMILIES[name]
+    parameters = family.describe_shapes(shapes) if shapes else {}
+    skip_reason = family.skip_reason(model, serving, target)
+    if skip_reason:
+        return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
+    result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+    return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 
 def plan(
@@ -108,23 +114,22 @@ def plan(
     serving: ServingParams,
     targets: Sequence[Target],
     selection: Selection | None = None,
-    families: Sequence[FamilyShapes] | None = None,
+    shapes: PlannedShapes | None = None,
     layout: CacheLayout | None = None,
 ) -> Plan:
     """Trace every selected family's calls on every target.
 
-    `selection` defaults to the default engine under this process's environment; `families`
-    to `planned_shapes`. Families the engine runs but kprecompile does not plan are listed
+    `selection` defaults to the default engine under this process's environment; `shapes`
+    to `planned_shapes`. Families the engine runs but kprecompile does not compile are listed
     with the reason. `layout` is where Triton's toolchain key is remembered between runs.
     """
     imports_started = time.perf_counter()
     if selection is None:
         selection = select(model)
-    if families is None:
-        families = planned_shapes(model, serving, selection)
-    by_name = {family.family: family for family in families}
+    if shapes is None:
+        shapes = planned_shapes(model, serving, selection)
     triton_key = None
-    if any(family.shapes for family in families):
+    if any(shapes.values()):
         # Libraries first, timed apart: importing torch alone takes about a second.
         import torch  # noqa: F401
         import triton  # noqa: F401
@@ -136,12 +141,14 @@ def plan(
     jobs: dict[str, CompileJob] = {}
     for target in targets:
         for choice in selection.choices:
-            if choice.not_planned is not None:
-                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, choice.not_planned, choice.backend))
+            if choice.skip_reason is not None:
+                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, choice.skip_reason, choice.backend))
                 continue
-            if choice.family not in by_name:
+            if choice.family not in shapes:
                 continue
-            family_plan, family_jobs = plan_family(by_name[choice.family], target, choice.backend, triton_key)
+            family_plan, family_jobs = plan_family(
+                choice.family, shapes[choice.family], model, serving, target, choice.backend, triton_key
+            )
             plans.append(family_plan)
             for job in family_jobs:
                 jobs.setdefault(job.key, job)

@@ -1,11 +1,11 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
-Jobs already in the cache are found in this process first; a pool is started only for the
-rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8), and it is
-started early, so that those imports overlap with the parent's tracing. Workers are
-spawned, not forked (Triton and torch do not survive fork). `pebble` runs each job with its
-own timeout and turns a worker that dies (a segfault in the compiler) or overruns into a
-failed job while the pool replaces the worker and carries on.
+Jobs already in the cache are found in this process first; workers are started only for the
+rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8, about 2.5 s
+of CPU each); on a cold cache they are started early, so that those imports overlap with the
+parent's tracing. Workers are spawned, not forked (Triton and torch do not survive fork).
+`pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the
+compiler) or overruns into a failed job while the pool replaces the worker and carries on.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
 from .cache.entries import is_compiled
+from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .compile import JobOutcome, compile_job
-from .providers._imports import import_library_module
-from .trace import CompileJob
+from .libraries import import_library_module
+from .progress import NoProgress, Progress
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ def _worker_ready() -> int:
 
 
 class CompilePool:
-    """Spawned compile workers, started at construction so their start-up overlaps other work."""
+    """Spawned compile workers, started on demand: by `start()` before other work, so that their
+    start-up overlaps it, or by `compile()` with as many workers as jobs are missing."""
 
     def __init__(
         self,
@@ -72,19 +73,33 @@ class CompilePool:
         job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
         preload_modules: tuple[str, ...] = (),
     ):
+        self.layout = layout
+        self.max_workers = max(1, max_workers or default_worker_count())
+        self.workers = 0
+        self.job_timeout_seconds = job_timeout_seconds
+        self.preload_modules = preload_modules
+        self._pool = None
+        self._ready = None
+
+    def start(self, workers: int | None = None) -> CompilePool:
+        """Start the workers now (at most `max_workers`); their imports run while the caller works."""
         from pebble import ProcessPool
 
-        self.layout = layout
-        self.workers = max(1, max_workers or default_worker_count())
-        self.job_timeout_seconds = job_timeout_seconds
-        self._pool = ProcessPool(
-            max_workers=self.workers,
-            context=multiprocessing.get_context("spawn"),
-            initializer=_prepare_worker,
-            initargs=(preload_modules,),
-        )
-        # Scheduling starts the workers now; its result says a worker could start at all.
-        self._ready = self._pool.schedule(_worker_ready)
+        if self._pool is None:
+            self.workers = max(1, min(self.max_workers, workers or self.max_workers))
+            self._pool = ProcessPool(
+                max_workers=self.workers,
+                context=multiprocessing.get_context("spawn"),
+                initializer=_prepare_worker,
+                initargs=(self.preload_modules,),
+            )
+            # Scheduling starts the workers now; its result says a worker could start at all.
+            self._ready = self._pool.schedule(_worker_ready)
+        return self
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
 
     def __enter__(self) -> CompilePool:
         return self
@@ -93,28 +108,30 @@ class CompilePool:
         self.close()
 
     def close(self) -> None:
-        self._pool.stop()
-        self._pool.join()
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join()
+            self._pool = self._ready = None
 
-    def compile(self, jobs: Sequence[CompileJob], progress: bool = False) -> tuple[JobOutcome, ...]:
-        """Compile every job not yet in the cache; one outcome per job, in job order."""
-        from tqdm import tqdm
-
+    def compile(
+        self, jobs: Sequence[CompileJob], progress: Progress | None = None, label: str = "compiling"
+    ) -> tuple[JobOutcome, ...]:
+        """Compile every job not yet in the cache; one outcome per job, in job order. Checked in
+        this process first: no worker starts when nothing is missing."""
         outcomes, missing = _check_cache(jobs, self.layout)
         if missing:
+            if self.started and self.workers < min(self.max_workers, len(missing)):
+                self.close()  # started small for an earlier target: start again, as large as needed
+            self.start(len(missing))
             logger.info("compiling %d kernels with %d workers", len(missing), self.workers)
-            with tqdm(
-                total=len(jobs),
-                initial=len(jobs) - len(missing),
-                desc="kprecompile",
-                unit="kernel",
-                file=sys.stderr,
-                disable=not progress,
-                dynamic_ncols=True,
-            ) as bar:
+            progress = progress or NoProgress()
+            progress.start(label, len(jobs), len(jobs) - len(missing))
+            try:
                 for outcome in self._run(missing):
                     outcomes[outcome.job.key] = outcome
-                    bar.update(1)
+                    progress.advance()
+            finally:
+                progress.finish()
         return tuple(outcomes[job.key] for job in jobs)
 
     def _run(self, jobs: list[CompileJob]) -> Iterator[JobOutcome]:
@@ -167,14 +184,10 @@ def compile_jobs(
     *,
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
-    progress: bool = False,
+    progress: Progress | None = None,
 ) -> tuple[JobOutcome, ...]:
     """Compile every job not yet in the cache; no worker is started when none is missing."""
-    outcomes, missing = _check_cache(jobs, layout)
-    if not missing:
-        return tuple(outcomes[job.key] for job in jobs)
-    workers = min(max_workers or default_worker_count(), len(missing))
-    with CompilePool(layout, max_workers=workers, job_timeout_seconds=job_timeout_seconds) as pool:
+    with CompilePool(layout, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds) as pool:
         return pool.compile(jobs, progress)
 
 

@@ -20,10 +20,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import settings
 from .cache.layout import CacheLayout
-from .cache.manifest import configuration_parts, manifest_key, read_manifest
+from .configuration import find_manifest
 from .engines import Selection, select
-from .errors import InputError, KprecompileError
+from .errors import InputError, NotWarmError
 from .models import ModelConfig
 from .serving import ServingParams
 from .targets import Target
@@ -41,16 +42,14 @@ def activate(
     """
     from triton import knobs
 
-    from .cache.layout import LAYERS_VARIABLE
-
-    layout = CacheLayout.at(cache_dir, layers)
+    layout = settings.cache_layout(cache_dir, layers)
     triton_dir = str(layout.triton_dir)
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     knobs.cache.dir = triton_dir
     if layout.layers:
-        from .cache.layered import LayeredCacheManager
+        from .layered_cache import LayeredCacheManager
 
-        os.environ[LAYERS_VARIABLE] = os.pathsep.join(str(layer) for layer in layout.layers)
+        os.environ[settings.CACHE_LAYERS.name] = os.pathsep.join(str(layer) for layer in layout.layers)
         os.environ["TRITON_CACHE_MANAGER"] = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
         knobs.cache.manager_class = LayeredCacheManager
     aiter_dir = str(layout.aiter_jit_dir)
@@ -77,10 +76,6 @@ class PreloadReport:
         return asdict(self)
 
 
-class NotWarmError(KprecompileError):
-    """preload found no manifest for this configuration: warm (or bake) it first."""
-
-
 def preload(
     model: ModelConfig,
     serving: ServingParams,
@@ -98,9 +93,8 @@ def preload(
     """
     from triton import knobs
 
-    from .compile import jit_function
     from .driver import active_target
-    from .providers._imports import resolve_object
+    from .libraries import resolve_kernel
     from .targets import detect_local_target
 
     started = time.perf_counter()
@@ -111,11 +105,10 @@ def preload(
     if launchers and not on_gpu:
         raise InputError("launchers", True, f"a local {target.name} GPU to load kernels on")
     selection = selection or select(model)
-    parts = configuration_parts(model, serving, selection, target, layout, remember=False)
-    key = manifest_key(parts)
-    manifest = read_manifest(layout, key)
+    lookup = find_manifest(model, serving, selection, target, layout, remember=False)
+    manifest = lookup.manifest
     if manifest is None:
-        raise NotWarmError(f"no manifest for {model.name} on {target.name} in {layout.root}: run kprecompile warm")
+        raise NotWarmError(model.name, target.name, str(layout.root))
     counter = _ListenerCounter()
     failures = []
     context = contextlib.nullcontext() if on_gpu else active_target(target)
@@ -123,7 +116,7 @@ def preload(
         knobs.compilation.listener = counter.chained(knobs.compilation.listener)
         for job in manifest.jobs:
             try:
-                kernel = jit_function(resolve_object(job.kernel))
+                kernel = resolve_kernel(job.kernel)
                 compiled = kernel.preload(job.specialization)
                 if launchers:
                     compiled._init_handles()
@@ -132,7 +125,7 @@ def preload(
     _initialize_specializer()
     return PreloadReport(
         target=target.name,
-        manifest=str(layout.find_manifest(key) or layout.manifest_path(key)),
+        manifest=str(lookup.path),
         kernels=len(manifest.jobs),
         loaded=counter.hits,
         compiled=counter.misses,

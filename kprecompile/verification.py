@@ -15,15 +15,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .cache.layout import CacheLayout
-from .cache.manifest import configuration_parts, job_problems, manifest_key, read_all_manifests, read_manifest
+from .cache.manifest import job_problems, read_all_manifest_parts
+from .configuration import SAME_CONFIGURATION, ManifestLookup, find_manifest
 from .engines import Selection, select
 from .models import ModelConfig
 from .serving import ServingParams
 from .targets import Target
+from .toolchain import toolchain_differences
 
 Status = Literal["warm", "incomplete", "mismatch", "not_warmed"]
-# The parts that must be equal for another manifest to be "this configuration, elsewhere".
-_SAME_CONFIGURATION = ("schema", "model_digest", "serving", "target")
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,9 @@ def verify(
     parts: dict[str, Any] = {}
     for target in targets:
         # Nothing is written: verify may run against a read-only cache.
-        parts = configuration_parts(model, serving, selection, target, layout, remember=False)
-        verdicts.append(_verify_target(layout, parts, target, deep))
+        lookup = find_manifest(model, serving, selection, target, layout, remember=False)
+        parts = lookup.parts
+        verdicts.append(_verify_target(layout, lookup, target, deep))
     return VerifyReport(
         model=model.name,
         warm=all(verdict.status == "warm" for verdict in verdicts),
@@ -89,18 +90,16 @@ def verify(
     )
 
 
-def _verify_target(layout: CacheLayout, parts: dict[str, Any], target: Target, deep: bool) -> TargetVerdict:
-    key = manifest_key(parts)
-    manifest = read_manifest(layout, key)
+def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, deep: bool) -> TargetVerdict:
+    manifest = lookup.manifest
     if manifest is not None:
         problems = tuple(
-            KernelProblem(job.kernel, job.describe_specialization(), job.key, problem)
+            KernelProblem(job.kernel, job.describe_specialization(), job.key, problem.message)
             for job, problem in job_problems(layout, manifest, deep)
         )
         status: Status = "incomplete" if problems else "warm"
-        path = str(layout.find_manifest(key) or layout.manifest_path(key))
-        return TargetVerdict(target.name, status, path, len(manifest.jobs), problems, ())
-    reasons = _differences(layout, parts)
+        return TargetVerdict(target.name, status, str(lookup.path), len(manifest.jobs), problems, ())
+    reasons = _differences(layout, lookup.parts)
     if reasons:
         return TargetVerdict(target.name, "mismatch", None, 0, (), reasons)
     return TargetVerdict(target.name, "not_warmed", None, 0, (), ("no manifest for this configuration",))
@@ -110,8 +109,8 @@ def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:
     """What differs between this process and the closest manifest of the same configuration."""
     candidates = [
         document
-        for document in read_all_manifests(layout)
-        if all(document["parts"].get(name) == parts.get(name) for name in _SAME_CONFIGURATION)
+        for document in read_all_manifest_parts(layout)
+        if all(document["parts"].get(name) == parts.get(name) for name in SAME_CONFIGURATION)
     ]
     if not candidates:
         return ()
@@ -121,19 +120,7 @@ def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _describe(baked: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    lines = []
-    baked_tool, here_tool = baked.get("toolchain", {}), here.get("toolchain", {})
-    if baked_tool.get("triton_key") != here_tool.get("triton_key") or (
-        baked_tool.get("triton_path") != here_tool.get("triton_path")
-    ):
-        lines.append(
-            f"toolchain mismatch: baked with Triton key {baked_tool.get('triton_key')} at path "
-            f"{baked_tool.get('triton_path')}; this process has {here_tool.get('triton_key')} at "
-            f"{here_tool.get('triton_path')}"
-        )
-    for name in sorted(set(baked_tool) | set(here_tool)):
-        if name not in ("triton_key", "triton_path") and baked_tool.get(name) != here_tool.get(name):
-            lines.append(f"toolchain mismatch: {name} was {baked_tool.get(name)!r}, here {here_tool.get(name)!r}")
+    lines = toolchain_differences(baked.get("toolchain", {}), here.get("toolchain", {}))
     baked_backend = baked.get("engine", {}).get("attention_backend")
     here_backend = here.get("engine", {}).get("attention_backend")
     if baked_backend != here_backend:

@@ -15,26 +15,18 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cache.entries import remove_entry
+from .cache.entries import has_entries, remove_entry
 from .cache.layout import CacheLayout
-from .cache.locks import hold_lock
-from .cache.manifest import (
-    Manifest,
-    configuration_parts,
-    job_problems,
-    manifest_key,
-    read_manifest,
-    record_artifacts,
-    write_manifest,
-)
-from .compile import JobOutcome
+from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
+from .compile import JobOutcome, job_lock
+from .configuration import ManifestLookup, find_manifest
 from .engines import Selection, select
 from .models import ModelConfig
-from .planning import FamilyPlan, plan, planned_shapes, skip_reason
+from .planning import FamilyPlan, compiled_families, plan, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
-from .providers import provider_for
+from .progress import Progress
 from .serving import ServingParams
-from .shapes import FamilyShapes
+from .shapes import FAMILIES, FamilyName
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -42,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class KernelFailure:
+    model: str
     family: str
     target: str
     kernel: str
@@ -60,6 +53,9 @@ class WarmReport:
     failed: int
     # Entries of an earlier warm found damaged (size or checksum) and compiled again.
     replaced: int
+    # Compile worker processes started (0 when everything was cached): as many as kernels were
+    # missing, up to --jobs.
+    workers: int
     # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
     # when warming for this machine's own GPU (DESIGN.md fact 7); 0 elsewhere.
     launchers: int
@@ -76,8 +72,8 @@ class WarmReport:
         return asdict(self)
 
 
-def _library_modules(families: Sequence[FamilyShapes]) -> tuple[str, ...]:
-    return tuple(dict.fromkeys(prefix for family in families for prefix in provider_for(family.family).module_prefixes))
+def _library_modules(families: Sequence[FamilyName]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(prefix for name in families for prefix in FAMILIES[name].traced_modules))
 
 
 def _build_launchers(
@@ -100,13 +96,13 @@ def _build_launchers(
     return report.kernels - len(report.failures)
 
 
-def _warm_from_manifest(layout: CacheLayout, key: str) -> tuple[Manifest | None, int]:
+def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, int]:
     """The manifest when every kernel it lists is intact (checksums included), else None.
 
     Entries that no longer match their record (truncated, altered) are deleted under their
     lock, so that this warm compiles them again; returns how many.
     """
-    manifest = read_manifest(layout, key)
+    manifest = lookup.manifest
     if manifest is None:
         return None, 0
     problems = job_problems(layout, manifest, deep=True)
@@ -114,9 +110,9 @@ def _warm_from_manifest(layout: CacheLayout, key: str) -> tuple[Manifest | None,
         return manifest, 0
     damaged = 0
     for job, problem in problems:
-        if problem != "not in the cache":
-            logger.warning("replacing %s [%s]: %s", job.kernel_name, job.key, problem)
-            with hold_lock(layout.lock_path(job.key), f"{job.kernel_name} on {job.target}"):
+        if problem.kind != "not_in_cache":
+            logger.warning("replacing %s [%s]: %s", job.kernel_name, job.key, problem.message)
+            with job_lock(layout, job):
                 remove_entry(layout, job.key)
             damaged += 1
     return None, damaged
@@ -131,7 +127,7 @@ def warm(
     selection: Selection | None = None,
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
-    progress: bool = False,
+    progress: Progress | None = None,
     rank: int = 0,
     ranks: int = 1,
 ) -> WarmReport:
@@ -151,50 +147,55 @@ def warm(
     manifests: list[str] = []
     pool: CompilePool | None = None
     trace_seconds = compile_seconds = 0.0
-    replaced = launchers = 0
+    replaced = launchers = workers = 0
     try:
         for target in targets:
-            parts = configuration_parts(model, serving, selection, target, layout)
-            key = manifest_key(parts)
-            manifest, damaged = _warm_from_manifest(layout, key)
+            lookup = find_manifest(model, serving, selection, target, layout)
+            manifest, damaged = _warm_from_manifest(layout, lookup)
             replaced += damaged
             if manifest is not None:
-                logger.info("%s on %s is warm: manifest %s", model.name, target.name, key)
-                families += manifest.families
+                logger.info("%s on %s is warm: manifest %s", model.name, target.name, lookup.key)
+                families += [FamilyPlan(**row) for row in manifest.families]
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
-                manifests.append(str(layout.find_manifest(key) or layout.manifest_path(key)))
+                manifests.append(str(lookup.path))
                 launchers += _build_launchers(model, serving, layout, target, selection)
                 continue
-            compiled_here = [
-                family for family in shapes if not family.unsupported and skip_reason(family.family, target) is None
-            ]
+            compiled_here = compiled_families(model, serving, shapes, target)
             if pool is None and compiled_here:
-                # Start workers now: their imports overlap with tracing.
                 pool = CompilePool(
                     layout,
                     max_workers=max_workers,
                     job_timeout_seconds=job_timeout_seconds,
                     preload_modules=_library_modules(compiled_here),
                 )
+                if not has_entries(layout):
+                    # A cold cache: everything will compile, so start every worker now, while
+                    # this process traces. Otherwise the plan decides how many are needed.
+                    pool.start()
             target_plan = plan(model, serving, [target], selection, shapes, layout)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()
             start = (rank % ranks) * len(target_plan.jobs) // ranks
             ordered = target_plan.jobs[start:] + target_plan.jobs[:start]
-            target_outcomes = pool.compile(ordered, progress) if pool is not None else ()
+            label = f"{model.name} on {target.name}"
+            target_outcomes = pool.compile(ordered, progress, label) if pool is not None else ()
+            workers = max(workers, pool.workers if pool is not None else 0)
             compile_seconds += time.perf_counter() - compile_started
             families += target_plan.families
             outcomes += target_outcomes
             if all(outcome.status != "failed" for outcome in target_outcomes):
                 artifacts = record_artifacts(layout, target_plan.jobs)
-                manifest = Manifest(key, parts, target_plan.families, target_plan.jobs, artifacts)
+                rows = tuple(family.as_dict() for family in target_plan.families)
+                manifest = Manifest(lookup.key, lookup.parts, rows, target_plan.jobs, artifacts)
                 manifests.append(write_manifest(layout, manifest))
                 launchers += _build_launchers(model, serving, layout, target, selection)
     finally:
         if pool is not None:
             pool.close()
     failures = tuple(
-        KernelFailure(o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or "")
+        KernelFailure(
+            model.name, o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or ""
+        )
         for o in outcomes
         if o.status == "failed"
     )
@@ -207,6 +208,7 @@ def warm(
         cached=sum(o.status == "cached" for o in outcomes),
         failed=len(failures),
         replaced=replaced,
+        workers=workers,
         launchers=launchers,
         seconds=time.perf_counter() - started,
         trace_seconds=trace_seconds,

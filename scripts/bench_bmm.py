@@ -32,21 +32,22 @@ def engine_sweep(model_spec: str, tp: int, target_name: str, max_num_seqs: int, 
     """Run in a child process: the engine's serial sweep, compiling on first sight."""
     from triton import knobs
 
-    from kprecompile.driver import LaunchRefusedError, active_target
+    from kprecompile.cache.layout import CacheLayout
+    from kprecompile.driver import active_target
+    from kprecompile.errors import LaunchRefusedError
     from kprecompile.models import load_model
-    from kprecompile.providers import provider_for
     from kprecompile.serving import ServingParams
-    from kprecompile.shapes.fp8_bmm import FAMILY, enumerate_fp8_bmm
+    from kprecompile.shapes.fp8_bmm import FAMILY
     from kprecompile.targets import TARGETS
 
     target = TARGETS[target_name]
-    shapes = enumerate_fp8_bmm(
+    shapes = FAMILY.enumerate_shapes(
         load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_num_seqs)
     )
-    launch = provider_for(FAMILY).launch
+    launch = FAMILY.launch
     compiled = []
     with active_target(target), knobs.cache.scope(), knobs.compilation.scope():
-        knobs.cache.dir = str(cache_dir / "triton-v1")
+        knobs.cache.dir = str(CacheLayout.of(cache_dir).triton_dir)
         knobs.compilation.listener = lambda **event: compiled.append(event["cache_hit"])
         for shape in shapes:
             try:
@@ -66,7 +67,10 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, str]:
 
 
 def entries(cache_dir: Path) -> set[str]:
-    return {path.name for path in (cache_dir / "triton-v1").iterdir() if any(path.glob("__grp__*.json"))}
+    from kprecompile.cache.layout import CacheLayout
+
+    triton_dir = CacheLayout.of(cache_dir).triton_dir
+    return {path.name for path in triton_dir.iterdir() if any(path.glob("__grp__*.json"))}
 
 
 def main() -> None:

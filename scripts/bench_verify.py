@@ -53,13 +53,13 @@ def main() -> None:
         warm_again = [timed_process([*command, "warm", *selection]) for _ in range(args.runs)]
 
         import kprecompile
-        from kprecompile.cache.layout import CacheLayout
+        from kprecompile.settings import cache_layout
         from kprecompile.targets import resolve_target
 
         model = kprecompile.load_model(args.model)
         serving = kprecompile.ServingParams(tensor_parallel_size=args.tp)
         targets = [resolve_target(args.target)]
-        layout = CacheLayout.at(cache)
+        layout = cache_layout(cache)
 
         def in_process(deep: bool = False) -> tuple[float, int]:
             started = time.perf_counter()

@@ -165,9 +165,11 @@ def serve(mode: str, cache_dir: Path) -> None:
         preload_report = preload(model, serving, layout, target=detect_local_target(), selection=select(model, "aiter"))
     else:
         if mode == "disk":
-            os.environ["TRITON_CACHE_DIR"] = str(Path(cache_dir) / "triton-v1")
+            from kprecompile.cache.layout import CacheLayout
+
+            os.environ["TRITON_CACHE_DIR"] = str(CacheLayout.of(cache_dir).triton_dir)
         monitor = JitMonitor("off").install()
-    from kprecompile.providers._imports import import_library_module
+    from kprecompile.libraries import import_library_module
 
     context_attention_fwd = import_library_module("aiter.ops.triton.pa_prefill").context_attention_fwd
     generator = torch.Generator(device="cuda").manual_seed(0)

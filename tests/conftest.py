@@ -1,15 +1,109 @@
+"""Isolation and shared state for the suite.
+
+- Every cache variable (kprecompile's, Triton's, AITER's, HOME and XDG_CACHE_HOME) points into
+  temporary directories for the whole session, and each test gets its own cache root; at the
+  end of the session the real user's caches are compared with their state at the start, and a
+  change fails the run.
+- One small configuration is baked once per session, by the Dockerfile's own command line
+  (DeepSeek-V2-Lite, 3 sequences, gfx942 and gfx950: FP8 BMM and MLA decode, real compiles);
+  tests that need a warm cache get their own copy of it instead of warming from scratch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
 
-from kprecompile.cache.layout import CACHE_DIR_VARIABLE, CacheLayout
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.environment import VARIABLES
 from kprecompile.targets import TARGETS
+
+ROOT = Path(__file__).parent.parent
+# Small stand-ins for the Dockerfile's build arguments: the command line is the Dockerfile's.
+BUILD_ARGS = {
+    "MODEL": "deepseek-v2-lite",
+    "TP": "1",
+    "TARGETS": "--target gfx942 --target gfx950",
+    "SERVING": "--max-num-seqs 3 --jobs 2",
+}
+BUNDLE_PATH_IN_IMAGE = "/opt/kprecompile/bundle"
+# Variables that point a process at a cache, set for the session (relative to its HOME).
+CACHE_VARIABLES = {
+    "HOME": ".",
+    "XDG_CACHE_HOME": ".cache",
+    "KPRECOMPILE_CACHE_DIR": "kprecompile",
+    "TRITON_CACHE_DIR": "triton",
+    "AITER_JIT_DIR": "aiter",
+    "TRITON_HOME": ".",
+}
+# Variables that would point a process at someone else's cache, unset for the session.
+UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER")
+
+
+def _real_user_caches() -> list[Path]:
+    import platformdirs
+
+    home = Path.home()
+    return [Path(platformdirs.user_cache_dir("kprecompile", appauthor=False)), home / ".triton", home / ".aiter"]
+
+
+def _snapshot(paths: list[Path]) -> dict[str, tuple[int, int]]:
+    state = {}
+    for root in paths:
+        for path in [root, *root.rglob("*")] if root.exists() else []:
+            status = path.lstat()
+            state[str(path)] = (status.st_size, status.st_mtime_ns)
+    return state
+
+
+@dataclass(frozen=True)
+class Isolation:
+    # The session's HOME, under which every cache variable points.
+    home: Path
+    # The real user's caches, as they were named before the session moved HOME.
+    real_caches: tuple[Path, ...]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_session(tmp_path_factory):
+    """The whole session runs with its caches (and HOME) in a temporary directory; the real
+    user's caches must be exactly as they were when it ends."""
+    real = _real_user_caches()
+    before = _snapshot(real)
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, relative in CACHE_VARIABLES.items():
+            patch.setenv(name, str((home / relative).resolve()))
+        # And the engine's flags: tests set the ones they are about.
+        for name in (*UNSET_VARIABLES, *(variable.name for variable in VARIABLES)):
+            patch.delenv(name, raising=False)
+        yield Isolation(home, tuple(real))
+    after = _snapshot(real)
+    changed = sorted(set(before.items()) ^ set(after.items()))
+    assert not changed, f"the suite wrote to the real user caches: {changed[:5]}"
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch) -> Path:
+    """Each test's default cache root (and Triton's) is its own."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("KPRECOMPILE_CACHE_DIR", str(root))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    return root
 
 
 @pytest.fixture
-def cache_layout(tmp_path, monkeypatch) -> CacheLayout:
-    """A private cache; the environment points at it too, so nothing touches the user's."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv(CACHE_DIR_VARIABLE, str(root))
-    return CacheLayout.at(root)
+def cache_layout(isolated_cache) -> CacheLayout:
+    """A private cache, the one the environment points at."""
+    return CacheLayout.of(isolated_cache)
 
 
 @pytest.fixture
@@ -25,3 +119,44 @@ def gfx950():
 @pytest.fixture
 def sm90():
     return TARGETS["sm90"]
+
+
+def dockerfile_bake_command(out: Path) -> list[str]:
+    text = (ROOT / "scripts" / "Dockerfile.example").read_text()
+    [line] = [line for line in text.splitlines() if line.startswith("RUN kprecompile bake")]
+    command = re.sub(r"\$\{(\w+)\}", lambda match: BUILD_ARGS[match.group(1)], line.removeprefix("RUN "))
+    return [part if part != BUNDLE_PATH_IN_IMAGE else str(out) for part in shlex.split(command)]
+
+
+@pytest.fixture(scope="session")
+def baked(tmp_path_factory):
+    """The Dockerfile's bake, once per session: (bundle directory, archive, bake --json document)."""
+    out = tmp_path_factory.mktemp("image") / "bundle"
+    archive = out.parent / "bundle.tgz"
+    command = dockerfile_bake_command(out)
+    assert command[:2] == ["kprecompile", "bake"]
+    result = subprocess.run(
+        [sys.executable, "-m", "kprecompile", *command[1:], "--archive", str(archive), "--json"],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    assert {c["target"] for c in document["configurations"]} == {"gfx942", "gfx950"}
+    return out, archive, document
+
+
+def copy_cache(source: Path, destination: Path) -> Path:
+    """A writable copy of a cache, its group files pointed at the copy (Triton's own cache
+    manager opens an entry's files by the absolute path its group file records)."""
+    shutil.copytree(source, destination)
+    for group in destination.glob("triton-v1/*/__grp__*.json"):
+        group.write_text(group.read_text().replace(str(source), str(destination)))
+    (destination / "bundle.json").unlink(missing_ok=True)
+    return destination
+
+
+@pytest.fixture
+def warm_copy(baked, tmp_path) -> CacheLayout:
+    """A private, writable copy of the session's baked cache."""
+    out, _, _ = baked
+    return CacheLayout.of(copy_cache(out, tmp_path / "warm"))

@@ -1,14 +1,18 @@
 """Helpers shared by the tests."""
 
 import importlib
-from functools import partial
 
+from kprecompile.configuration import find_manifest
+from kprecompile.engines import select
 from kprecompile.models import load_model
-from kprecompile.providers import provider_for
 from kprecompile.serving import ServingParams
-from kprecompile.shapes.fp8_bmm import FAMILY, enumerate_fp8_bmm
+from kprecompile.shapes import fp8_bmm
 
 SAMPLE_MODULE = "sample_kernels"
+FP8_BMM = fp8_bmm.FAMILY
+# The session's baked configuration (conftest.baked): DeepSeek-V2-Lite, 3 sequences.
+BAKED_MODEL = load_model("deepseek-v2-lite")
+BAKED_SERVING = ServingParams(max_num_seqs=3)
 
 
 def sample_call(launcher: str, *args, **kwargs):
@@ -24,9 +28,15 @@ def sample_call(launcher: str, *args, **kwargs):
 def fp8_bmm_shapes(m_values, model="deepseek-r1", tp=8):
     """FP8 BMM shapes of a preset, both products, for the given m values only."""
     serving = ServingParams(tensor_parallel_size=tp, max_num_seqs=max(m_values))
-    return tuple(shape for shape in enumerate_fp8_bmm(load_model(model), serving) if shape.m in set(m_values))
+    return tuple(shape for shape in FP8_BMM.enumerate_shapes(load_model(model), serving) if shape.m in set(m_values))
 
 
 def fp8_bmm_calls(shapes, target):
-    provider = provider_for(FAMILY)
-    return [(provider.describe(shape), partial(provider.launch, shape, target)) for shape in shapes]
+    return FP8_BMM.calls(shapes, target)
+
+
+def baked_manifest(layout, target):
+    """The manifest of the session's baked configuration for `target` in `layout`."""
+    lookup = find_manifest(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={}), target, layout, remember=False)
+    assert lookup.manifest is not None, f"no baked manifest for {target.name} in {layout.root}"
+    return lookup

@@ -5,8 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
-import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -15,26 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from kprecompile.cache.bundle import BUNDLE_FILE, BundleError, import_archive
+from kprecompile.bundling import import_bundle
+from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
+from kprecompile.errors import BundleError
 
-ROOT = Path(__file__).parent.parent
-# Small stand-ins for the Dockerfile's build arguments: the command line is the Dockerfile's.
-BUILD_ARGS = {
-    "MODEL": "deepseek-v2-lite",
-    "TP": "1",
-    "TARGETS": "--target gfx942 --target gfx950",
-    "SERVING": "--max-num-seqs 3 --jobs 2",
-}
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
-
-
-def dockerfile_bake_command(out: Path) -> list[str]:
-    text = (ROOT / "scripts" / "Dockerfile.example").read_text()
-    [line] = [line for line in text.splitlines() if line.startswith("RUN kprecompile bake")]
-    command = re.sub(r"\$\{(\w+)\}", lambda match: BUILD_ARGS[match.group(1)], line.removeprefix("RUN "))
-    return [part if part != "/opt/kprecompile/bundle" else str(out) for part in shlex.split(command)]
 
 
 def tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -46,19 +32,6 @@ def run(*argv) -> int:
     with pytest.raises(SystemExit) as exited:
         main(list(argv))
     return exited.value.code
-
-
-@pytest.fixture(scope="module")
-def baked(tmp_path_factory):
-    out = tmp_path_factory.mktemp("image") / "bundle"
-    archive = out.parent / "bundle.tgz"
-    command = dockerfile_bake_command(out)
-    assert command[:2] == ["kprecompile", "bake"]
-    result = subprocess.run([sys.executable, "-m", "kprecompile", *command[1:], "--archive", str(archive), "--json"],
-                            capture_output=True, text=True, check=True, timeout=900)  # fmt: skip
-    document = json.loads(result.stdout)
-    assert {c["target"] for c in document["configurations"]} == {"gfx942", "gfx950"}
-    return out, archive, document
 
 
 SERVE_FROM_LAYER = """
@@ -81,13 +54,20 @@ print(json.dumps({"warm": report.warm, "layers": [str(p) for p in layout.layers]
 """
 
 
-def test_a_baked_read_only_layer_serves_without_a_write(baked, tmp_path):
+def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_path):
+    """The image's case: the bundle lies elsewhere than where it was baked (its group files
+    still name the builder's paths) on a read-only layer. verify says warm, a serving process
+    loads every kernel from it and compiles none, and not one file of the layer changes."""
     out, _, document = baked
-    for path in [out, *out.rglob("*")]:
+    moved = tmp_path / "image" / "bundle"
+    moved.parent.mkdir()
+    shutil.move(out, moved)  # the builder's path no longer exists
+    for path in [moved, *moved.rglob("*")]:
         path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
-    before = tree(out)
+    before = tree(moved)
     try:
-        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(out), "VLLM_ROCM_USE_AITER": "1"}
+        assert str(out) in next(moved.glob("triton-v1/*/__grp__*")).read_text()  # not rewritten
+        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
         verify_status = subprocess.run(
             [sys.executable, "-m", "kprecompile", "verify", *SELECTION, "--target", "gfx942", "--target", "gfx950",
              "--cache-dir", str(tmp_path / "user")], env=env, capture_output=True, text=True,
@@ -96,44 +76,24 @@ def test_a_baked_read_only_layer_serves_without_a_write(baked, tmp_path):
         served = subprocess.run([sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")], env=env,
                                 capture_output=True, text=True, check=True)  # fmt: skip
         result = json.loads(served.stdout.strip().splitlines()[-1])
+        after = tree(moved)
     finally:
-        for path in [out, *out.rglob("*")]:
+        for path in [moved, *moved.rglob("*")]:
             path.chmod(path.stat().st_mode | stat.S_IWUSR)
-    assert result["warm"] and result["layers"] == [str(out)]
+        shutil.move(moved, out)
+    assert result["warm"] and result["layers"] == [str(moved)]
     kernels = sum(c["kernels"] for c in document["configurations"])
     assert sum(p["loaded"] for p in result["preload"]) == kernels and result["compiles"] == 0
     assert all(p["compiled"] == 0 for p in result["preload"])
     # Nothing was written to the baked layer, and no kernel landed in the user cache either.
-    assert tree(out) == before
+    assert after == before
     assert not list((tmp_path / "user").glob("triton-v1/*/*.hsaco"))
-
-
-def test_a_moved_bundle_still_serves(baked, tmp_path):
-    """A bundle copied elsewhere (an image layer's path differs from the builder's) keeps working:
-    its group files still name the builder's paths, and kernels are found beside them."""
-    import shutil
-
-    out, _, document = baked
-    moved = tmp_path / "elsewhere" / "bundle"
-    moved.parent.mkdir()
-    shutil.move(out, moved)  # the builder's path no longer exists
-    try:
-        group = next(moved.glob("triton-v1/*/__grp__*"))
-        assert str(out) in group.read_text()  # not rewritten: still the builder's paths
-        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
-        served = subprocess.run([sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")], env=env,
-                                capture_output=True, text=True, check=True)  # fmt: skip
-    finally:
-        shutil.move(moved, out)
-    result = json.loads(served.stdout.strip().splitlines()[-1])
-    kernels = sum(c["kernels"] for c in document["configurations"])
-    assert result["warm"] and sum(p["loaded"] for p in result["preload"]) == kernels and result["compiles"] == 0
 
 
 def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
     _, archive, document = baked
-    destination = CacheLayout(tmp_path / "imported")
-    report = import_archive(archive, destination)
+    destination = CacheLayout.of(tmp_path / "imported")
+    report = import_bundle(archive, destination)
     kernels = sum(c["kernels"] for c in document["configurations"])
     assert report.entries_added == kernels and report.manifests == 2
     for target in ("gfx942", "gfx950"):
@@ -144,7 +104,7 @@ def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
     assert all(
         path.startswith(str(destination.triton_dir)) for path in json.loads(group.read_text())["child_paths"].values()
     )
-    again = import_archive(archive, destination)
+    again = import_bundle(archive, destination)
     assert (again.entries_added, again.entries_present) == (0, kernels)
 
 
@@ -152,7 +112,7 @@ def test_export_then_import_one_configuration(baked, tmp_path):
     out, _, _ = baked
     archive = tmp_path / "gfx950.tgz"
     assert run("export", *SELECTION, "--target", "gfx950", "--cache-dir", str(out), "--archive", str(archive)) == 0
-    report = import_archive(archive, CacheLayout(tmp_path / "other"))
+    report = import_bundle(archive, CacheLayout.of(tmp_path / "other"))
     assert report.configurations == 1 and report.manifests == 1
     assert run("verify", *SELECTION, "--target", "gfx950", "--cache-dir", str(tmp_path / "other")) == 0
     assert run("verify", *SELECTION, "--target", "gfx942", "--cache-dir", str(tmp_path / "other")) == 1
@@ -201,17 +161,23 @@ def _other_toolchain(member, data):
 @pytest.mark.parametrize(
     "case, edit, member, reason",
     [
-        ("traversal", _extra("triton-v1/../../escaped"), "triton-v1/../../escaped", "path escapes the destination"),
-        ("absolute", _extra("/tmp/kprecompile-absolute"), "/tmp/kprecompile-absolute", "absolute path"),
+        ("traversal", _extra("triton-v1/../../escaped"), "triton-v1/../../escaped",
+         "expected a path inside the destination"),
+        ("absolute", _extra("/tmp/kprecompile-absolute"), "/tmp/kprecompile-absolute", "expected a relative path"),
         ("symlink", _extra("triton-v1/link", tarfile.SYMTYPE, linkname="/etc/passwd"), "triton-v1/link",
-         "link to '/etc/passwd'"),
-        ("hardlink", _extra("triton-v1/hard", tarfile.LNKTYPE, linkname=BUNDLE_FILE), "triton-v1/hard", "link to"),
-        ("device", _extra("triton-v1/device", tarfile.CHRTYPE), "triton-v1/device", "device, FIFO or other special"),
-        ("fifo", _extra("triton-v1/fifo", tarfile.FIFOTYPE), "triton-v1/fifo", "device, FIFO or other special"),
-        ("unlisted", _extra("triton-v1/ABC/extra.bin"), "triton-v1/ABC/extra.bin", "not listed in bundle.json"),
-        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "outside the bundle layout"),
-        ("checksum", _altered_hsaco, ".hsaco", "sha256 does not match bundle.json"),
-        ("toolchain", _other_toolchain, BUNDLE_FILE, "toolchain mismatch: gfx942 was baked with Triton key fff"),
+         "expected a regular file, not a link to '/etc/passwd'"),
+        ("hardlink", _extra("triton-v1/hard", tarfile.LNKTYPE, linkname=BUNDLE_FILE), "triton-v1/hard",
+         "expected a regular file, not a link to"),
+        ("device", _extra("triton-v1/device", tarfile.CHRTYPE), "triton-v1/device",
+         "expected a regular file, not a device, FIFO or other special file"),
+        ("fifo", _extra("triton-v1/fifo", tarfile.FIFOTYPE), "triton-v1/fifo",
+         "expected a regular file, not a device, FIFO or other special file"),
+        ("unlisted", _extra("triton-v1/ABC/extra.bin"), "triton-v1/ABC/extra.bin",
+         "expected a file listed in bundle.json"),
+        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v5, triton-v1"),
+        ("checksum", _altered_hsaco, ".hsaco", "expected the sha256 bundle.json lists"),
+        ("toolchain", _other_toolchain, BUNDLE_FILE,
+         "expected a bundle this machine can serve; for gfx942: toolchain mismatch: baked with Triton key fff"),
     ],
 )  # fmt: skip
 def test_a_crafted_archive_is_refused_and_the_destination_untouched(baked, tmp_path, case, edit, member, reason):
@@ -222,7 +188,7 @@ def test_a_crafted_archive_is_refused_and_the_destination_untouched(baked, tmp_p
     (destination / "keep.txt").write_text("untouched")
     before = tree(destination)
     with pytest.raises(BundleError) as refused:
-        import_archive(crafted, CacheLayout(destination))
+        import_bundle(crafted, CacheLayout.of(destination))
     assert member in refused.value.member and reason in str(refused.value), str(refused.value)
     assert tree(destination) == before
     assert not (tmp_path / "escaped").exists() and not Path("/tmp/kprecompile-absolute").exists()
@@ -253,7 +219,8 @@ def test_import_of_something_that_is_not_an_archive(tmp_path, capsys):
         (["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}"],
          "kprecompile: Invalid value for '--archive': File '{tmp}' is a directory."),
         (["export", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/x.tgz"],
-         "kprecompile: archive member 'manifests-v1/"),
+         "kprecompile: configuration: got 'deepseek-v2-lite on gfx942', expected one warmed in {tmp}/empty: run "
+         "`kprecompile warm` with the same options first"),
     ],
 )  # fmt: skip
 def test_bad_bake_and_export_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):

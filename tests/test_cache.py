@@ -1,23 +1,50 @@
+"""The storage layer: layout, atomic writes, the Triton-key memo, manifests, and that `cache/`
+stays a leaf that knows nothing of planning, tracing, engines or serving."""
+
+import ast
 import hashlib
 import json
 import logging
-import shutil
+import sys
+from pathlib import Path
 
-from kprecompile.cache.entries import compiled_files
-from kprecompile.cache.files import write_atomic
-from kprecompile.cache.layout import CacheLayout, default_cache_root, triton_entry_name
+import pytest
+
+from kprecompile import settings
+from kprecompile.cache.files import atomic_file, write_atomic
+from kprecompile.cache.layout import MANIFEST_SCHEMA, Bucket, CacheLayout, triton_entry_name
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
-from kprecompile.cache.toolchain import current_toolchain, triton_key_digest
-from kprecompile.models import load_model
-from kprecompile.serving import ServingParams
-from kprecompile.warming import warm
+from kprecompile.toolchain import current_toolchain, triton_key_digest
+
+CACHE_PACKAGE = Path(__file__).parent.parent / "kprecompile" / "cache"
 
 
-def test_cache_root_comes_from_the_environment(monkeypatch, tmp_path):
+def test_cache_is_a_leaf():
+    """cache/ imports only cache/, errors, the standard library and its storage libraries."""
+    allowed_third_party = {"filelock"}
+    for path in CACHE_PACKAGE.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                module = node.module or ""
+                if node.level == 1:
+                    continue  # a sibling inside cache/
+                assert node.level == 2 and module == "errors", f"{path.name} imports ..{module}"
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                names = [node.module] if isinstance(node, ast.ImportFrom) else [alias.name for alias in node.names]
+                for name in names:
+                    top = name.partition(".")[0]
+                    assert top in sys.stdlib_module_names or top in allowed_third_party, f"{path.name} imports {name}"
+
+
+def test_cache_root_comes_from_the_flag_then_the_environment_then_the_platform(monkeypatch, tmp_path):
     monkeypatch.setenv("KPRECOMPILE_CACHE_DIR", str(tmp_path / "here"))
-    assert default_cache_root() == tmp_path / "here"
+    assert settings.cache_layout().root == tmp_path / "here"
+    assert settings.cache_layout(tmp_path / "flag").root == tmp_path / "flag"
     monkeypatch.delenv("KPRECOMPILE_CACHE_DIR")
-    assert default_cache_root().name == "kprecompile"
+    assert settings.cache_layout().root.name == "kprecompile"
+    monkeypatch.setenv("KPRECOMPILE_CACHE_LAYERS", f"{tmp_path / 'a'}:{tmp_path / 'b'}:{tmp_path / 'flag'}")
+    # The writable root is never also a layer.
+    assert settings.cache_layout(tmp_path / "flag").layers == (tmp_path / "a", tmp_path / "b")
 
 
 def test_triton_entry_name_is_tritons():
@@ -33,6 +60,15 @@ def test_write_atomic_leaves_no_temporary_files(tmp_path):
     write_atomic(path, b"two")
     assert path.read_bytes() == b"two"
     assert [p.name for p in path.parent.iterdir()] == ["b.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_nothing_else(tmp_path):
+    path = tmp_path / "b.json"
+    write_atomic(path, b"old")
+    with pytest.raises(RuntimeError), atomic_file(path) as file:
+        file.write(b"half of the new")
+        raise RuntimeError("crash mid-write")
+    assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["b.json"]
 
 
 def test_triton_key_is_remembered_by_the_stat_of_its_inputs(cache_layout):
@@ -60,25 +96,20 @@ def test_a_corrupt_manifest_is_ignored_with_a_warning(cache_layout, caplog):
     assert "ignoring unreadable manifest" in caplog.text
 
 
-def test_a_manifest_whose_kernels_went_missing_is_rewarmed(cache_layout, gfx942):
-    model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
-    first = warm(model, serving, [gfx942], cache_layout, max_workers=2)
-    assert first.compiled == first.kernels > 1 and len(first.manifests) == 1
-
-    manifest = json.loads(open(first.manifests[0]).read())
-    lost = manifest["jobs"][0]["key"]
-    shutil.rmtree(cache_layout.triton_entry(lost))
-    assert compiled_files(cache_layout, lost) is None
-
-    second = warm(model, serving, [gfx942], cache_layout, max_workers=2)
-    assert (second.compiled, second.cached, second.failed) == (1, first.kernels - 1, 0)
-    assert compiled_files(cache_layout, lost) is not None
+def test_a_manifest_whose_parts_do_not_hash_to_its_name_is_ignored(cache_layout, caplog):
+    parts = {"schema": 1, "x": 1}
+    key = manifest_key(parts)
+    write_manifest(cache_layout, Manifest(key, {"schema": 1, "x": 2}, (), ()))
+    with caplog.at_level(logging.WARNING):
+        assert read_manifest(cache_layout, key) is None
+    assert "do not hash to its key" in caplog.text
 
 
-def test_layout_paths_are_versioned(tmp_path):
-    layout = CacheLayout.at(tmp_path)
-    for directory in (layout.triton_dir, layout.locks_dir, layout.manifests_dir, layout.toolchain_dir):
-        assert directory.parent == tmp_path and directory.name.endswith("-v1")
+def test_every_bucket_is_versioned_and_the_manifest_schema_is_its_buckets(tmp_path):
+    layout = CacheLayout.of(tmp_path)
+    for bucket in Bucket:
+        assert layout.bucket(bucket).parent == tmp_path and bucket.value.endswith(f"-v{bucket.version}")
+    assert layout.manifests_dir.name == f"manifests-v{MANIFEST_SCHEMA}"
 
 
 def test_the_toolchain_of_a_cuda_target_names_its_ptxas(cache_layout, gfx942, sm90):

@@ -32,14 +32,14 @@ def test_plan_json_schema(capsys):
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_MLA"
     assert document["serving"]["max_num_seqs"] == 1024 and document["serving"]["block_size"] == 16
-    families = {family["name"]: family for family in document["families"]}
+    families = {family["family"]: family for family in document["families"]}
     assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill"]
     bmm = families["fp8_bmm"]
     assert bmm["target"] == "gfx942" and bmm["calls"] == 2 * 1024 and 0 < bmm["kernels"] < bmm["calls"]
     assert bmm["parameters"]["heads_per_rank"] == 16
     # The stage-2 reduce takes the batch size as a constexpr: one kernel per reachable batch size.
     assert families["mla_decode"]["kernels"] == families["mla_decode"]["calls"] == 1024
-    assert "CK flash-attention" in families["mla_prefill"]["skipped"]
+    assert "CK flash-attention" in families["mla_prefill"]["skip_reason"]
     assert document["kernels"] == bmm["kernels"] + 1024
 
 
@@ -60,9 +60,9 @@ def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
         "--json",
     )
     assert status == 0
-    families = {family["name"]: family for family in json.loads(out)["families"]}
+    families = {family["family"]: family for family in json.loads(out)["families"]}
     assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill"]
-    assert all(family["skipped"] is None and family["kernels"] > 0 for family in families.values())
+    assert all(family["skip_reason"] is None and family["kernels"] > 0 for family in families.values())
 
 
 def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
@@ -70,7 +70,7 @@ def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
     assert status == 0
     families = json.loads(out)["families"]
     assert [family["kernels"] for family in families] == [0, 0, 0]
-    assert "ROCm targets only" in families[0]["skipped"] and "ROCm targets only" in families[1]["skipped"]
+    assert "ROCm targets only" in families[0]["skip_reason"] and "ROCm targets only" in families[1]["skip_reason"]
 
 
 def test_plan_of_a_gqa_model_under_unified_attention(capsys):
@@ -88,7 +88,7 @@ def test_plan_of_a_gqa_model_under_unified_attention(capsys):
         "--json",
     )
     assert status == 0
-    families = {family["name"]: family for family in json.loads(out)["families"]}
+    families = {family["family"]: family for family in json.loads(out)["families"]}
     assert list(families) == ["prefix_prefill", "paged_decode"]
     assert all(family["kernels"] > 0 for family in families.values())
     assert "sliding_window" not in families["prefix_prefill"]["parameters"]
@@ -99,13 +99,13 @@ def test_plan_of_a_gqa_model_under_the_default_engine_says_nothing_compiles(caps
     assert status == 0
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_FA" and document["kernels"] == 0
-    assert all("prebuilt CK/assembly" in family["skipped"] for family in document["families"])
+    assert all("prebuilt CK/assembly" in family["skip_reason"] for family in document["families"])
 
 
 def small_warm(tmp_path, max_batch, *extra):
     """`warm` of a small DeepSeek-V2-Lite FP8 BMM plan for gfx942, JSON output."""
     return ["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", str(max_batch),
-            "--family", "fp8_bmm", "--jobs", "2", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
+            "--family", "fp8_bmm", "--jobs", "1", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
 
 
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
@@ -137,7 +137,8 @@ def test_console_script_prints_no_traceback(tmp_path):
 
 
 def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
-    status, out, _ = run(capsys, *small_warm(tmp_path, 2, "--job-timeout", "0.01"))
+    # Each timed-out job costs a worker restart: one sequence, two kernels.
+    status, out, _ = run(capsys, *small_warm(tmp_path, 1, "--job-timeout", "0.01"))
     report = json.loads(out)
     assert status == 1
     assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
@@ -158,3 +159,32 @@ def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(cap
     assert status == 0
     assert (report["kernels"], report["compiled"], report["failed"]) == (0, 0, 0)
     assert len(report["manifests"]) == 1
+
+
+def test_a_failed_bake_prints_its_json_names_the_model_and_writes_no_index(capsys, tmp_path):
+    out = tmp_path / "bundle"
+    status, stdout, _ = run(capsys, "bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "1",
+                            "--family", "fp8_bmm", "--jobs", "1", "--job-timeout", "0.01", "--out", str(out),
+                            "--archive", str(tmp_path / "b.tgz"), "--json")  # fmt: skip
+    report = json.loads(stdout)
+    assert status == 1
+    assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
+    assert {failure["model"] for failure in report["failures"]} == {"deepseek-v2-lite"}
+    assert report["configurations"] == [] and report["archive"] is None
+    assert not (out / "bundle.json").exists() and not (tmp_path / "b.tgz").exists()
+
+
+@pytest.mark.parametrize(
+    "count, noun, spelled",
+    [(1, "kernel", "1 kernel"), (2, "kernel", "2 kernels"), (1158, "kernel", "1,158 kernels"), (0, "file", "0 files")],
+)
+def test_counts_are_spelled_with_their_plural(count, noun, spelled):
+    from kprecompile.cli.output import plural
+
+    assert plural(count, noun) == spelled
+
+
+def test_activate_is_part_of_the_public_api():
+    import kprecompile
+
+    assert "activate" in kprecompile.__all__ and callable(kprecompile.activate)

@@ -16,12 +16,12 @@ import pytest
 from kprecompile.engines import select
 from kprecompile.models import load_model
 from kprecompile.planning import plan
-from kprecompile.providers import provider_for
 from kprecompile.serving import ServingParams
+from kprecompile.shapes import FAMILIES
+from kprecompile.shapes._unified_attention import UnifiedAttentionShape
 from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
 from kprecompile.shapes.pa_prefill import PaPrefillShape
-from kprecompile.shapes.paged_attention import PagedAttentionShape
 from kprecompile.targets import TARGETS
 from kprecompile.trace import trace_calls
 
@@ -42,9 +42,8 @@ def planned_keys(model, params, backend, family, target) -> set[str]:
 
 
 def traced(family, shapes, target):
-    provider = provider_for(family)
-    calls = [(provider.describe(shape), lambda shape=shape: provider.launch(shape, target)) for shape in shapes]
-    return trace_calls(calls, target, family, provider.module_prefixes).jobs
+    kernel_family = FAMILIES[family]
+    return trace_calls(kernel_family.calls(shapes, target), target, family, kernel_family.traced_modules).jobs
 
 
 def split(total: int, parts: int, rng: random.Random, low: int) -> list[int]:
@@ -107,13 +106,13 @@ def test_mla_prefill_sweep_is_covered(gfx942):
     assert {job.key for job in jobs} <= planned_keys(model, params, "ROCM_AITER_TRITON_MLA", "mla_prefill", gfx942)
 
 
-def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> PagedAttentionShape:
+def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> UnifiedAttentionShape:
     kv_heads = model.num_key_value_heads // params.tensor_parallel_size
     query_lens = [1] * decodes + (
         split(rng.randint(2 * prefills, BUDGET - decodes), prefills, rng, 2) if prefills else []
     )
     seq_lens = [q + rng.randint(0, MODEL_LEN - q) for q in query_lens]
-    return PagedAttentionShape(
+    return UnifiedAttentionShape(
         q_heads=model.num_attention_heads // params.tensor_parallel_size,
         kv_heads=kv_heads,
         head_size=model.head_dim,

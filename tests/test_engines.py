@@ -43,7 +43,7 @@ def test_flags_select_the_backend_and_its_families(model, engine, environ, backe
 def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned():
     selection = select(LLAMA, "vllm", None, {})
     assert [choice.family for choice in selection.choices] == ["prefix_prefill", "paged_decode"]
-    assert all("vLLM's own Triton kernels" in choice.not_planned for choice in selection.choices)
+    assert all("vLLM's own Triton kernels" in choice.skip_reason for choice in selection.choices)
 
 
 def test_an_explicit_backend_wins_over_the_environment():

@@ -8,12 +8,12 @@ import pytest
 from test_trace import launch_path_keys
 
 from kprecompile.cache.entries import compiled_files
+from kprecompile.cache.jobs import CompileJob
 from kprecompile.engines import select
 from kprecompile.models import load_model
 from kprecompile.planning import plan
-from kprecompile.providers import provider_for
 from kprecompile.serving import ServingParams
-from kprecompile.shapes import enumerate_shapes
+from kprecompile.shapes import FAMILIES
 from kprecompile.targets import TARGETS
 from kprecompile.trace import trace_calls
 from kprecompile.warming import warm
@@ -22,9 +22,8 @@ SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 2048}
 
 
 def first_shape(preset, family, pick=lambda shape: True, **serving):
-    model = load_model(preset)
-    [shapes] = enumerate_shapes(model, ServingParams(**{**SMALL, **serving}), [family])
-    return next(shape for shape in shapes.shapes if pick(shape))
+    shapes = FAMILIES[family].enumerate_shapes(load_model(preset), ServingParams(**{**SMALL, **serving}))
+    return next(shape for shape in shapes if pick(shape))
 
 
 @pytest.mark.parametrize(
@@ -41,13 +40,13 @@ def first_shape(preset, family, pick=lambda shape: True, **serving):
 def test_traced_key_equals_the_launch_paths_key(tmp_path, gfx942, preset, family, pick):
     """The key a plan records is the key the engine's own launch computes for the same call."""
     shape = first_shape(preset, family, pick)
-    provider = provider_for(family)
+    kernel_family = FAMILIES[family]
 
     def call():
-        provider.launch(shape, gfx942)
+        kernel_family.launch(shape, gfx942)
 
-    traced = trace_calls([("call", call)], gfx942, family, provider.module_prefixes)
-    launched = launch_path_keys(tmp_path, gfx942, call, provider.module_prefixes)
+    traced = trace_calls([("call", call)], gfx942, family, kernel_family.traced_modules)
+    launched = launch_path_keys(tmp_path, gfx942, call, kernel_family.traced_modules)
     # The launch path stops at its first kernel's launch; the trace sees every kernel.
     assert len(launched) == 1 and [job.key for job in traced.jobs][:1] == launched
 
@@ -66,24 +65,35 @@ def test_sliding_window_is_its_own_specialization(gfx942):
     assert len(mistral) < len(llama)
 
 
+# Small limits that still reach every kernel kind: unified attention's 2D and 3D kernels and
+# the segment reduction; MLA's stage-2 reduce and both prefill kinds (new tokens, context).
 @pytest.mark.parametrize(
-    "preset, backend, families, targets",
+    "preset, backend, families, targets, serving, kernels",
     [
-        ("llama-3.1-8b-instruct", "ROCM_AITER_UNIFIED_ATTN", ("prefix_prefill", "paged_decode"), ("gfx942", "gfx950")),
-        # mla_decode on gfx942 is compiled by test_cache's warm of the default selection.
-        ("deepseek-v2-lite", "ROCM_AITER_TRITON_MLA", ("mla_decode", "mla_prefill"), ("gfx950",)),
+        ("llama-3.1-8b-instruct", "ROCM_AITER_UNIFIED_ATTN", ("prefix_prefill", "paged_decode"), ("gfx942", "gfx950"),
+         ServingParams(max_num_seqs=1, max_num_batched_tokens=16, max_model_len=1024),
+         {"kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments"}),
+        # mla_decode on gfx942 (and gfx950) is compiled by the session's bake of the default selection.
+        ("deepseek-v2-lite", "ROCM_AITER_TRITON_MLA", ("mla_decode", "mla_prefill"), ("gfx950",),
+         ServingParams(max_num_seqs=4, max_num_batched_tokens=4, max_model_len=3),
+         {"_fwd_kernel_stage2_asm", "_attn_fwd"}),
     ],
-)
-def test_warm_compiles_the_attention_families(cache_layout, preset, backend, families, targets):
+)  # fmt: skip
+def test_warm_compiles_the_attention_families(cache_layout, preset, backend, families, targets, serving, kernels):
     model = load_model(preset)
-    serving = ServingParams(max_num_seqs=2, max_num_batched_tokens=32, max_model_len=1024)
     selection = select(model, attention_backend=backend, environ={}, families=families)
     report = warm(model, serving, [TARGETS[name] for name in targets], cache_layout, selection=selection, max_workers=2)
     assert report.failed == 0, report.failures
     assert report.compiled == report.kernels > 4
-    assert {family.name for family in report.families} == set(families)
-    for manifest in report.manifests:
-        for job in json.loads(open(manifest).read())["jobs"]:
-            files = compiled_files(cache_layout, job["key"])
-            [hsaco] = [path for path in files if path.suffix == ".hsaco"]
-            assert hsaco.read_bytes()[:4] == b"\x7fELF"
+    assert {family.family for family in report.families} == set(families)
+    jobs = [job for manifest in report.manifests for job in json.loads(open(manifest).read())["jobs"]]
+    assert {job["kernel"].rpartition(":")[2].rpartition(".")[2] for job in jobs} == kernels
+    if "mla_prefill" in families:
+        # New tokens attend causally, cached-context chunks do not: both are compiled.
+        prefill = [CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in jobs]
+        causal = {"IS_CAUSAL=True" in job.describe_specialization() for job in prefill if job.family == "mla_prefill"}
+        assert causal == {True, False}
+    for job in jobs:
+        files = compiled_files(cache_layout, job["key"])
+        [hsaco] = [path for path in files if path.suffix == ".hsaco"]
+        assert hsaco.read_bytes()[:4] == b"\x7fELF"

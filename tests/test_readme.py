@@ -21,3 +21,11 @@ def test_readme_lists_every_registered_variable_with_its_default():
     for variable in VARIABLES:
         default = {"1": "on", "0": "off", None: "unset"}.get(variable.default, variable.default)
         assert f"| `{variable.name}` | {variable.owner} | {default} |" in readme, variable.name
+
+
+def test_readme_lists_every_setting():
+    from kprecompile.settings import SETTINGS
+
+    readme = (ROOT / "README.md").read_text()
+    for setting in SETTINGS:
+        assert f"| `{setting.name}` |" in readme, setting.name

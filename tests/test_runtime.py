@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,42 +11,28 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import BAKED_MODEL as MODEL
+from helpers import BAKED_SERVING as SERVING
+from helpers import baked_manifest
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.engines import select
+from kprecompile.errors import NotWarmError
 from kprecompile.integrations.vllm import from_vllm_config
 from kprecompile.models import load_model
 from kprecompile.monitor import JitMonitor
-from kprecompile.runtime import NotWarmError, activate, preload
+from kprecompile.runtime import activate, preload
 from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
 from kprecompile.verification import verify
-from kprecompile.warming import warm
 
 HERE = Path(__file__).parent
-MODEL = load_model("deepseek-v2-lite")
-SERVING = ServingParams(max_num_seqs=3)
-
-
-@pytest.fixture(scope="module")
-def warm_cache(tmp_path_factory):
-    root = tmp_path_factory.mktemp("runtime") / "cache"
-    selection = select(MODEL, environ={}, families=["fp8_bmm"])
-    report = warm(MODEL, SERVING, [TARGETS["gfx942"]], CacheLayout.at(root), selection=selection, max_workers=2)
-    assert report.failed == 0 and report.kernels > 1
-    return root, report.kernels
 
 
 @pytest.fixture
-def cache_copy(warm_cache, tmp_path):
-    """A private copy of the warm cache, for tests whose serving process compiles into it."""
-    source, kernels = warm_cache
-    copy = tmp_path / "cache"
-    shutil.copytree(source, copy)
-    # Triton's group files name their files by absolute path: point them at the copy.
-    for group in copy.glob("triton-v1/*/__grp__*.json"):
-        group.write_text(group.read_text().replace(str(source), str(copy)))
-    return copy, kernels
+def cache_copy(warm_copy):
+    """A private copy of the baked cache and how many kernels its gfx942 manifest lists."""
+    return warm_copy.root, len(baked_manifest(warm_copy, TARGETS["gfx942"]).manifest.jobs)
 
 
 def serve(cache_dir, *m_values, strict="warn"):
@@ -71,23 +56,20 @@ def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_pat
             assert os.environ["AITER_JIT_DIR"] == str(layout.aiter_jit_dir)
 
 
-def test_preload_in_a_fresh_process_compiles_nothing(warm_cache):
-    cache_dir, kernels = warm_cache
-    result, stderr = serve(cache_dir, 1, 2, 3)
+def test_preload_in_a_fresh_process_compiles_nothing_and_the_monitor_names_what_does(cache_copy):
+    cache_dir, kernels = cache_copy
+    result, stderr = serve(cache_dir, 1, 2, 3, 40)
     assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
     assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
     # The engine's own calls find the preloaded kernels in memory: straight to launch.
-    assert result["outcomes"] == ["reached launch"] * 6 and result["compiles"] == []
-    assert "kprecompile: 0 kernels compiled while serving" in stderr
-
-
-def test_the_monitor_reports_an_unplanned_call(cache_copy):
-    cache_dir, _ = cache_copy
-    result, stderr = serve(cache_dir, 2, 40)
+    assert result["outcomes"] == ["reached launch"] * 8
+    assert result["compiles_per_call"][:6] == [0] * 6
     # m = 40 is beyond the planned 3 sequences: its kernels compile, and are named.
-    assert result["compiles"] and all("batched_gemm" in kernel for kernel in result["compiles"])
+    compiled = result["compiles"]
+    assert sum(result["compiles_per_call"][6:]) == len(compiled) > 0
+    assert all("batched_gemm" in kernel for kernel in compiled)
     assert "JIT compile while serving" in stderr
-    assert f"kprecompile: {len(result['compiles'])} kernels compiled while serving" in stderr
+    assert f"kprecompile: {len(compiled)} kernels compiled while serving" in stderr
 
 
 def test_strict_mode_raises_in_the_launching_call(cache_copy):
@@ -98,7 +80,7 @@ def test_strict_mode_raises_in_the_launching_call(cache_copy):
 
 
 def test_preload_without_a_warm_cache_says_so(tmp_path):
-    layout = CacheLayout.at(tmp_path / "empty")
+    layout = CacheLayout.of(tmp_path / "empty")
     with pytest.raises(NotWarmError, match="no manifest for deepseek-v2-lite on gfx942"):
         preload(MODEL, SERVING, layout, target=TARGETS["gfx942"], selection=select(MODEL, environ={}))
 
@@ -107,6 +89,7 @@ def test_monitor_modes_are_checked(monkeypatch):
     monkeypatch.setenv("KPRECOMPILE_STRICT", "loud")
     with pytest.raises(ValueError, match="KPRECOMPILE_STRICT: got 'loud', expected one of off, warn, error"):
         JitMonitor()
+    assert JitMonitor("off").summary() == "kprecompile: 0 kernels compiled while serving (0 loaded from the cache)"
 
 
 RANK_SCRIPT = """
@@ -117,7 +100,7 @@ from kprecompile.models import load_model
 from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
 model = load_model("deepseek-v2-lite")
-report = prepare(model, ServingParams(max_num_seqs=6), cache_dir=sys.argv[1], target=TARGETS["gfx942"],
+report = prepare(model, ServingParams(max_num_seqs=4), cache_dir=sys.argv[1], target=TARGETS["gfx942"],
                  selection=select(model, environ={}, families=["fp8_bmm"]), rank=int(sys.argv[2]),
                  local_world_size=int(sys.argv[3]), monitor=False)
 print(json.dumps({"compiled": report.warm.compiled if report.warm else 0, "kernels": report.preload.kernels,
@@ -126,8 +109,8 @@ print(json.dumps({"compiled": report.warm.compiled if report.warm else 0, "kerne
 
 
 def test_tensor_parallel_ranks_share_one_warm(tmp_path):
-    """Three ranks call the hook at once: each kernel compiles once in all, every rank preloads all."""
-    ranks = 3
+    """Two ranks call the hook at once: each kernel compiles once in all, every rank preloads all."""
+    ranks = 2
     processes = [
         subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "cache"), str(rank), str(ranks)],
                          stdout=subprocess.PIPE, text=True)
@@ -191,15 +174,15 @@ def test_vllm_config_eager_and_model_dtype_cache():
     assert serving.enforce_eager and serving.cudagraph_capture_sizes is None and serving.kv_cache_dtype == "auto"
 
 
-def test_a_cache_warmed_from_the_cli_is_warm_for_the_vllm_process(monkeypatch, warm_cache):
+def test_a_cache_warmed_from_the_cli_is_warm_for_the_vllm_process(monkeypatch, baked):
     """The bake (preset name, defaults) and the server (vLLM's parsed config, every value
     resolved) compute one manifest key: keys hash effective values."""
-    cache_dir, _ = warm_cache
+    cache_dir, _, _ = baked
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
     # What vLLM resolves for 3 sequences: model length from the config, graphs for 1, 2, 4.
     config = vllm_config(preset_dict("deepseek-v2-lite"), max_num_seqs=3, max_model_len=163840, sizes=[1, 2, 4])
     model, serving, _ = from_vllm_config(config)
     assert serving != SERVING
-    selection = select(model, "vllm", families=["fp8_bmm"])
-    report = verify(model, serving, [TARGETS["gfx942"]], CacheLayout.at(cache_dir), selection=selection)
+    selection = select(model, "vllm")
+    report = verify(model, serving, [TARGETS["gfx942"]], CacheLayout.of(cache_dir), selection=selection)
     assert report.targets[0].status == "warm", report.targets[0].reasons

@@ -3,7 +3,7 @@ import pytest
 from kprecompile.errors import InputError
 from kprecompile.models import load_model, model_from_dict
 from kprecompile.serving import ServingParams
-from kprecompile.shapes import enumerate_shapes
+from kprecompile.shapes import FAMILIES, FAMILY_NAMES
 from kprecompile.shapes.fp8_bmm import enumerate_fp8_bmm
 
 
@@ -25,7 +25,8 @@ def test_deepseek_r1_tp8_sweeps_both_products_over_every_m():
 
 def test_families_follow_the_attention_structure_not_the_model_name():
     def families(model):
-        return [family.family for family in enumerate_shapes(model, ServingParams(max_num_seqs=4))]
+        serving = ServingParams(max_num_seqs=4)
+        return [name for name, family in FAMILIES.items() if family.enumerate_shapes(model, serving)]
 
     assert families(load_model("llama-3.1-8b-instruct")) == ["prefix_prefill", "paged_decode", "pa_prefill"]
     assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_prefill"]
@@ -40,7 +41,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
 
 def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():
     def windows(model):
-        shapes = enumerate_shapes(model, ServingParams(max_num_seqs=2), ["paged_decode"])[0].shapes
+        shapes = FAMILIES["paged_decode"].enumerate_shapes(model, ServingParams(max_num_seqs=2))
         return {shape.sliding_window for shape in shapes}
 
     assert windows(load_model("mistral-7b-v0.1")) == {4096}
@@ -75,3 +76,11 @@ def test_heads_not_divisible_by_tp_is_an_input_error(tp):
 def test_serving_params_must_be_positive(field, kwargs):
     with pytest.raises(InputError, match=f"{field}: got -?[0-9]+, expected a positive integer"):
         ServingParams(**kwargs)
+
+
+def test_the_registry_has_one_module_per_family_name():
+    """Every name of the FamilyName literal has a family object whose module is named after it."""
+    assert tuple(FAMILIES) == FAMILY_NAMES
+    for name, family in FAMILIES.items():
+        assert family.name == name
+        assert family.enumerate_shapes.__module__ == f"kprecompile.shapes.{name}"

@@ -3,16 +3,15 @@ import json
 
 import pytest
 import torch
-from helpers import SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
+from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
 from triton import knobs
 
-from kprecompile.driver import LaunchRefusedError, active_target, device_model
-from kprecompile.errors import TracingError
-from kprecompile.providers import provider_for
-from kprecompile.shapes.fp8_bmm import FAMILY
+from kprecompile.driver import active_target, device_model
+from kprecompile.errors import LaunchRefusedError, TracingError
 from kprecompile.trace import isolated_modules, trace_calls
 
-FP8_BMM_MODULES = provider_for(FAMILY).module_prefixes
+FAMILY = FP8_BMM.name
+FP8_BMM_MODULES = FP8_BMM.traced_modules
 
 
 def launch_path_keys(cache_dir, target, launch, fresh_modules):

@@ -1,7 +1,7 @@
 """Keys that cover every registered variable and the toolchain, and `verify` explaining them.
 
-One small configuration is warmed once (DeepSeek-V2-Lite, 3 sequences, gfx942: FP8 BMM and
-MLA decode, real compiles); each test then changes the environment or the cache and asks.
+Each test gets a copy of the session's baked cache (DeepSeek-V2-Lite, 3 sequences, FP8 BMM and
+MLA decode, real compiles), changes the environment or the cache, and asks about gfx942.
 """
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ import os
 import shutil
 
 import pytest
+from helpers import BAKED_MODEL as MODEL
+from helpers import BAKED_SERVING as SERVING
+from helpers import baked_manifest
 
+from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
-from kprecompile.cache.manifest import manifest_key, read_manifest, write_manifest
+from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
 from kprecompile.cli import main
 from kprecompile.engines import select
 from kprecompile.environment import VARIABLES, compute_hash, fingerprint, registered_values
-from kprecompile.models import load_model
-from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
 from kprecompile.verification import verify
 from kprecompile.warming import warm
 
-MODEL = load_model("deepseek-v2-lite")
-SERVING = ServingParams(max_num_seqs=3)
 GFX942 = TARGETS["gfx942"]
 # Each variable's value when unset, under the default engine profile (vllm-aiter: AITER on).
 DEFAULTS = registered_values({})
@@ -51,30 +51,18 @@ DEFAULT_SPELLED = {
 
 
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    for variable in VARIABLES:
-        monkeypatch.delenv(variable.name, raising=False)
+def clean_triton_environment(monkeypatch):
     for name in ("AMDGCN_USE_BUFFER_OPS", "TRITON_DEFAULT_FP_FUSION"):
         monkeypatch.delenv(name, raising=False)
 
 
-@pytest.fixture(scope="module")
-def warmed(tmp_path_factory):
-    """A warm cache, copied afresh for each test that changes it."""
-    root = tmp_path_factory.mktemp("warm") / "cache"
-    report = warm(MODEL, SERVING, [GFX942], CacheLayout.at(root), selection=select(MODEL, environ={}), max_workers=2)
-    assert report.failed == 0 and report.compiled == report.kernels > 3
-    return root
-
-
 @pytest.fixture
-def layout(warmed, tmp_path) -> CacheLayout:
-    copy = tmp_path / "cache"
-    shutil.copytree(warmed, copy)
-    # Triton's group files name their files by absolute path: point them at the copy.
-    for group in copy.glob("triton-v1/*/__grp__*.json"):
-        group.write_text(group.read_text().replace(str(warmed), str(copy)))
-    return CacheLayout.at(copy)
+def layout(warm_copy) -> CacheLayout:
+    return warm_copy
+
+
+def gfx942_manifest(layout) -> Manifest:
+    return baked_manifest(layout, GFX942).manifest
 
 
 def verdict(layout, deep=False):
@@ -124,7 +112,7 @@ def test_an_unrelated_variable_changes_nothing(layout, monkeypatch):
 
 
 def test_a_triton_knob_changes_triton_keys_and_a_rewarm_compiles_only_those(layout, monkeypatch):
-    [old] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    old = gfx942_manifest(layout)
     monkeypatch.setenv("AMDGCN_USE_BUFFER_OPS", "0")
     assert fingerprint().triton == {"AMDGCN_USE_BUFFER_OPS": "false"}
     result = verdict(layout)
@@ -147,44 +135,46 @@ def test_an_engine_flag_changes_the_plan_not_the_binaries(layout, monkeypatch):
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_FP8BMM", "0")
     assert verdict(layout).status == "mismatch"
     report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
-    # Only the MLA decode kernels remain, all already compiled.
-    assert report.compiled == 0 and report.cached == report.kernels > 0
-    assert {family.name for family in report.families if family.kernels} == {"mla_decode"}
+    # Only the MLA decode kernels remain, all already compiled: no compile worker starts.
+    assert report.compiled == 0 and report.cached == report.kernels > 0 and report.workers == 0
+    assert {family.family for family in report.families if family.kernels} == {"mla_decode"}
 
 
-def test_a_truncated_artifact_is_found_and_replaced(layout):
-    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
-    job = manifest.jobs[0]
-    [binary] = layout.triton_entry(job.key).glob("*.hsaco")
+def test_damaged_and_lost_artifacts_are_found_and_compiled_again(layout):
+    """A truncated binary is found by verify, an altered one of the same size only by --deep,
+    a deleted entry by both; the next warm compiles exactly those three, one worker each."""
+    manifest = gfx942_manifest(layout)
+    truncated, altered, lost = manifest.jobs[0], manifest.jobs[-1], manifest.jobs[1]
+    [binary] = layout.triton_entry(truncated.key).glob("*.hsaco")
     binary.write_bytes(binary.read_bytes()[:100])
     result = verdict(layout)
     assert result.status == "incomplete"
     [problem] = result.problems
-    assert problem.key == job.key and "bytes" in problem.problem
+    assert problem.key == truncated.key and "bytes" in problem.problem
 
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
-    assert (report.replaced, report.compiled, report.failed) == (1, 1, 0)
-    assert verdict(layout, deep=True).status == "warm"
-
-
-def test_an_altered_artifact_is_found_only_by_deep_and_replaced(layout):
-    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
-    job = manifest.jobs[-1]
-    [binary] = layout.triton_entry(job.key).glob("*.hsaco")
+    [binary] = layout.triton_entry(altered.key).glob("*.hsaco")
     data = bytearray(binary.read_bytes())
     data[-1] ^= 0xFF
     binary.write_bytes(bytes(data))
-    assert verdict(layout).status == "warm"
+    assert [problem.key for problem in verdict(layout).problems] == [truncated.key]
     deep = verdict(layout, deep=True)
-    assert deep.status == "incomplete" and "sha256" in deep.problems[0].problem
+    assert deep.status == "incomplete"
+    assert {(problem.key, "sha256" in problem.problem) for problem in deep.problems} == {
+        (truncated.key, False),
+        (altered.key, True),
+    }
 
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
-    assert (report.replaced, report.compiled) == (1, 1)
+    shutil.rmtree(layout.triton_entry(lost.key))
+    assert compiled_files(layout, lost.key) is None
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=4)
+    # Two entries were damaged (replaced), one was lost; the rest are found in the cache.
+    assert (report.replaced, report.compiled, report.failed, report.workers) == (2, 3, 0, 3)
+    assert report.cached == len(manifest.jobs) - 3
     assert verdict(layout, deep=True).status == "warm"
 
 
 def test_a_missing_kernel_is_named(layout):
-    [manifest] = [read_manifest(layout, path.stem) for path in layout.manifests_dir.glob("*.json")]
+    manifest = gfx942_manifest(layout)
     shutil.rmtree(layout.triton_entry(manifest.jobs[1].key))
     result = verdict(layout)
     assert result.status == "incomplete"
@@ -194,8 +184,8 @@ def test_a_missing_kernel_is_named(layout):
 
 def test_a_cache_baked_under_another_toolchain_says_which(layout):
     """As if the manifest came from a builder with another Triton build at another path."""
-    [path] = layout.manifests_dir.glob("*.json")
-    manifest = read_manifest(layout, path.stem)
+    lookup = baked_manifest(layout, GFX942)
+    path, manifest = lookup.path, lookup.manifest
     parts = json.loads(json.dumps(manifest.parts))
     here_key, here_path = parts["toolchain"]["triton_key"], parts["toolchain"]["triton_path"]
     parts["toolchain"].update(triton_key="0" * 64, triton_path="/opt/builder/triton")
@@ -210,7 +200,7 @@ def test_a_cache_baked_under_another_toolchain_says_which(layout):
 
 
 def test_an_empty_cache_is_not_warmed_and_verify_writes_nothing(tmp_path):
-    result = verdict(CacheLayout.at(tmp_path / "empty"))
+    result = verdict(CacheLayout.of(tmp_path / "empty"))
     assert result.status == "not_warmed" and result.reasons == ("no manifest for this configuration",)
     assert not (tmp_path / "empty").exists()
 

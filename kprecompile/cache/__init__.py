@@ -1,5 +1,11 @@
-"""The on-disk cache: layout (paths only), Triton entries, locks, toolchain, manifests."""
+"""The on-disk cache: a leaf that knows paths, files, locks and formats, never planning or engines.
 
-from .layout import CACHE_DIR_VARIABLE, CacheLayout, default_cache_root
+`layout` (paths, no I/O), `files` (atomic writes, checksums), `keys` (named-dict hashing),
+`jobs` (the compile-job record), `entries` (Triton's entries, read without Triton), `locks`,
+`manifest`, `bundle`. The recipe of a configuration's key lives above, in
+`kprecompile.configuration`.
+"""
 
-__all__ = ["CACHE_DIR_VARIABLE", "CacheLayout", "default_cache_root"]
+from .layout import Bucket, CacheLayout
+
+__all__ = ["Bucket", "CacheLayout"]

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from .layout import CacheLayout, triton_entry_name
+from .files import sha256_file
+from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
+
+# Why an entry would not be served as its manifest recorded it.
+ProblemKind = Literal["not_in_cache", "file_missing", "size_mismatch", "checksum_mismatch"]
 
 
-def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
-    """The files of a complete entry for `key` in any of the layout's roots, or None.
-
-    Triton writes an entry's files first and its `__grp__*.json` group file last, naming every
-    file of the entry; the entry is complete when all of them exist. The group file names them
-    by absolute path at write time; they are looked up by name in the entry's own directory,
-    so that a cache that moved (a bundle, an image layer) is still read.
-    """
-    for entry in layout.triton_entries(key):
-        files = _group_files(entry)
-        if files is not None:
-            return files
-    return None
+@dataclass(frozen=True)
+class EntryProblem:
+    kind: ProblemKind
+    # The same, said for a reader: which file and what is wrong with it.
+    message: str
 
 
 def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[str, str] | None:
@@ -34,6 +30,8 @@ def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[s
     is what lets a moved cache (a bundle, an image layer) be read. Used here and by the
     layered Triton cache manager.
     """
+    import json
+
     try:
         with open(os.path.join(directory, group_name), "rb") as group:
             children = json.loads(group.read())["child_paths"]
@@ -43,16 +41,43 @@ def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[s
     return found if all(os.path.isfile(path) for path in found.values()) else None
 
 
-def _group_files(entry: Path) -> list[Path] | None:
+def group_file(entry: Path) -> Path | None:
+    """The entry's group file, if it has one."""
     try:
-        groups = [path.name for path in entry.iterdir() if path.name.startswith("__grp__")]
+        return next((path for path in entry.iterdir() if path.name.startswith(GROUP_PREFIX)), None)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    for group in groups:
-        children = group_children(entry, group)
-        if children:
-            return [Path(path) for path in children.values()]
+
+
+def _entry_files(entry: Path) -> list[Path] | None:
+    group = group_file(entry)
+    children = group_children(entry, group.name) if group is not None else None
+    return [Path(path) for path in children.values()] if children else None
+
+
+def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
+    """The files of a complete entry for `key` in any of the layout's roots, or None.
+
+    The entry is complete when its group file exists and every file it names is there, in the
+    entry's own directory (so that a cache that moved is still read).
+    """
+    for entry in layout.triton_entries(key):
+        files = _entry_files(entry)
+        if files is not None:
+            return files
     return None
+
+
+def has_entries(layout: CacheLayout) -> bool:
+    """Whether any root holds any Triton entry (a cold cache holds none)."""
+    for triton_dir in _triton_dirs(layout):
+        try:
+            with os.scandir(triton_dir) as entries:
+                if next(entries, None) is not None:
+                    return True
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return False
 
 
 def is_compiled(layout: CacheLayout, key: str) -> bool:
@@ -64,15 +89,17 @@ def artifact_digests(layout: CacheLayout, key: str) -> dict[str, dict[str, objec
     files = compiled_files(layout, key)
     if files is None:
         return None
-    return {path.name: {"sha256": _sha256(path), "size": path.stat().st_size} for path in sorted(files)}
+    return {path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in sorted(files)}
 
 
 @functools.lru_cache(maxsize=64)
 def _triton_dirs(layout: CacheLayout) -> tuple[str, ...]:
-    return tuple(os.path.join(root, "triton-v1") for root in layout.roots)
+    return tuple(str(layout.bucket(Bucket.TRITON, root)) for root in layout.roots)
 
 
-def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, object]], deep: bool) -> str | None:
+def entry_problem(
+    layout: CacheLayout, key: str, recorded: dict[str, dict[str, object]], deep: bool
+) -> EntryProblem | None:
     """Why Triton would not serve the entry for `key` as recorded, or None when it would.
 
     The entry must have its group file (Triton's mark of a complete entry) and each recorded
@@ -87,35 +114,27 @@ def entry_problem(layout: CacheLayout, key: str, recorded: dict[str, dict[str, o
             files = {item.name: item for item in os.scandir(os.path.join(triton_dir, name))}
         except (FileNotFoundError, NotADirectoryError):
             continue
-        if any(name.startswith("__grp__") for name in files):
+        if any(file_name.startswith(GROUP_PREFIX) for file_name in files):
             break
         files = None
     if files is None:
-        return "not in the cache"
+        return EntryProblem("not_in_cache", "not in the cache")
     if not recorded:
-        return None if compiled_files(layout, key) is not None else "not in the cache"
+        return None if compiled_files(layout, key) is not None else EntryProblem("not_in_cache", "not in the cache")
     # The recorded files are the group file's children at warm time: with the group file
     # present and each of them intact, Triton's own completeness test passes.
-    for name, expected in recorded.items():
-        item = files.get(name)
+    for file_name, expected in recorded.items():
+        item = files.get(file_name)
         if item is None:
-            return f"{name} is missing"
+            return EntryProblem("file_missing", f"{file_name} is missing")
         size = item.stat().st_size
         if size != expected["size"]:
-            return f"{name} has {size} bytes, {expected['size']} recorded"
-        if deep and _sha256(Path(item.path)) != expected["sha256"]:
-            return f"{name} does not match its recorded sha256"
+            return EntryProblem("size_mismatch", f"{file_name} has {size} bytes, {expected['size']} recorded")
+        if deep and sha256_file(item.path) != expected["sha256"]:
+            return EntryProblem("checksum_mismatch", f"{file_name} does not match its recorded sha256")
     return None
 
 
 def remove_entry(layout: CacheLayout, key: str) -> None:
     """Delete a damaged entry of the writable root so that the next compile writes it anew."""
     shutil.rmtree(layout.triton_entry(key), ignore_errors=True)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -5,38 +5,45 @@
         <base32(key)>/             written by Triton: binary, IRs, metadata, __grp__*.json
       locks-v1/
         <key>.lock                 held while one process compiles that key
-      manifests-v1/
+      manifests-v5/
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
                                    the jobs that configuration needs, file checksums; written last
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
 
-Every top-level directory name carries a version; a layout change bumps it and leaves the
-old directory instead of migrating it.
+Every top-level directory is a bucket whose name carries the version of its format; a format
+change bumps it and leaves the old directory behind instead of migrating it (uv's rule). The
+manifest schema is its bucket's version.
 """
 
 from __future__ import annotations
 
 import base64
+import enum
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-CACHE_DIR_VARIABLE = "KPRECOMPILE_CACHE_DIR"
-# Read-only cache roots (baked bundles, image layers) searched after the writable root.
-LAYERS_VARIABLE = "KPRECOMPILE_CACHE_LAYERS"
-_APP_NAME = "kprecompile"
+
+class Bucket(enum.Enum):
+    """The top-level directories of a cache root, each with the version of its format."""
+
+    TRITON = "triton-v1"
+    LOCKS = "locks-v1"
+    MANIFESTS = "manifests-v5"
+    AITER_JIT = "aiter-jit-v1"
+    TOOLCHAIN = "toolchain-v1"
+
+    @property
+    def version(self) -> int:
+        return int(self.value.rpartition("-v")[2])
 
 
-def default_cache_root() -> Path:
-    """$KPRECOMPILE_CACHE_DIR, else the platform's user cache directory."""
-    configured = os.environ.get(CACHE_DIR_VARIABLE)
-    if configured:
-        return Path(configured).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir(_APP_NAME, appauthor=False))
+# A manifest's format is its bucket's version: changing one changes the other.
+MANIFEST_SCHEMA = Bucket.MANIFESTS.version
+# Triton writes an entry's files first and this group file last, naming all of them.
+GROUP_PREFIX = "__grp__"
 
 
 def triton_entry_name(key: str) -> str:
@@ -52,60 +59,57 @@ class CacheLayout:
     layers: tuple[Path, ...] = ()
 
     @classmethod
-    def at(
-        cls, root: str | os.PathLike[str] | None = None, layers: tuple[str | os.PathLike[str], ...] | None = None
-    ) -> CacheLayout:
-        """`root` (default: $KPRECOMPILE_CACHE_DIR or the user cache) over `layers` (default:
-        $KPRECOMPILE_CACHE_LAYERS, paths separated by the OS path separator)."""
-        writable = Path(root).expanduser().absolute() if root is not None else default_cache_root().absolute()
-        if layers is None:
-            layers = tuple(part for part in os.environ.get(LAYERS_VARIABLE, "").split(os.pathsep) if part)
-        read_only = tuple(Path(layer).expanduser().absolute() for layer in layers)
-        return cls(writable, tuple(layer for layer in read_only if layer != writable))
+    def of(cls, root: str | os.PathLike[str], layers: tuple[str | os.PathLike[str], ...] = ()) -> CacheLayout:
+        """`root` over `layers`, as absolute paths; a layer that is the root itself is dropped."""
+        writable = Path(root).expanduser().absolute()
+        read_only = (Path(layer).expanduser().absolute() for layer in layers)
+        return cls(writable, tuple(dict.fromkeys(layer for layer in read_only if layer != writable)))
 
     @property
     def roots(self) -> tuple[Path, ...]:
         """Every root, in search order: the writable one first."""
         return (self.root, *self.layers)
 
-    def triton_entries(self, key: str) -> tuple[Path, ...]:
-        """Where an entry for `key` may be, in search order."""
-        name = triton_entry_name(key)
-        return tuple(root / "triton-v1" / name for root in self.roots)
-
-    def find_manifest(self, manifest_key: str) -> Path | None:
-        for root in self.roots:
-            path = root / "manifests-v1" / f"{manifest_key}.json"
-            if path.is_file():
-                return path
-        return None
+    def bucket(self, bucket: Bucket, root: Path | None = None) -> Path:
+        return (self.root if root is None else root) / bucket.value
 
     @property
     def triton_dir(self) -> Path:
-        return self.root / "triton-v1"
+        return self.bucket(Bucket.TRITON)
 
     @property
     def aiter_jit_dir(self) -> Path:
         """AITER's JIT directory (AITER_JIT_DIR) for the HIP modules AITER builds itself."""
-        return self.root / "aiter-jit-v1"
+        return self.bucket(Bucket.AITER_JIT)
 
     @property
     def locks_dir(self) -> Path:
-        return self.root / "locks-v1"
+        return self.bucket(Bucket.LOCKS)
 
     @property
     def manifests_dir(self) -> Path:
-        return self.root / "manifests-v1"
+        return self.bucket(Bucket.MANIFESTS)
 
     @property
     def toolchain_dir(self) -> Path:
-        return self.root / "toolchain-v1"
+        return self.bucket(Bucket.TOOLCHAIN)
 
     def triton_entry(self, key: str) -> Path:
+        """The writable root's entry for `key`."""
         return self.triton_dir / triton_entry_name(key)
+
+    def triton_entries(self, key: str) -> tuple[Path, ...]:
+        """Where an entry for `key` may be, in search order."""
+        name = triton_entry_name(key)
+        return tuple(self.bucket(Bucket.TRITON, root) / name for root in self.roots)
 
     def lock_path(self, key: str) -> Path:
         return self.locks_dir / f"{key}.lock"
 
     def manifest_path(self, manifest_key: str) -> Path:
+        """Where the writable root keeps the manifest named `manifest_key`."""
         return self.manifests_dir / f"{manifest_key}.json"
+
+    def manifest_paths(self, manifest_key: str) -> tuple[Path, ...]:
+        """Where a manifest named `manifest_key` may be, in search order."""
+        return tuple(self.bucket(Bucket.MANIFESTS, root) / f"{manifest_key}.json" for root in self.roots)

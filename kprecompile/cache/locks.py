@@ -8,39 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import InputError, LockTimeoutError
+from ..errors import LockTimeoutError
 
 logger = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_VARIABLE = "KPRECOMPILE_LOCK_TIMEOUT"
-DEFAULT_LOCK_TIMEOUT_SECONDS = 1800.0
-
-
-def lock_timeout_seconds() -> float:
-    """$KPRECOMPILE_LOCK_TIMEOUT in seconds, or the default."""
-    raw = os.environ.get(LOCK_TIMEOUT_VARIABLE)
-    if raw is None or raw == "":
-        return DEFAULT_LOCK_TIMEOUT_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise InputError(LOCK_TIMEOUT_VARIABLE, raw, "a positive number of seconds")
-    return value
-
 
 @contextlib.contextmanager
-def hold_lock(path: Path, resource: str, timeout_seconds: float | None = None) -> Iterator[None]:
-    """Hold the lock at `path`; say so when waiting; time out naming the variable to raise."""
+def hold_lock(path: Path, resource: str, timeout_seconds: float, timeout_variable: str) -> Iterator[None]:
+    """Hold the lock at `path`: try first, then say who waits for what, and time out naming
+    the variable (`timeout_variable`) that raises the timeout."""
     from filelock import FileLock, Timeout
 
-    if timeout_seconds is None:
-        timeout_seconds = lock_timeout_seconds()
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(path)
     try:
@@ -50,7 +31,7 @@ def hold_lock(path: Path, resource: str, timeout_seconds: float | None = None) -
         try:
             lock.acquire(timeout=timeout_seconds)
         except Timeout:
-            raise LockTimeoutError(str(path), timeout_seconds, LOCK_TIMEOUT_VARIABLE) from None
+            raise LockTimeoutError(str(path), timeout_seconds, timeout_variable) from None
     try:
         yield
     finally:

@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any
 
+from .. import settings
 from ..engines import Selection, select
+from ..errors import InputError
 from ..models import ModelConfig, model_from_dict
 from ..serving import ServingParams
 
 logger = logging.getLogger(__name__)
-
-DISABLE_VARIABLE = "KPRECOMPILE_VLLM_HOOK"
 _DTYPE_NAMES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -91,8 +90,11 @@ def _local_gpus() -> int:
 
 def register() -> None:
     """The `vllm.general_plugins` entry point."""
-    if os.environ.get(DISABLE_VARIABLE, "1").strip() == "0":
-        return
+    try:
+        if not settings.VLLM_HOOK.read():
+            return
+    except InputError as error:  # the server must start regardless
+        logger.warning("kprecompile: %s; the hook stays on", error)
     try:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     except ImportError as error:

@@ -10,8 +10,14 @@ vLLM's ROCm MLA path multiplies, per decode step and per rank, with AITER's
   N = v_head_dim.
 
 m is the number of decode tokens (`ServingParams.decode_token_counts`: every count up to
-max_num_seqs x (1 + speculative tokens), and graph-padded counts);  the kernel takes M through a constexpr
-grid size, so most m values are distinct kernels.
+max_num_seqs x (1 + speculative tokens), and graph-padded counts); the kernel takes M through a
+constexpr grid size, so most m values are distinct kernels.
+
+The call is made as vLLM makes it: the activation is a transposed view (heads first) of a
+token-major tensor, the weights contiguous FP8 per-head matrices with one scale, the output
+token-major (`transpose_bm=True`); the second product writes into a preallocated output view.
+Strides and storage sizes enter Triton's specialization, so the meta tensors mirror the real
+layout.
 """
 
 from __future__ import annotations
@@ -19,11 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..libraries import AITER_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
 from ..serving import ServingParams
+from ..targets import Target
+from .family import KernelFamily
 
-FAMILY = "fp8_bmm"
 GROUP_SIZE = 128
+WRAPPER_MODULE = "aiter.ops.triton.batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant"
+WRAPPER_NAME = "batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant"
+# AITER ships tuned configs for these archs only (aiter.ops.triton.utils._triton.arch_info).
+SUPPORTED_ARCHS = ("gfx942", "gfx950")
 
 Product = Literal["q_nope_w_uk", "attn_out_w_uv"]
 
@@ -76,7 +88,7 @@ def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams) -> tuple[Fp8Bm
     return tuple(shapes)
 
 
-def describe_parameters(shapes: tuple[Fp8BmmShape, ...]) -> dict[str, object]:
+def describe_shapes(shapes: tuple[Fp8BmmShape, ...]) -> dict[str, object]:
     """What `plan` shows for this family: the dimensions that decide its kernels."""
     first = shapes[0]
     products = {shape.product: f"K={shape.k} N={shape.n}" for shape in shapes}
@@ -87,3 +99,50 @@ def describe_parameters(shapes: tuple[Fp8BmmShape, ...]) -> dict[str, object]:
         "group_size": first.group_size,
         "activation_dtype": first.activation_dtype,
     }
+
+
+def describe_call(shape: Fp8BmmShape) -> str:
+    return f"{WRAPPER_NAME}({shape.product}, heads={shape.heads}, m={shape.m}, k={shape.k}, n={shape.n})"
+
+
+def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+    if target.fp8_dtype_name is None:
+        return f"{target.name} has no FP8 support"
+    if not target.is_rocm:
+        return "AITER's FP8 BMM configs carry AMD-only launch options (kpack); ROCm targets only"
+    if target.name not in SUPPORTED_ARCHS:
+        return f"AITER has tuned FP8 BMM configs only for {', '.join(SUPPORTED_ARCHS)}"
+    return None
+
+
+def launch(shape: Fp8BmmShape, target: Target) -> None:
+    import torch
+
+    bmm = getattr(import_library_module(WRAPPER_MODULE), WRAPPER_NAME)
+    activation = getattr(torch, shape.activation_dtype)
+    meta = torch.device("meta")
+    heads, m = shape.heads, shape.m
+    weight = torch.empty((heads, shape.n, shape.k), dtype=target.fp8_dtype, device=meta)
+    weight_scale = torch.empty((), dtype=torch.float32, device=meta)
+    if shape.product == "q_nope_w_uk":
+        # q is (tokens, heads, nope + rope); q_nope is its first nope columns, heads first.
+        q = torch.empty((m, heads, shape.source_head_width), dtype=activation, device=meta)
+        q_nope = q[..., : shape.k].transpose(0, 1)
+        bmm(q_nope, weight, weight_scale, group_size=shape.group_size, transpose_bm=True)
+    else:
+        attn_out = torch.empty((m, heads, shape.k), dtype=activation, device=meta).transpose(0, 1)
+        out = torch.empty((m, heads * shape.n), dtype=activation, device=meta).view(-1, heads, shape.n)
+        bmm(attn_out, weight, weight_scale, group_size=shape.group_size, transpose_bm=True, YQ=out)
+
+
+FAMILY = KernelFamily(
+    name="fp8_bmm",
+    description="AITER's FP8 batched GEMM of MLA's absorbed weights (q_nope x W_UK, attention x W_UV)",
+    library=AITER_DISTRIBUTION,
+    traced_modules=("aiter.ops.triton",),
+    enumerate_shapes=enumerate_fp8_bmm,
+    describe_shapes=describe_shapes,
+    describe_call=describe_call,
+    launch=launch,
+    limits=limits,
+)

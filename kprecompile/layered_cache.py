@@ -1,30 +1,31 @@
 """A Triton cache manager over read-only baked layers and one writable cache.
 
-Selected with `TRITON_CACHE_MANAGER=kprecompile.cache.layered:LayeredCacheManager` (which
+Selected with `TRITON_CACHE_MANAGER=kprecompile.layered_cache:LayeredCacheManager` (which
 `kprecompile.activate(..., layers=...)` sets). Reads look in the writable cache
-(`TRITON_CACHE_DIR`) first, then in each layer's `triton-v1/` ($KPRECOMPILE_CACHE_LAYERS);
+(`TRITON_CACHE_DIR`) first, then in each layer's Triton bucket ($KPRECOMPILE_CACHE_LAYERS);
 writes (misses compiled while serving, launchers built on first use) go to the writable cache
-only, so a layer can sit on a read-only image layer. Triton's group files name an entry's files
-by their absolute path at bake time; here they are found by name in the entry's own directory,
-so a bundle works wherever it is unpacked.
+only, all-or-nothing, so a layer can sit on a read-only image layer. Triton's group files name
+an entry's files by their absolute path at bake time; here they are found by name in the
+entry's own directory, so a bundle works wherever it is unpacked.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
+from pathlib import Path
 
 from triton import knobs
 from triton.runtime.cache import CacheManager, FileCacheManager
 
-from .entries import group_children
-from .layout import LAYERS_VARIABLE
+from . import settings
+from .cache.entries import group_children
+from .cache.files import write_atomic
+from .cache.layout import GROUP_PREFIX, Bucket
 
 
 def layer_triton_dirs() -> list[str]:
-    roots = [part for part in os.environ.get(LAYERS_VARIABLE, "").split(os.pathsep) if part]
-    return [os.path.join(root, "triton-v1") for root in roots]
+    return [str(layer / Bucket.TRITON.value) for layer in settings.CACHE_LAYERS.read()]
 
 
 class LayeredCacheManager(CacheManager):
@@ -51,7 +52,7 @@ class LayeredCacheManager(CacheManager):
         if self._delegate:
             return self._delegate.get_group(filename)
         for directory in self._dirs:
-            found = group_children(directory, f"__grp__{filename}")
+            found = group_children(directory, f"{GROUP_PREFIX}{filename}")
             if found is not None:
                 return found
         return None
@@ -59,17 +60,12 @@ class LayeredCacheManager(CacheManager):
     def put_group(self, filename: str, group: dict[str, str]) -> str:
         if self._delegate:
             return self._delegate.put_group(filename, group)
-        return self.put(json.dumps({"child_paths": group}), f"__grp__{filename}", binary=False)
+        return self.put(json.dumps({"child_paths": group}), f"{GROUP_PREFIX}{filename}", binary=False)
 
     def put(self, data, filename: str, binary: bool = True) -> str:
-        """Atomically write into the writable cache (temporary file, then rename)."""
+        """Write into the writable cache, all-or-nothing."""
         if self._delegate:
             return self._delegate.put(data, filename, binary)
-        os.makedirs(self.cache_dir, exist_ok=True)
-        binary = isinstance(data, bytes)
-        path = os.path.join(self.cache_dir, filename)
-        temporary = os.path.join(self.cache_dir, f".tmp.{os.getpid()}.{uuid.uuid4().hex}.{filename}")
-        with open(temporary, "wb" if binary else "w") as file:
-            file.write(data if binary else str(data))
-        os.replace(temporary, path)
-        return path
+        path = Path(self.cache_dir) / filename
+        write_atomic(path, data if isinstance(data, bytes) else str(data).encode())
+        return str(path)

@@ -1,4 +1,4 @@
-"""Importing kernel libraries on machines they were not built for.
+"""Importing kernel libraries (AITER, ...) on machines they were not built for.
 
 `import aiter` initializes HIP and fails without ROCm, but AITER's Triton kernels
 (`aiter.ops.triton.*`) need none of it: registering the parent package as a bare namespace
@@ -20,11 +20,10 @@ import sys
 import types
 from types import ModuleType
 
+from .errors import LibraryUnavailableError
+
 AITER_PACKAGE = "aiter"
-
-
-class LibraryUnavailableError(ImportError):
-    """The library that holds a kernel family is not installed."""
+AITER_DISTRIBUTION = "amd-aiter"
 
 
 def _ensure_aiter_package() -> None:
@@ -32,7 +31,7 @@ def _ensure_aiter_package() -> None:
         return
     spec = importlib.util.find_spec(AITER_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise LibraryUnavailableError("amd-aiter is not installed (pip install amd-aiter)")
+        raise LibraryUnavailableError(AITER_DISTRIBUTION, f"pip install {AITER_DISTRIBUTION}")
     import torch
 
     if torch.version.hip is not None:
@@ -102,3 +101,21 @@ def resolve_object(path: str) -> object:
     for part in qualname.split("."):
         target = getattr(target, part)
     return target
+
+
+def resolve_kernel(path: str) -> object:
+    """`module:qualified.name` -> the JITFunction under it (unwrapping triton.heuristics and
+    triton.autotune), as compile workers and preload need it."""
+    from triton.runtime.jit import JITFunction
+
+    kernel = resolve_object(path)
+    while not isinstance(kernel, JITFunction):
+        kernel = kernel.fn
+    return kernel
+
+
+def missing_library(distribution: str, module: str) -> str | None:
+    """Why kernels in `module` cannot be traced here (`distribution` is not installed), or None."""
+    if importlib.util.find_spec(module.partition(".")[0]) is None:
+        return f"{distribution} is not installed here"
+    return None

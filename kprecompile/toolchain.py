@@ -1,5 +1,7 @@
 """The toolchain a cache was built with: what must match for its binaries to be served.
 
+Part of every manifest key (see `configuration.py`) and of every bundle's index.
+
 Triton's own key hashes its version, its compiler sources and libtriton's bytes (DESIGN.md
 fact 6): a cache built under another Triton build or another Python never hits. Hashing the
 400 MB libtriton takes about half a second, so its result is remembered in the cache under a
@@ -17,9 +19,9 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
 
-from ..targets import Target
-from .files import write_atomic
-from .layout import CacheLayout
+from .cache.files import write_atomic
+from .cache.layout import CacheLayout
+from .targets import Target
 
 logger = logging.getLogger(__name__)
 
@@ -123,3 +125,27 @@ def current_toolchain(
         aiter_version=_distribution_version("amd-aiter"),
         ptxas=ptxas_release(int(target.arch)) if target is not None and not target.is_rocm else None,
     )
+
+
+# What must match for binaries built elsewhere to be served here: Triton's keys hash these.
+SERVING_FIELDS = ("triton_key", "triton_path", "python", "ptxas")
+
+
+def toolchain_differences(
+    baked: dict[str, str | None], here: dict[str, str | None], fields: tuple[str, ...] | None = None
+) -> list[str]:
+    """Each way the toolchain a cache was baked with differs from this process's, in words.
+
+    `fields` limits the comparison (import checks only `SERVING_FIELDS`; verify explains all).
+    """
+    names = sorted(set(baked) | set(here)) if fields is None else list(fields)
+    lines = []
+    if any(baked.get(name) != here.get(name) for name in ("triton_key", "triton_path") if name in names):
+        lines.append(
+            f"toolchain mismatch: baked with Triton key {baked.get('triton_key')} at path "
+            f"{baked.get('triton_path')}; this process has {here.get('triton_key')} at {here.get('triton_path')}"
+        )
+    for name in names:
+        if name not in ("triton_key", "triton_path") and baked.get(name) != here.get(name):
+            lines.append(f"toolchain mismatch: {name} was {baked.get(name)!r}, here {here.get(name)!r}")
+    return lines

@@ -1,12 +1,6 @@
-"""What several families share: KV-cache storage classes and the integer points a plan walks."""
+"""The integer points a plan walks: one per Triton integer class, one per power-of-two bucket."""
 
 from __future__ import annotations
-
-# On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
-# ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
-# side is reachable: attention families plan both.
-KV_CACHE_STORAGE_CLASSES = ("under_2gib", "over_2gib")
-TWO_GIB = 2**31
 
 
 def geometric_points(low: int, high: int) -> tuple[int, ...]:

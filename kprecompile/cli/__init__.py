@@ -1,0 +1,55 @@
+"""The `kprecompile` command: one module per subcommand, each calling one library function and
+rendering the report it returns through `output.Output`.
+
+Exit statuses: 0 success, 1 the command ran and something failed (a kernel did not compile,
+the cache is not warm), 2 a usage or input error, reported on one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import InputError, KprecompileError
+from . import bake, env, export, import_archive, plan, verify, warm
+from .output import ExitStatus
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kprecompile")
+@click.option("-v", "--verbose", count=True, help="-v for progress details, -vv for debugging.")
+def cli(verbose: int) -> None:
+    """Precompile the Triton and AITER kernels an LLM serving engine will JIT-compile."""
+    level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+
+
+for _module in (plan, warm, verify, env, bake, export, import_archive):
+    cli.add_command(_module.command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one-line errors, no traceback for a user mistake."""
+    try:
+        status = cli.main(args=argv, prog_name="kprecompile", standalone_mode=False)
+    except click.exceptions.Exit as exit_:
+        status = exit_.exit_code
+    except click.exceptions.Abort:
+        click.echo("kprecompile: aborted", err=True)
+        status = ExitStatus.FAILURE
+    except click.ClickException as error:
+        click.echo(f"kprecompile: {error.format_message()}", err=True)
+        status = ExitStatus.USAGE
+    except InputError as error:
+        click.echo(f"kprecompile: {error}", err=True)
+        status = ExitStatus.USAGE
+    except KprecompileError as error:
+        click.echo(f"kprecompile: {error}", err=True)
+        status = ExitStatus.FAILURE
+    sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)
+
+
+__all__ = ["ExitStatus", "cli", "main"]

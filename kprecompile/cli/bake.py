@@ -1,0 +1,38 @@
+"""`kprecompile bake`: a self-describing cache bundle for several models and targets."""
+
+from __future__ import annotations
+
+import click
+
+from ..bundling import bake
+from . import options
+from .output import ExitStatus, Output, megabytes, plural
+from .warm import show_failures
+
+
+@click.command(name="bake")
+@options.selection_options(multiple_models=True)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
+@click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")
+@options.worker_options
+def command(json_output, out, archive, max_workers, job_timeout_seconds, **chosen) -> None:
+    """Build a self-describing cache bundle for several models and targets (a CPU builder will do)."""
+    output = Output(json_output)
+    options.check_worker_options(max_workers, job_timeout_seconds)
+    requests = options.requests(chosen)
+    report = bake(requests, out, archive, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds,
+                  progress=output.progress())  # fmt: skip
+    output.document(report.as_dict())
+    show_failures(output, report.failures)
+    if report.failed:
+        output.data(f"bundle {report.out} not written: {plural(report.failed, 'kernel')} failed to compile")
+        raise SystemExit(ExitStatus.FAILURE)
+    for configuration in report.configurations:
+        output.data(
+            f"{configuration['target']}: {plural(configuration['kernels'], 'kernel')} "
+            f"(manifest {configuration['manifest']})"
+        )
+    size = f"{megabytes(report.bytes)} in {plural(report.files, 'file')}"
+    if report.archive_bytes is not None:
+        size += f"; {report.archive} {megabytes(report.archive_bytes)}"
+    output.data(f"bundle {report.out}: {size}, in {report.seconds:.1f} s")

@@ -1,0 +1,28 @@
+"""`kprecompile import`: add a bundle archive to the cache after validating all of it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import click
+
+from .. import settings
+from ..bundling import import_bundle
+from . import options
+from .output import Output, plural
+
+
+@click.command(name="import")
+@click.argument("archive", type=click.Path(dir_okay=False))
+@options.cache_dir_option
+@options.json_option
+def command(archive, cache_dir, json_output) -> None:
+    """Add a bundle archive to the cache after validating all of it; all or nothing."""
+    output = Output(json_output)
+    report = import_bundle(archive, settings.cache_layout(cache_dir, layers=()))
+    output.document(asdict(report))
+    output.data(
+        f"{archive}: {plural(report.configurations, 'configuration')}; {plural(report.entries_added, 'kernel')} "
+        f"added, {report.entries_present} already present, {plural(report.manifests, 'manifest')}, into "
+        f"{report.cache_dir}"
+    )

@@ -1,0 +1,131 @@
+"""Options shared by the commands, declared once, and the request they resolve to."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from ..environment import DEFAULT_ENGINE, ENGINES
+from ..errors import InputError
+from ..inputs import Request, parse_capture_sizes, resolve_requests
+from ..pool import DEFAULT_JOB_TIMEOUT_SECONDS
+from ..serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
+
+Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+_SERVING_OPTIONS = (
+    "tensor_parallel_size",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "block_size",
+    "kv_cache_dtype",
+    "dtype",
+    "enforce_eager",
+    "num_speculative_tokens",
+)
+_SELECTION_OPTIONS = (
+    "model_spec",
+    "target_names",
+    "cudagraph_capture_sizes",
+    "engine",
+    "attention_backend",
+    "families",
+)
+
+
+def _apply(options: list[Decorator]) -> Decorator:
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def selection_options(multiple_models: bool = False) -> Decorator:
+    """The model, serving parameters, engine selection and targets (bake takes several models)."""
+    return _apply([
+        click.option("--model", "model_spec", required=True, multiple=multiple_models, metavar="MODEL",
+                     help="Preset name, path to a config.json, or a directory holding one"
+                     + ("; repeatable." if multiple_models else ".")),
+        click.option("--tp", "tensor_parallel_size", type=int, default=1, show_default=True,
+                     help="Tensor-parallel size: attention heads are split across this many ranks."),
+        click.option("--target", "target_names", multiple=True, default=("auto",), show_default=True,
+                     metavar="TARGET", help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable."),
+        click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True,
+                     help="Most sequences in one step (vLLM --max-num-seqs): the largest decode batch."),
+        click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, show_default=True,
+                     help="Most tokens in one step (vLLM --max-num-batched-tokens): the largest prefill chunk."),
+        click.option("--max-model-len", type=int, default=None,
+                     help="Longest sequence [default: the config's max_position_embeddings]."),
+        click.option("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, show_default=True,
+                     help="KV-cache tokens per block."),
+        click.option("--kv-cache-dtype", default="auto", show_default=True,
+                     help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8)."),
+        click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16 or float16."),
+        click.option("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
+                     help="Token counts graphs are captured for [default: vLLM's rule from --max-num-seqs]."),
+        click.option("--enforce-eager", is_flag=True, help="The engine runs without CUDA/HIP graphs."),
+        click.option("--num-speculative-tokens", type=int, default=0, show_default=True,
+                     help="Draft tokens per step (MTP / speculative decoding)."),
+        click.option("--engine", default=DEFAULT_ENGINE, show_default=True,
+                     help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
+                     "vLLM's own defaults, aiter AITER's API called directly."),
+        click.option("--family", "families", multiple=True, metavar="FAMILY",
+                     help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
+                     "[default: all the engine runs]."),
+        click.option("--attention-backend", default=None,
+                     help="The engine's attention backend [default: VLLM_ATTENTION_BACKEND, else chosen from the "
+                     "flags]."),
+        json_option,
+    ])  # fmt: skip
+
+
+json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
+)
+
+worker_options = _apply([
+    click.option("--jobs", "max_workers", type=int, default=None,
+                 help="Compile worker processes [default: the CPUs this process may use]."),
+    click.option("--job-timeout", "job_timeout_seconds", type=float, default=DEFAULT_JOB_TIMEOUT_SECONDS,
+                 show_default=True, help="Seconds one kernel may take to compile before it counts as failed."),
+])  # fmt: skip
+
+
+def check_worker_options(max_workers: int | None, job_timeout_seconds: float) -> None:
+    if max_workers is not None and max_workers <= 0:
+        raise InputError("--jobs", max_workers, "a positive integer")
+    if job_timeout_seconds <= 0:
+        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
+
+
+def requests(options: dict[str, Any]) -> tuple[Request, ...]:
+    """Resolve the selection options (popped from `options`) into checked requests."""
+    selection = {name: options.pop(name) for name in _SELECTION_OPTIONS}
+    serving = ServingParams(
+        **{name: options.pop(name) for name in _SERVING_OPTIONS},
+        cudagraph_capture_sizes=parse_capture_sizes(selection["cudagraph_capture_sizes"]),
+    )
+    specs = selection["model_spec"]
+    return resolve_requests(
+        (specs,) if isinstance(specs, str) else specs,
+        serving,
+        selection["target_names"],
+        engine=selection["engine"],
+        attention_backend=selection["attention_backend"],
+        families=selection["families"],
+    )
+
+
+def request(options: dict[str, Any]) -> Request:
+    [single] = requests(options)
+    return single

@@ -1,0 +1,69 @@
+"""Where the CLI's words go: data on stdout, talk on stderr, one JSON document with `--json`.
+
+Every command renders through one `Output`, so that all of them behave alike: `--json` prints
+exactly one document (also when the command then exits 1), tables line up, counts are
+spelled with the right plural, and progress appears only on a terminal and never with
+`--json`.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from ..progress import Progress, ProgressBar
+
+
+def plural(count: int, noun: str, plural_form: str | None = None) -> str:
+    """`1 kernel`, `2 kernels`, `1,158 kernels`."""
+    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
+
+
+def megabytes(size_bytes: int) -> str:
+    return f"{size_bytes / 1e6:.1f} MB" if size_bytes < 10e6 else f"{size_bytes / 1e6:.0f} MB"
+
+
+class Output:
+    def __init__(self, json_output: bool = False):
+        self.json_output = json_output
+
+    def data(self, line: str = "") -> None:
+        """A line of the command's result (stdout); nothing with --json, which prints a document."""
+        if not self.json_output:
+            click.echo(line)
+
+    def talk(self, line: str) -> None:
+        """Status and warnings (stderr)."""
+        click.echo(line, err=True)
+
+    def document(self, document: Any) -> None:
+        """The --json document."""
+        if self.json_output:
+            click.echo(json.dumps(document, indent=2))
+
+    def table(self, rows: Sequence[Sequence[str]]) -> None:
+        """Rows with every column but the last padded to its width (the last one runs free)."""
+        if not rows:
+            return
+        columns = len(rows[0]) - 1
+        widths = [max(len(row[column]) for row in rows) for column in range(columns)]
+        for row in rows:
+            cells = [cell.ljust(width) for cell, width in zip(row[:columns], widths, strict=True)]
+            self.data("  ".join([*cells, row[columns]]).rstrip())
+
+    def progress(self) -> Progress | None:
+        """A progress bar on a terminal; none with --json or when stderr is not a terminal."""
+        return ProgressBar() if sys.stderr.isatty() and not self.json_output else None
+
+
+class ExitStatus(enum.IntEnum):
+    SUCCESS = 0
+    # The command ran and something failed: a kernel did not compile, the cache is not warm.
+    FAILURE = 1
+    # A usage or input error.
+    USAGE = 2

@@ -1,0 +1,50 @@
+"""`kprecompile verify`: is this configuration fully warm here (exit 0), and if not, why (exit 1)."""
+
+from __future__ import annotations
+
+import click
+
+from .. import settings
+from ..verification import verify
+from . import options
+from .output import ExitStatus, Output, plural
+
+
+@click.command(name="verify")
+@options.selection_options()
+@options.cache_dir_option
+@click.option("--deep", is_flag=True, help="Also compare every kernel file's sha256 with the manifest.")
+def command(json_output, cache_dir, deep, **chosen) -> None:
+    """Say whether this configuration is fully warm here (exit 0) or not, and why (exit 1).
+
+    In-process, without compiling or starting workers: the manifest key is recomputed from
+    this process's environment and toolchain.
+    """
+    output = Output(json_output)
+    request = options.request(chosen)
+    report = verify(
+        request.model,
+        request.serving,
+        request.targets,
+        settings.cache_layout(cache_dir),
+        selection=request.selection,
+        deep=deep,
+    )
+    output.document(report.as_dict())
+    for verdict in report.targets:
+        if verdict.status == "warm":
+            output.data(f"{report.model} on {verdict.target}: warm ({plural(verdict.kernels, 'kernel')}, "
+                        f"{verdict.manifest})")  # fmt: skip
+        elif verdict.status == "incomplete":
+            output.data(
+                f"{report.model} on {verdict.target}: not warm: {len(verdict.problems)} of "
+                f"{plural(verdict.kernels, 'kernel')} missing or damaged"
+            )
+            for problem in verdict.problems:
+                output.data(f"  {problem.kernel} [{problem.specialization}] {problem.key}: {problem.problem}")
+        else:
+            output.data(f"{report.model} on {verdict.target}: not warm")
+            for reason in verdict.reasons:
+                output.data(f"  {reason}")
+    if not report.warm:
+        raise SystemExit(ExitStatus.FAILURE)

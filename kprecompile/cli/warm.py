@@ -1,0 +1,51 @@
+"""`kprecompile warm`: compile every planned kernel not cached yet, in parallel, and record it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+from .. import settings
+from ..warming import KernelFailure, warm
+from . import options
+from .output import ExitStatus, Output, plural
+from .plan import show_families
+
+
+def show_failures(output: Output, failures: Sequence[KernelFailure]) -> None:
+    for failure in failures:
+        output.data(
+            f"failed: {failure.model}: {failure.kernel} [{failure.specialization}] on {failure.target}: {failure.error}"
+        )
+
+
+@click.command(name="warm")
+@options.selection_options()
+@options.worker_options
+@options.cache_dir_option
+def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) -> None:
+    """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
+    output = Output(json_output)
+    options.check_worker_options(max_workers, job_timeout_seconds)
+    request = options.request(chosen)
+    report = warm(
+        request.model,
+        request.serving,
+        request.targets,
+        settings.cache_layout(cache_dir),
+        selection=request.selection,
+        max_workers=max_workers,
+        job_timeout_seconds=job_timeout_seconds,
+        progress=output.progress(),
+    )
+    output.document(report.as_dict())
+    show_families(output, report.families)
+    show_failures(output, report.failures)
+    output.data(
+        f"{plural(report.kernels, 'kernel')}: {report.compiled} compiled, {report.cached} already cached, "
+        f"{report.failed} failed in {report.seconds:.1f} s"
+    )
+    output.data(f"cache: {report.cache_dir}")
+    if report.failed:
+        raise SystemExit(ExitStatus.FAILURE)

@@ -1,0 +1,84 @@
+"""The key recipe: which manifest describes a configuration, and where it is.
+
+A configuration is one model, served one way (serving parameters, engine selection), on one
+target. Its manifest is named by the hash of a named dict of everything that decides which
+kernels it compiles and what their binaries are: the manifest schema and kprecompile
+versions, the model's digest, the effective serving parameters, the engine's selection, the
+target, the toolchain identity and the environment fingerprint. The parts are stored in the
+manifest, so that `verify` can say which one differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .cache.layout import MANIFEST_SCHEMA, CacheLayout
+from .cache.manifest import Manifest, locate_manifest, manifest_key, read_manifest
+from .engines import Selection
+from .environment import fingerprint
+from .models import ModelConfig
+from .serving import ServingParams
+from .targets import Target
+from .toolchain import Toolchain, current_toolchain
+
+# The parts that must be equal for another manifest to be "this configuration, elsewhere".
+SAME_CONFIGURATION = ("schema", "model_digest", "serving", "target")
+
+
+def configuration_parts(
+    model: ModelConfig,
+    serving: ServingParams,
+    selection: Selection,
+    target: Target,
+    layout: CacheLayout,
+    *,
+    remember: bool = True,
+    toolchain: Toolchain | None = None,
+) -> dict[str, Any]:
+    """The named parts of this configuration's manifest key in this process: no torch, no tracing.
+
+    `remember` false (verify, preload) writes nothing to the cache, not even the Triton-key
+    memo; `toolchain` replaces this process's toolchain (tests, explanations).
+    """
+    toolchain = toolchain or current_toolchain(layout, target, remember)
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "kprecompile": __version__,
+        "model_digest": model.digest,
+        "serving": serving.resolved(model),
+        "engine": selection.key_part(),
+        "target": target.name,
+        "toolchain": toolchain.as_dict(),
+        "environment": fingerprint(engine=selection.engine).as_dict(),
+    }
+
+
+@dataclass(frozen=True)
+class ManifestLookup:
+    """A configuration's manifest key and parts, and its manifest when the cache has one."""
+
+    key: str
+    parts: dict[str, Any]
+    manifest: Manifest | None
+    # Where the manifest was found, or where the writable cache keeps it once written.
+    path: Path
+
+
+def find_manifest(
+    model: ModelConfig,
+    serving: ServingParams,
+    selection: Selection,
+    target: Target,
+    layout: CacheLayout,
+    *,
+    remember: bool = True,
+) -> ManifestLookup:
+    """Parts -> key -> the manifest in any root of `layout` (None when not there or unreadable)."""
+    parts = configuration_parts(model, serving, selection, target, layout, remember=remember)
+    key = manifest_key(parts)
+    manifest = read_manifest(layout, key)
+    path = (locate_manifest(layout, key) if manifest is not None else None) or layout.manifest_path(key)
+    return ManifestLookup(key, parts, manifest, path)

@@ -1,0 +1,60 @@
+"""What a user asked for, checked before any work: models, serving parameters, engine
+selection and targets. Shared by every command; the loader hook and the vLLM plugin build the
+same records from the engine's own configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .engines import Selection, select
+from .errors import InputError
+from .models import ModelConfig, load_model
+from .serving import ServingParams
+from .targets import Target, resolve_target
+
+
+@dataclass(frozen=True)
+class Request:
+    """One model to serve under one engine selection, on these targets."""
+
+    model: ModelConfig
+    serving: ServingParams
+    selection: Selection
+    targets: tuple[Target, ...]
+
+
+def parse_capture_sizes(text: str | None, field: str = "--cudagraph-capture-sizes") -> tuple[int, ...] | None:
+    """`1,2,4` -> (1, 2, 4); None stays None (vLLM's rule decides)."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise InputError(field, text, "a comma-separated list of positive integers") from None
+
+
+def resolve_targets(names: Sequence[str]) -> tuple[Target, ...]:
+    """Targets by name (or `auto`), in order, each once."""
+    return tuple(dict.fromkeys(resolve_target(name) for name in names))
+
+
+def resolve_requests(
+    model_specs: Sequence[str],
+    serving: ServingParams,
+    target_names: Sequence[str],
+    *,
+    engine: str,
+    attention_backend: str | None = None,
+    families: Sequence[str] = (),
+) -> tuple[Request, ...]:
+    """One request per model (each named once); every input is checked here, before any work."""
+    targets = resolve_targets(target_names)
+    requests = []
+    for spec in dict.fromkeys(model_specs):
+        model = load_model(spec)
+        selection = select(model, engine, attention_backend, families=families)
+        # A combination the engine would refuse fails here, before any work.
+        serving.check(model)
+        requests.append(Request(model, serving, selection, targets))
+    return tuple(requests)

@@ -1,0 +1,70 @@
+"""What the paged-KV attention families share: the fields a paged KV cache takes from the model
+and serving settings, its storage classes, its element type and block count on meta tensors,
+and how `plan` shows it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..models import ModelConfig
+    from ..serving import ServingParams
+    from ..targets import Target
+
+# On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
+# ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
+# side is reachable: attention families plan both.
+StorageClass = Literal["under_2gib", "over_2gib"]
+KV_CACHE_STORAGE_CLASSES: tuple[StorageClass, ...] = ("under_2gib", "over_2gib")
+TWO_GIB = 2**31
+
+
+def paged_kv_fields(model: ModelConfig, serving: ServingParams) -> dict[str, Any]:
+    """The fields every paged-KV attention shape takes from the model and serving settings."""
+    model_len = serving.model_len(model)
+    return {
+        "q_heads": serving.heads_per_rank(model),
+        "kv_heads": serving.kv_heads_per_rank(model),
+        "head_size": model.head_dim,
+        "block_size": serving.block_size,
+        "max_blocks_per_seq": -(-model_len // serving.block_size),
+        "sliding_window": model.sliding_window or 0,
+        "dtype": serving.activation_dtype(model),
+        "kv_cache_fp8": serving.kv_cache_is_fp8,
+    }
+
+
+def kv_cache_parameters(first: Any, **varying: object) -> dict[str, object]:
+    """What `plan` shows for a paged-attention family: heads, head and block size, what varies,
+    the KV cache's type and the sliding window."""
+    parameters: dict[str, object] = {
+        "heads_per_rank": f"{first.q_heads}q/{first.kv_heads}kv",
+        "head_size": first.head_size,
+        "block_size": first.block_size,
+        **varying,
+        "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype,
+    }
+    if first.sliding_window:
+        parameters["sliding_window"] = first.sliding_window
+    return parameters
+
+
+def cache_dtype(model_dtype: str, fp8: bool, target: Target) -> torch.dtype:
+    """The KV cache's element type: the model dtype, or the target's FP8 type."""
+    import torch
+
+    if not fp8:
+        return getattr(torch, model_dtype)
+    if target.fp8_dtype is None:
+        raise ValueError(f"{target.name} has no FP8 type for an FP8 KV cache")
+    return target.fp8_dtype
+
+
+def block_count(needed: int, bytes_per_block: int, storage: StorageClass) -> int:
+    """Blocks in the per-layer KV tensor: enough for the call, and over 2 GiB in all when the
+    shape's storage class says so (Triton's buffer-ops specialization on ROCm)."""
+    if storage == "under_2gib":
+        return max(needed, 1)
+    return max(needed, TWO_GIB // bytes_per_block + 1)

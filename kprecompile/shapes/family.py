@@ -1,0 +1,54 @@
+"""What a kernel family is: one typed object per family module.
+
+A family is the kernels one library call compiles, as the engine makes that call. Its object
+says everything the pipeline needs: the shapes the engine produces for a model within the
+serving limits (pure data), how `plan` shows them, where the family does not run (its
+limits), which library modules the call imports (re-imported fresh for each traced target,
+because libraries keep per-arch state in modules), and the call itself on meta tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar
+
+from ..libraries import missing_library
+
+if TYPE_CHECKING:
+    from ..models import ModelConfig
+    from ..serving import ServingParams
+    from ..targets import Target
+
+# Every family kprecompile knows; each has one module in this package and one registry line.
+FamilyName = Literal["fp8_bmm", "mla_decode", "mla_prefill", "prefix_prefill", "paged_decode", "pa_prefill"]
+
+ShapeT = TypeVar("ShapeT")
+
+
+@dataclass(frozen=True)
+class KernelFamily(Generic[ShapeT]):
+    name: FamilyName
+    # The kernel and the engine's call, in a few words.
+    description: str
+    # The distribution that ships the kernels, and the module prefixes the call imports.
+    library: str
+    traced_modules: tuple[str, ...]
+    # Every shape the engine can hand the call for this model within the serving limits.
+    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[ShapeT, ...]]
+    # What `plan` shows: the dimensions that decide the family's kernels.
+    describe_shapes: Callable[[tuple[ShapeT, ...]], dict[str, object]]
+    # One call, for progress and error messages.
+    describe_call: Callable[[ShapeT], str]
+    # The engine's real call, on meta tensors, for one shape on one target.
+    launch: Callable[[ShapeT, Target], None]
+    # Why the family does not run under these settings on this target, or None.
+    limits: Callable[[ModelConfig, ServingParams, Target], str | None]
+
+    def skip_reason(self, model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+        """Why this family is not compiled here: its limits, or its library is not installed."""
+        return self.limits(model, serving, target) or missing_library(self.library, self.traced_modules[0])
+
+    def calls(self, shapes: tuple[ShapeT, ...], target: Target) -> list[tuple[str, Callable[[], None]]]:
+        """(label, call) pairs for tracing."""
+        return [(self.describe_call(shape), lambda shape=shape: self.launch(shape, target)) for shape in shapes]

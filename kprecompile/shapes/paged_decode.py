@@ -1,0 +1,54 @@
+"""Pure decode steps for GQA models: AITER's Triton `unified_attention` (ROCM_AITER_UNIFIED_ATTN)
+where every request decodes (the kernel's ALL_DECODE variant).
+
+The plan walks every decode batch size, short and long contexts (up to 512 keys the wrapper
+always takes the 2D kernel; beyond, it may take the 3D one), and both KV-cache storage classes.
+"""
+
+from __future__ import annotations
+
+from ..models import ModelConfig
+from ..serving import ServingParams
+from . import _unified_attention as unified
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, paged_kv_fields
+from .family import KernelFamily
+
+
+def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[unified.UnifiedAttentionShape, ...]:
+    """Pure decode steps: every batch size, short and long contexts, both KV-cache storage classes."""
+    if model.mla is not None:
+        return ()
+    base = paged_kv_fields(model, serving)
+    model_len = serving.model_len(model)
+    query_len = serving.decode_query_len
+    shapes = []
+    seq_lens = sorted({min(unified.SHORT_CONTEXT, model_len), model_len})
+    for storage in KV_CACHE_STORAGE_CLASSES:
+        for seq_len in seq_lens:
+            for batch in serving.decode_batch_sizes():
+                tokens = batch * query_len
+                if tokens <= serving.max_num_batched_tokens:
+                    shapes.append(
+                        unified.UnifiedAttentionShape(
+                            **base,
+                            num_seqs=batch,
+                            tokens=tokens,
+                            max_query_len=query_len,
+                            max_seq_len=seq_len,
+                            kv_cache_storage=storage,
+                        )
+                    )
+    return tuple(shapes)
+
+
+FAMILY = KernelFamily(
+    name="paged_decode",
+    description="AITER's Triton unified attention on pure decode steps",
+    library=unified.LIBRARY,
+    traced_modules=unified.TRACED_MODULES,
+    enumerate_shapes=enumerate_paged_decode,
+    describe_shapes=unified.describe_shapes,
+    describe_call=unified.describe_call,
+    launch=unified.launch,
+    limits=unified.limits,
+)
