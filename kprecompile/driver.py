@@ -133,7 +133,7 @@ def meta_allocations():
     """A torch function mode that puts tensors a wrapper allocates on the GPU on the meta device.
 
     For wrappers that allocate with an explicit `device="cuda"`; it costs every torch call in
-    its scope a Python dispatch, so providers enter it only around such wrappers.
+    its scope a Python dispatch, so families enter it only around such wrappers.
     """
     import torch
     from torch.overrides import TorchFunctionMode

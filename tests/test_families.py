@@ -71,7 +71,7 @@ def test_sliding_window_is_its_own_specialization(gfx942):
     "preset, backend, families, targets, serving, kernels",
     [
         ("llama-3.1-8b-instruct", "ROCM_AITER_UNIFIED_ATTN", ("prefix_prefill", "paged_decode"), ("gfx942", "gfx950"),
-         ServingParams(max_num_seqs=1, max_num_batched_tokens=16, max_model_len=1024),
+         ServingParams(max_num_seqs=1, max_num_batched_tokens=2, max_model_len=600),
          {"kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments"}),
         # mla_decode on gfx942 (and gfx950) is compiled by the session's bake of the default selection.
         ("deepseek-v2-lite", "ROCM_AITER_TRITON_MLA", ("mla_decode", "mla_prefill"), ("gfx950",),

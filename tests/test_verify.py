@@ -142,7 +142,8 @@ def test_an_engine_flag_changes_the_plan_not_the_binaries(layout, monkeypatch):
 
 def test_damaged_and_lost_artifacts_are_found_and_compiled_again(layout):
     """A truncated binary is found by verify, an altered one of the same size only by --deep,
-    a deleted entry by both; the next warm compiles exactly those three, one worker each."""
+    a deleted entry by both; the next warm compiles exactly those three, with as many workers
+    as --jobs allows."""
     manifest = gfx942_manifest(layout)
     truncated, altered, lost = manifest.jobs[0], manifest.jobs[-1], manifest.jobs[1]
     [binary] = layout.triton_entry(truncated.key).glob("*.hsaco")
@@ -166,9 +167,9 @@ def test_damaged_and_lost_artifacts_are_found_and_compiled_again(layout):
 
     shutil.rmtree(layout.triton_entry(lost.key))
     assert compiled_files(layout, lost.key) is None
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=4)
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
     # Two entries were damaged (replaced), one was lost; the rest are found in the cache.
-    assert (report.replaced, report.compiled, report.failed, report.workers) == (2, 3, 0, 3)
+    assert (report.replaced, report.compiled, report.failed, report.workers) == (2, 3, 0, 2)
     assert report.cached == len(manifest.jobs) - 3
     assert verdict(layout, deep=True).status == "warm"
 

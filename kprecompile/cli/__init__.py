@@ -7,6 +7,7 @@ the cache is not warm), 2 a usage or input error, reported on one line.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 
@@ -14,21 +15,37 @@ import click
 
 from .. import __version__
 from ..errors import InputError, KprecompileError
-from . import bake, env, export, import_archive, plan, verify, warm
 from .output import ExitStatus
 
+# Each command's module, imported only when that command runs: `verify` and a warm that finds
+# everything cached stay fast because they import only what they use.
+COMMANDS = {
+    "plan": "plan",
+    "warm": "warm",
+    "verify": "verify",
+    "env": "env",
+    "bake": "bake",
+    "export": "export",
+    "import": "import_archive",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = COMMANDS.get(name)
+        return importlib.import_module(f"{__name__}.{module}").command if module else None
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="kprecompile")
 @click.option("-v", "--verbose", count=True, help="-v for progress details, -vv for debugging.")
 def cli(verbose: int) -> None:
     """Precompile the Triton and AITER kernels an LLM serving engine will JIT-compile."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-
-
-for _module in (plan, warm, verify, env, bake, export, import_archive):
-    cli.add_command(_module.command)
 
 
 def main(argv: list[str] | None = None) -> None:

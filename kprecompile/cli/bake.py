@@ -8,17 +8,18 @@ from ..bundling import bake
 from . import options
 from .output import ExitStatus, Output, megabytes, plural
 from .warm import show_failures
+from .workers import check_worker_options, worker_options
 
 
 @click.command(name="bake")
 @options.selection_options(multiple_models=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
 @click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")
-@options.worker_options
+@worker_options
 def command(json_output, out, archive, max_workers, job_timeout_seconds, **chosen) -> None:
     """Build a self-describing cache bundle for several models and targets (a CPU builder will do)."""
     output = Output(json_output)
-    options.check_worker_options(max_workers, job_timeout_seconds)
+    check_worker_options(max_workers, job_timeout_seconds)
     requests = options.requests(chosen)
     report = bake(requests, out, archive, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds,
                   progress=output.progress())  # fmt: skip

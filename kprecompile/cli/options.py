@@ -8,9 +8,7 @@ from typing import Any
 import click
 
 from ..environment import DEFAULT_ENGINE, ENGINES
-from ..errors import InputError
 from ..inputs import Request, parse_capture_sizes, resolve_requests
-from ..pool import DEFAULT_JOB_TIMEOUT_SECONDS
 from ..serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -36,7 +34,7 @@ _SELECTION_OPTIONS = (
 )
 
 
-def _apply(options: list[Decorator]) -> Decorator:
+def combined(options: list[Decorator]) -> Decorator:
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
             command = option(command)
@@ -47,7 +45,7 @@ def _apply(options: list[Decorator]) -> Decorator:
 
 def selection_options(multiple_models: bool = False) -> Decorator:
     """The model, serving parameters, engine selection and targets (bake takes several models)."""
-    return _apply([
+    return combined([
         click.option("--model", "model_spec", required=True, multiple=multiple_models, metavar="MODEL",
                      help="Preset name, path to a config.json, or a directory holding one"
                      + ("; repeatable." if multiple_models else ".")),
@@ -92,20 +90,6 @@ cache_dir_option = click.option(
     default=None,
     help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
 )
-
-worker_options = _apply([
-    click.option("--jobs", "max_workers", type=int, default=None,
-                 help="Compile worker processes [default: the CPUs this process may use]."),
-    click.option("--job-timeout", "job_timeout_seconds", type=float, default=DEFAULT_JOB_TIMEOUT_SECONDS,
-                 show_default=True, help="Seconds one kernel may take to compile before it counts as failed."),
-])  # fmt: skip
-
-
-def check_worker_options(max_workers: int | None, job_timeout_seconds: float) -> None:
-    if max_workers is not None and max_workers <= 0:
-        raise InputError("--jobs", max_workers, "a positive integer")
-    if job_timeout_seconds <= 0:
-        raise InputError("--job-timeout", job_timeout_seconds, "a positive number of seconds")
 
 
 def requests(options: dict[str, Any]) -> tuple[Request, ...]:

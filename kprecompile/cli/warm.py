@@ -11,6 +11,7 @@ from ..warming import KernelFailure, warm
 from . import options
 from .output import ExitStatus, Output, plural
 from .plan import show_families
+from .workers import check_worker_options, worker_options
 
 
 def show_failures(output: Output, failures: Sequence[KernelFailure]) -> None:
@@ -22,12 +23,12 @@ def show_failures(output: Output, failures: Sequence[KernelFailure]) -> None:
 
 @click.command(name="warm")
 @options.selection_options()
-@options.worker_options
+@worker_options
 @options.cache_dir_option
 def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) -> None:
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     output = Output(json_output)
-    options.check_worker_options(max_workers, job_timeout_seconds)
+    check_worker_options(max_workers, job_timeout_seconds)
     request = options.request(chosen)
     report = warm(
         request.model,
