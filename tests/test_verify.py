@@ -58,7 +58,14 @@ def clean_triton_environment(monkeypatch):
 
 @pytest.fixture
 def layout(warm_copy) -> CacheLayout:
+    """A private copy of the baked cache, for tests that change it."""
     return warm_copy
+
+
+@pytest.fixture
+def baked_layout(baked) -> CacheLayout:
+    """The session's baked cache itself, for tests that only ask (verify writes nothing)."""
+    return CacheLayout.of(baked[0])
 
 
 def gfx942_manifest(layout) -> Manifest:
@@ -70,45 +77,45 @@ def verdict(layout, deep=False):
     return result
 
 
-def test_the_warmed_configuration_verifies_warm(layout):
-    result = verdict(layout, deep=True)
+def test_the_warmed_configuration_verifies_warm(baked_layout):
+    result = verdict(baked_layout, deep=True)
     assert result.status == "warm" and result.kernels > 3 and result.problems == ()
 
 
 @pytest.mark.parametrize("name", sorted(FLIPPED))
-def test_flipping_a_registered_variable_changes_the_key_and_verify_names_it(layout, monkeypatch, name):
+def test_flipping_a_registered_variable_changes_the_key_and_verify_names_it(baked_layout, monkeypatch, name):
     before = compute_hash()
     monkeypatch.setenv(name, FLIPPED[name])
     assert compute_hash() != before
-    result = verdict(layout)
+    result = verdict(baked_layout)
     assert result.status == "mismatch"
     assert any(reason.startswith(f"environment: {name} was ") for reason in result.reasons), result.reasons
 
 
 @pytest.mark.parametrize("name", sorted(DEFAULT_SPELLED))
-def test_an_explicit_default_equals_unset(layout, monkeypatch, name):
+def test_an_explicit_default_equals_unset(baked_layout, monkeypatch, name):
     before = compute_hash()
     monkeypatch.setenv(name, DEFAULT_SPELLED[name])
     assert compute_hash() == before
-    assert verdict(layout).status == "warm"
+    assert verdict(baked_layout).status == "warm"
 
 
-def test_the_engine_profile_is_a_default_not_part_of_the_key(layout, monkeypatch):
+def test_the_engine_profile_is_a_default_not_part_of_the_key(baked_layout, monkeypatch):
     """vllm-aiter with AITER unset runs the kernels vllm runs with VLLM_ROCM_USE_AITER=1: one cache."""
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
     assert compute_hash(engine="vllm") == compute_hash(engine="vllm-aiter")
-    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL, engine="vllm")).targets
+    [result] = verify(MODEL, SERVING, [GFX942], baked_layout, selection=select(MODEL, engine="vllm")).targets
     assert result.status == "warm"
     monkeypatch.delenv("VLLM_ROCM_USE_AITER")
-    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL, engine="vllm")).targets
+    [result] = verify(MODEL, SERVING, [GFX942], baked_layout, selection=select(MODEL, engine="vllm")).targets
     assert result.status == "mismatch"
 
 
-def test_an_unrelated_variable_changes_nothing(layout, monkeypatch):
+def test_an_unrelated_variable_changes_nothing(baked_layout, monkeypatch):
     before = compute_hash()
     for name, value in {"VLLM_LOGGING_LEVEL": "DEBUG", "HOME_GROWN_FLAG": "1", "OMP_NUM_THREADS": "3"}.items():
         monkeypatch.setenv(name, value)
-    assert compute_hash() == before and verdict(layout).status == "warm"
+    assert compute_hash() == before and verdict(baked_layout).status == "warm"
 
 
 def test_a_triton_knob_changes_triton_keys_and_a_rewarm_compiles_only_those(layout, monkeypatch):
@@ -212,9 +219,9 @@ def run(capsys, *argv):
     return exited.value.code, capsys.readouterr().out
 
 
-def test_verify_command_exit_status_and_json(layout, capsys):
+def test_verify_command_exit_status_and_json(baked_layout, capsys):
     argv = ["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "3",
-            "--cache-dir", str(layout.root)]  # fmt: skip
+            "--cache-dir", str(baked_layout.root)]  # fmt: skip
     status, out = run(capsys, *argv, "--json")
     document = json.loads(out)
     assert status == 0 and document["warm"] is True
@@ -222,7 +229,7 @@ def test_verify_command_exit_status_and_json(layout, capsys):
     assert document["targets"][0]["status"] == "warm"
     assert {"toolchain", "environment", "engine", "serving", "model_digest"} <= set(document["manifest_key_parts"])
 
-    status, out = run(capsys, *argv[:-2], "--cache-dir", str(layout.root / "elsewhere"))
+    status, out = run(capsys, *argv[:-2], "--cache-dir", str(baked_layout.root / "elsewhere"))
     assert status == 1 and "not warm" in out and "no manifest for this configuration" in out
 
 
