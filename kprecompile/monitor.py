@@ -15,6 +15,7 @@ from typing import Any
 
 from . import settings
 from .errors import InputError, UnplannedCompileError
+from .wording import plural
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +72,12 @@ class JitMonitor:
             raise UnplannedCompileError(event.kernel, event.specialization, settings.STRICT.name)
 
     def summary(self) -> str:
+        compiled = plural(len(self.compiles), "kernel")
         if not self.compiles:
-            return f"kprecompile: 0 kernels compiled while serving ({self.cache_hits} loaded from the cache)"
+            return f"kprecompile: {compiled} compiled while serving ({self.cache_hits} loaded from the cache)"
         names = sorted({event.kernel for event in self.compiles})
         seconds = sum(event.seconds for event in self.compiles)
-        return f"kprecompile: {len(self.compiles)} kernels compiled while serving ({seconds:.1f} s): " + ", ".join(
-            names
-        )
+        return f"kprecompile: {compiled} compiled while serving ({seconds:.1f} s): " + ", ".join(names)
 
     def _print_summary(self) -> None:
         print(self.summary(), file=sys.stderr)

@@ -11,12 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import shlex
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,17 +130,19 @@ def dockerfile_bake_command(out: Path) -> list[str]:
 
 @pytest.fixture(scope="session")
 def baked(tmp_path_factory):
-    """The Dockerfile's bake, once per session: (bundle directory, archive, bake --json document)."""
+    """The Dockerfile's bake, once per session, through the CLI's entry point in this process
+    (a subprocess would only import torch again): (bundle directory, archive, --json document)."""
+    from kprecompile.cli import main
+
     out = tmp_path_factory.mktemp("image") / "bundle"
     archive = out.parent / "bundle.tgz"
     command = dockerfile_bake_command(out)
     assert command[:2] == ["kprecompile", "bake"]
-    result = subprocess.run(
-        [sys.executable, "-m", "kprecompile", *command[1:], "--archive", str(archive), "--json"],
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    document = json.loads(result.stdout)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout), pytest.raises(SystemExit) as exited:
+        main([*command[1:], "--archive", str(archive), "--json"])
+    assert exited.value.code == 0, stdout.getvalue()
+    document = json.loads(stdout.getvalue())
     assert {c["target"] for c in document["configurations"]} == {"gfx942", "gfx950"}
     return out, archive, document
 

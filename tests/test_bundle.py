@@ -16,6 +16,7 @@ import pytest
 
 from kprecompile.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
+from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
@@ -88,6 +89,21 @@ def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_pa
     # Nothing was written to the baked layer, and no kernel landed in the user cache either.
     assert after == before
     assert not list((tmp_path / "user").glob("triton-v1/*/*.hsaco"))
+
+
+def test_every_baked_kernel_is_one_elf_code_object(baked):
+    """The bake cross-compiled real AMD binaries: each kernel of each target has one hsaco, an ELF."""
+    out, _, document = baked
+    layout = CacheLayout.of(out)
+    jobs = [job for manifest in layout.manifests_dir.glob("*.json") for job in json.loads(manifest.read_text())["jobs"]]
+    assert len(jobs) == sum(c["kernels"] for c in document["configurations"]) > 0
+    assert {job["target"] for job in jobs} == {"gfx942", "gfx950"} and {job["family"] for job in jobs} == {
+        "fp8_bmm",
+        "mla_decode",
+    }
+    for job in jobs:
+        [hsaco] = [path for path in compiled_files(layout, job["key"]) if path.suffix == ".hsaco"]
+        assert hsaco.read_bytes()[:4] == b"\x7fELF"
 
 
 def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):

@@ -119,6 +119,8 @@ def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
     second = json.loads(out)
     assert status == 0
     assert (second["compiled"], second["cached"], second["failed"]) == (0, first["kernels"], 0)
+    # Found warm from the manifest: no compile worker started, nothing traced.
+    assert first["workers"] == 1 and second["workers"] == 0 and second["trace_seconds"] == 0
     assert set(second) >= {"compiled", "cached", "failed", "seconds", "failures", "families"}
 
 

@@ -1,38 +1,8 @@
-import pytest
-from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
+from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile.cache.entries import compiled_files, is_compiled
+from kprecompile.cache.entries import is_compiled
 from kprecompile.pool import CompilePool, compile_jobs
 from kprecompile.trace import trace_calls
-
-# m = 1 (the "== 1" class), 16 (divisible by 16), 17 (other), and one in AITER's largest config
-# bucket (above 256).
-SPECIALIZATION_CLASS_M = (1, 16, 17, 300)
-
-
-@pytest.fixture(scope="module")
-def small_gfx942_plan():
-    from kprecompile.targets import TARGETS
-
-    gfx942 = TARGETS["gfx942"]
-    shapes = fp8_bmm_shapes(SPECIALIZATION_CLASS_M)
-    return trace_calls(fp8_bmm_calls(shapes, gfx942), gfx942, FP8_BMM.name, FP8_BMM.traced_modules)
-
-
-def test_small_gfx942_plan_compiles_hsaco_binaries_then_nothing(small_gfx942_plan, cache_layout):
-    jobs = small_gfx942_plan.jobs
-    assert small_gfx942_plan.calls == 2 * len(SPECIALIZATION_CLASS_M)
-
-    first = compile_jobs(jobs, cache_layout, max_workers=2)
-
-    assert [outcome.status for outcome in first] == ["compiled"] * len(jobs)
-    for job in jobs:
-        files = compiled_files(cache_layout, job.key)
-        hsaco = [path for path in files if path.suffix == ".hsaco"]
-        assert len(hsaco) == 1 and hsaco[0].read_bytes()[:4] == b"\x7fELF"
-
-    second = compile_jobs(jobs, cache_layout, max_workers=2)
-    assert [outcome.status for outcome in second] == ["cached"] * len(jobs)
 
 
 def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layout, sm90):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import pytest
 import torch
 from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
-from helpers import baked_manifest
+from helpers import SAMPLE_MODULE, baked_manifest
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.engines import select
@@ -56,27 +57,43 @@ def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_pat
             assert os.environ["AITER_JIT_DIR"] == str(layout.aiter_jit_dir)
 
 
-def test_preload_in_a_fresh_process_compiles_nothing_and_the_monitor_names_what_does(cache_copy):
+def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_does(cache_copy):
     cache_dir, kernels = cache_copy
-    result, stderr = serve(cache_dir, 1, 2, 3, 40)
+    result, stderr = serve(cache_dir, 1, 2, 3, 40, strict="error")
     assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
     assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
     # The engine's own calls find the preloaded kernels in memory: straight to launch.
-    assert result["outcomes"] == ["reached launch"] * 8
-    assert result["compiles_per_call"][:6] == [0] * 6
-    # m = 40 is beyond the planned 3 sequences: its kernels compile, and are named.
-    compiled = result["compiles"]
-    assert sum(result["compiles_per_call"][6:]) == len(compiled) > 0
-    assert all("batched_gemm" in kernel for kernel in compiled)
-    assert "JIT compile while serving" in stderr
-    assert f"kprecompile: {len(compiled)} kernels compiled while serving" in stderr
+    assert result["outcomes"][:6] == ["reached launch"] * 6 and result["compiles_per_call"][:6] == [0] * 6
+    # m = 40 is beyond the planned 3 sequences: its compile is named and raised in the launching call.
+    unplanned = result["outcomes"][6:]
+    assert len(unplanned) == 2 and result["compiles_per_call"][6:] == [1, 1]
+    for outcome in unplanned:
+        assert outcome.startswith("strict: ") and "batched_gemm" in outcome and "KPRECOMPILE_STRICT=error" in outcome
+    assert "kprecompile: 2 kernels compiled while serving" in stderr
 
 
-def test_strict_mode_raises_in_the_launching_call(cache_copy):
-    cache_dir, _ = cache_copy
-    result, _ = serve(cache_dir, 2, 40, strict="error")
-    assert result["outcomes"][:2] == ["reached launch", "reached launch"]
-    assert result["outcomes"][2].startswith("strict: ") and "KPRECOMPILE_STRICT=error" in result["outcomes"][2]
+def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
+    """In warn mode (the default) a compile while serving is logged with its kernel and
+    specialization, and counted in the summary line."""
+    import importlib
+
+    from triton import knobs
+
+    from kprecompile.driver import active_target
+    from kprecompile.errors import LaunchRefusedError
+    from kprecompile.trace import isolated_modules
+
+    monitor = JitMonitor("warn").install()
+    try:
+        with knobs.cache.scope(), caplog.at_level(logging.WARNING), active_target(sm90), \
+                isolated_modules((SAMPLE_MODULE,)), pytest.raises(LaunchRefusedError):  # fmt: skip
+            knobs.cache.dir = str(tmp_path)
+            importlib.import_module(SAMPLE_MODULE).launch_add(1000, 64)
+    finally:
+        monitor.uninstall()
+    assert [event.kernel for event in monitor.compiles] == [f"{SAMPLE_MODULE}:add_kernel"]
+    assert f"JIT compile while serving: {SAMPLE_MODULE}:add_kernel [" in caplog.text
+    assert monitor.summary().startswith("kprecompile: 1 kernel compiled while serving (")
 
 
 def test_preload_without_a_warm_cache_says_so(tmp_path):

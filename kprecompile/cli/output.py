@@ -17,11 +17,9 @@ from typing import Any
 import click
 
 from ..progress import Progress, ProgressBar
+from ..wording import plural
 
-
-def plural(count: int, noun: str, plural_form: str | None = None) -> str:
-    """`1 kernel`, `2 kernels`, `1,158 kernels`."""
-    return f"{count:,} {noun if count == 1 else plural_form or noun + 's'}"
+__all__ = ["ExitStatus", "Output", "megabytes", "plural"]
 
 
 def megabytes(size_bytes: int) -> str:
