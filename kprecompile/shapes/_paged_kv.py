@@ -51,15 +51,17 @@ def kv_cache_parameters(first: Any, **varying: object) -> dict[str, object]:
     return parameters
 
 
-def cache_dtype(model_dtype: str, fp8: bool, target: Target) -> torch.dtype:
-    """The KV cache's element type: the model dtype, or the target's FP8 type."""
+def cache_element(model_dtype: str, fp8: bool, target: Target) -> tuple[torch.dtype, int]:
+    """The KV cache's element type (the model dtype, or the target's FP8 type) and its size."""
     import torch
 
     if not fp8:
-        return getattr(torch, model_dtype)
-    if target.fp8_dtype is None:
+        element_type = getattr(torch, model_dtype)
+    elif target.fp8_dtype is None:
         raise ValueError(f"{target.name} has no FP8 type for an FP8 KV cache")
-    return target.fp8_dtype
+    else:
+        element_type = target.fp8_dtype
+    return element_type, torch.empty((), dtype=element_type, device="meta").element_size()
 
 
 def block_count(needed: int, bytes_per_block: int, storage: StorageClass) -> int:

@@ -16,17 +16,17 @@ to match the shape's storage class.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..libraries import AITER_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import StorageClass, block_count, cache_dtype, kv_cache_parameters
+from ._paged_kv import StorageClass, block_count, cache_element, kv_cache_parameters
+from .family import FamilyName, KernelFamily
 
 WRAPPER_MODULE = "aiter.ops.triton.unified_attention"
-LIBRARY = AITER_DISTRIBUTION
-TRACED_MODULES = ("aiter.ops.triton",)
 # Up to this many keys the wrapper always takes the 2D kernel; beyond, it may take the 3D one.
 SHORT_CONTEXT = 512
 
@@ -80,8 +80,7 @@ def launch(shape: UnifiedAttentionShape, target: Target) -> None:
     wrapper = import_library_module(WRAPPER_MODULE)
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
-    element_type = cache_dtype(shape.dtype, shape.kv_cache_fp8, target)
-    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    element_type, element = cache_element(shape.dtype, shape.kv_cache_fp8, target)
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
     needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
     blocks = block_count(needed, per_block, shape.kv_cache_storage)
@@ -113,4 +112,23 @@ def launch(shape: UnifiedAttentionShape, target: Target) -> None:
         q_descale=None,
         k_descale=scale,
         v_descale=scale,
+    )
+
+
+def unified_attention_family(
+    name: FamilyName,
+    description: str,
+    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[UnifiedAttentionShape, ...]],
+) -> KernelFamily[UnifiedAttentionShape]:
+    """A family of steps this call serves: everything but which steps is the call's."""
+    return KernelFamily(
+        name=name,
+        description=description,
+        library=AITER_DISTRIBUTION,
+        traced_modules=("aiter.ops.triton",),
+        enumerate_shapes=enumerate_shapes,
+        describe_shapes=describe_shapes,
+        describe_call=describe_call,
+        launch=launch,
+        limits=limits,
     )

@@ -22,7 +22,7 @@ from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
     StorageClass,
     block_count,
-    cache_dtype,
+    cache_element,
     kv_cache_parameters,
     paged_kv_fields,
 )
@@ -88,8 +88,7 @@ def launch(shape: PaPrefillShape, target: Target) -> None:
     wrapper = import_library_module(WRAPPER_MODULE)
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
-    element_type = cache_dtype(shape.dtype, shape.kv_cache_fp8, target)
-    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    element_type, element = cache_element(shape.dtype, shape.kv_cache_fp8, target)
     # K and V caches: the two halves of one per-layer tensor; K packs x = 16 bytes of elements.
     elements_per_block = shape.kv_heads * shape.head_size * shape.block_size
     blocks = block_count(

@@ -11,7 +11,6 @@ from ..models import ModelConfig
 from ..serving import ServingParams
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, paged_kv_fields
-from .family import KernelFamily
 
 
 def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[unified.UnifiedAttentionShape, ...]:
@@ -41,14 +40,6 @@ def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[
     return tuple(shapes)
 
 
-FAMILY = KernelFamily(
-    name="paged_decode",
-    description="AITER's Triton unified attention on pure decode steps",
-    library=unified.LIBRARY,
-    traced_modules=unified.TRACED_MODULES,
-    enumerate_shapes=enumerate_paged_decode,
-    describe_shapes=unified.describe_shapes,
-    describe_call=unified.describe_call,
-    launch=unified.launch,
-    limits=unified.limits,
+FAMILY = unified.unified_attention_family(
+    "paged_decode", "AITER's Triton unified attention on pure decode steps", enumerate_paged_decode
 )

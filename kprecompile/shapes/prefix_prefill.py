@@ -12,7 +12,6 @@ from ..serving import ServingParams
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, paged_kv_fields
 from ._points import geometric_points, int_class_representatives
-from .family import KernelFamily
 
 # The wrapper switches prefill configs at 256 query tokens.
 _QUERY_LEN_POINTS = (2, 255, 256)
@@ -55,14 +54,8 @@ def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tupl
     return tuple(shapes)
 
 
-FAMILY = KernelFamily(
-    name="prefix_prefill",
-    description="AITER's Triton unified attention on steps with a prefill (decodes mixed in)",
-    library=unified.LIBRARY,
-    traced_modules=unified.TRACED_MODULES,
-    enumerate_shapes=enumerate_prefix_prefill,
-    describe_shapes=unified.describe_shapes,
-    describe_call=unified.describe_call,
-    launch=unified.launch,
-    limits=unified.limits,
+FAMILY = unified.unified_attention_family(
+    "prefix_prefill",
+    "AITER's Triton unified attention on steps with a prefill (decodes mixed in)",
+    enumerate_prefix_prefill,
 )
