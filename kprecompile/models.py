@@ -146,11 +146,20 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConf
         head_dim=head_dim,
         max_position_embeddings=fields.positive_int("max_position_embeddings", default=None),
         sliding_window=_sliding_window(fields, raw),
-        torch_dtype=fields.choice("torch_dtype", ("bfloat16", "float16", "float32"), default="bfloat16"),
+        torch_dtype=_model_dtype(fields, raw),
         mla=mla,
     )
     digest = hash_named_dict({**read, "mla": mla and asdict(mla)})
     return ModelConfig(name=name, source=source, digest=digest, **read)
+
+
+def _model_dtype(fields: _FieldReader, raw: dict[str, Any]) -> str:
+    """The weights' dtype as transformers reads it: `dtype` (transformers >= 4.56 writes it), else
+    the older `torch_dtype`; an engine's parsed config may say `torch.bfloat16`."""
+    field = "dtype" if raw.get("dtype") is not None else "torch_dtype"
+    if isinstance(raw.get(field), str):
+        raw = {**raw, field: raw[field].removeprefix("torch.")}
+    return _FieldReader(raw, fields.source).choice(field, ("bfloat16", "float16", "float32"), default="bfloat16")
 
 
 def _sliding_window(fields: _FieldReader, raw: dict[str, Any]) -> int | None:

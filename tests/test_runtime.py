@@ -8,10 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import torch
 from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import SAMPLE_MODULE, baked_manifest
@@ -19,13 +17,9 @@ from helpers import SAMPLE_MODULE, baked_manifest
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.engines import select
 from kprecompile.errors import NotWarmError
-from kprecompile.integrations.vllm import from_vllm_config
-from kprecompile.models import load_model
 from kprecompile.monitor import JitMonitor
 from kprecompile.runtime import activate, preload
-from kprecompile.serving import ServingParams
 from kprecompile.targets import TARGETS
-from kprecompile.verification import verify
 
 HERE = Path(__file__).parent
 
@@ -137,69 +131,3 @@ def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     kernels = results[0]["kernels"]
     assert sum(result["compiled"] for result in results) == kernels
     assert all(result["loaded"] == result["kernels"] == kernels for result in results)
-
-
-class _HfConfig(SimpleNamespace):
-    def to_dict(self):
-        return dict(vars(self))
-
-
-def vllm_config(preset_dict, **overrides):
-    """A plain object carrying the fields of vLLM's VllmConfig the plugin reads."""
-    settings = {"tp": 1, "max_num_seqs": 256, "tokens": 8192, "max_model_len": 4096, "block_size": 16,
-                "cache_dtype": "auto", "dtype": torch.bfloat16, "eager": False, "sizes": [1, 2, 4, 8],
-                "speculative": None, "backend": None, **overrides}  # fmt: skip
-    return SimpleNamespace(
-        model_config=SimpleNamespace(
-            hf_config=_HfConfig(**preset_dict), model="deepseek-ai/DeepSeek-V2-Lite", dtype=settings["dtype"],
-            max_model_len=settings["max_model_len"], enforce_eager=settings["eager"],
-        ),
-        parallel_config=SimpleNamespace(tensor_parallel_size=settings["tp"]),
-        scheduler_config=SimpleNamespace(max_num_seqs=settings["max_num_seqs"],
-                                         max_num_batched_tokens=settings["tokens"]),
-        cache_config=SimpleNamespace(block_size=settings["block_size"], cache_dtype=settings["cache_dtype"]),
-        compilation_config=SimpleNamespace(cudagraph_capture_sizes=settings["sizes"]),
-        speculative_config=settings["speculative"],
-        attention_config=SimpleNamespace(backend=settings["backend"]),
-    )  # fmt: skip
-
-
-def preset_dict(name):
-    from importlib import resources
-
-    return json.loads((resources.files("kprecompile.presets") / f"{name}.json").read_text())
-
-
-def test_vllm_config_maps_onto_the_same_model_and_serving_parameters():
-    config = vllm_config(
-        preset_dict("deepseek-v2-lite"), tp=2, cache_dtype="fp8", speculative=SimpleNamespace(num_speculative_tokens=1),
-        backend=SimpleNamespace(name="ROCM_AITER_TRITON_MLA"),
-    )  # fmt: skip
-    model, serving, selection = from_vllm_config(config)
-    assert model.digest == load_model("deepseek-v2-lite").digest
-    assert serving == ServingParams(
-        tensor_parallel_size=2, max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=4096, block_size=16,
-        kv_cache_dtype="fp8", dtype="bfloat16", cudagraph_capture_sizes=(1, 2, 4, 8), num_speculative_tokens=1,
-    )  # fmt: skip
-    assert selection.engine == "vllm" and selection.attention_backend == "ROCM_AITER_TRITON_MLA"
-
-
-def test_vllm_config_eager_and_model_dtype_cache():
-    config = vllm_config(preset_dict("llama-3.1-8b-instruct"), eager=True, cache_dtype="bfloat16", sizes=[])
-    model, serving, selection = from_vllm_config(config)
-    assert model.digest == load_model("llama-3.1-8b-instruct").digest
-    assert serving.enforce_eager and serving.cudagraph_capture_sizes is None and serving.kv_cache_dtype == "auto"
-
-
-def test_a_cache_warmed_from_the_cli_is_warm_for_the_vllm_process(monkeypatch, baked):
-    """The bake (preset name, defaults) and the server (vLLM's parsed config, every value
-    resolved) compute one manifest key: keys hash effective values."""
-    cache_dir, _, _ = baked
-    monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
-    # What vLLM resolves for 3 sequences: model length from the config, graphs for 1, 2, 4.
-    config = vllm_config(preset_dict("deepseek-v2-lite"), max_num_seqs=3, max_model_len=163840, sizes=[1, 2, 4])
-    model, serving, _ = from_vllm_config(config)
-    assert serving != SERVING
-    selection = select(model, "vllm")
-    report = verify(model, serving, [TARGETS["gfx942"]], CacheLayout.of(cache_dir), selection=selection)
-    assert report.targets[0].status == "warm", report.targets[0].reasons

@@ -1,0 +1,165 @@
+"""The vLLM plugin inside real vLLM releases (0.11.2, 0.12.0, 0.33.0), each installed for real
+beside this environment (scripts/install_vllm.py: the wheel with --no-deps and the light
+packages it imports, torch stays this CPU build) and used through PYTHONPATH in a subprocess.
+
+Each release runs tests/vllm_probe.py once (all three at once): vLLM loads the plugin through its
+own plugin loader, builds its config for a model directory under its ROCm platform (gfx942), and
+runs its `process_weights_after_loading` where the hook must have joined the background warm;
+then vLLM's own FP8 BMM entry point is called as its load-time loop calls it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from kprecompile.integrations.vllm.release import SUPPORTED_RELEASES
+
+ROOT = Path(__file__).parent.parent
+HERE = Path(__file__).parent
+
+
+def _installer():
+    spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def release_path(version: str) -> Path:
+    """The release's directory, installed on first use (CI's .ci/run installs them first)."""
+    installer = _installer()
+    try:
+        return installer.install(version)
+    except (subprocess.CalledProcessError, SystemExit) as error:
+        pytest.skip(f"vLLM {version} could not be installed here ({error}); run scripts/install_vllm.py")
+
+
+def vllm_environment(version: str, cache: Path) -> dict[str, str]:
+    """A server's environment: the release on the path, no GPU, AITER on, the cache named, and
+    AITER's JIT directory left for the plugin to set."""
+    environment = {name: value for name, value in os.environ.items() if name != "AITER_JIT_DIR"}
+    return {**environment, "PYTHONPATH": str(release_path(version)), "CUDA_VISIBLE_DEVICES": "",
+            "KPRECOMPILE_CACHE_DIR": str(cache), "VLLM_ROCM_USE_AITER": "1"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """Every supported release's probe document, run side by side."""
+    model_dir = tmp_path_factory.mktemp("model")
+    (model_dir / "config.json").write_text(
+        (resources.files("kprecompile.presets") / "deepseek-v2-lite.json").read_text()
+    )
+    running = {}
+    for version in SUPPORTED_RELEASES:
+        cache = tmp_path_factory.mktemp(f"cache-{version}")
+        running[version] = (cache, subprocess.Popen(
+            [sys.executable, str(HERE / "vllm_probe.py"), str(model_dir), str(cache)],
+            env=vllm_environment(version, cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))  # fmt: skip
+    documents = {}
+    for version, (cache, process) in running.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
+        # vLLM's logging writes to stdout: the document is the last line.
+        documents[version] = (cache, json.loads(out.strip().splitlines()[-1]), out)
+    return documents
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_the_plugin_acts_before_any_model_code(probes, version):
+    cache, document, _ = probes[version]
+    assert document["hook"] and document["monitor"]
+    assert document["triton_cache_dir"] == document["triton_knob"] == str(cache / "triton-v1")
+    assert document["aiter_jit_dir"] == str(cache / "aiter-jit-v1")
+    assert document["hooked"] == {"initialize_model": True, "process_weights_after_loading": True, "load_model": True}
+    # AITER reads AITER_JIT_DIR at import: nothing imported it before the plugin ran.
+    assert document["aiter_before_plugins"] == []
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_vllms_resolved_config_gives_the_clis_key(probes, version):
+    _, document, _ = probes[version]
+    digest_from_vllm, digest_from_cli = document["digests"]
+    assert digest_from_vllm == digest_from_cli and document["same_key_as_cli"]
+    serving = document["serving"]
+    assert (serving["max_num_seqs"], serving["max_model_len"], serving["dtype"]) == (1, 4096, "bfloat16")
+    assert serving["cudagraph_capture_sizes"] and serving["kv_cache_dtype"] == "auto"
+    other = document["other_serving"]
+    assert (other["max_num_seqs"], other["max_model_len"], other["kv_cache_dtype"]) == (8, 2048, "fp8")
+    assert other["cudagraph_capture_sizes"] == [] and other["block_size"] == 1
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothing(probes, version):
+    cache, document, output = probes[version]
+    load = document["load"]
+    assert load["started_background"], load["events"]
+    # vLLM's process_weights_after_loading ran after the warm was joined, with the cache active.
+    assert load["at_process_weights_after_loading"] == {"warm_joined": True, "triton_knob": str(cache / "triton-v1")}
+    [not_warm, joined] = load["events"]
+    assert "is not warm on gfx942: warming" in not_warm
+    assert joined.startswith("background warm: 3 kernels (3 compiled, 0 cached) in ")
+    # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
+    assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
+    # Operators see the events through vLLM's logging, at WARNING.
+    lines = [line for line in output.splitlines() if f"kprecompile: {joined}" in line]
+    assert len(lines) == 1 and re.search(r"\bWARNING\b.*\bkprecompile: ", lines[0]), output[-2000:]
+
+
+def test_without_vllm_register_does_nothing_and_says_so(caplog):
+    from kprecompile.integrations.vllm import plugin
+
+    assert importlib.util.find_spec("vllm") is None
+    with caplog.at_level(logging.INFO, logger="vllm.kprecompile"):
+        plugin.register()
+    assert plugin.loader_hook() is None
+    assert [record.getMessage() for record in caplog.records] == [
+        "kprecompile: vLLM is not installed here; the loader hook does nothing"
+    ]
+
+
+FAILURES = """
+import sys, logging
+from kprecompile.integrations.vllm import plugin
+# vLLM moved its model runner: the import fails.
+sys.modules["vllm.v1.worker.gpu_model_runner"] = None
+plugin.register()
+print("moved:", plugin.loader_hook() is None, flush=True)
+del sys.modules["vllm.v1.worker.gpu_model_runner"]
+plugin.register()
+hook = plugin.loader_hook()
+# Something kprecompile cannot plan (a config without an attention layout): one line, no raise.
+class Config:
+    class model_config:
+        model = "odd-model"
+        class hf_config:
+            @staticmethod
+            def to_json_string(use_diff=False):
+                return '{"architectures": ["OddForCausalLM"]}'
+hook._model_built(object(), (), {"vllm_config": Config()})
+print("unplannable:", hook.request is None, hook.events, flush=True)
+"""
+
+
+def test_failures_inside_vllm_are_one_warning_and_never_stop_the_server(tmp_path):
+    result = subprocess.run([sys.executable, "-c", FAILURES], env=vllm_environment("0.12.0", tmp_path / "cache"),
+                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "moved: True" in result.stdout
+    # Through vLLM's own logging (its handler writes to stdout), at WARNING.
+    warnings = [line for line in result.stdout.splitlines() if "kprecompile:" in line]
+    assert len(warnings) == 2 and all(re.search(r"\bWARNING\b.*\bkprecompile: ", line) for line in warnings), warnings
+    assert "kprecompile: hook not installed in vLLM 0.12.0 (" in warnings[0]
+    assert "kernels compile on first use" in warnings[0]
+    assert "kprecompile: planning skipped (ModelConfigError: " in warnings[1] and "num_attention_heads" in warnings[1]
+    assert "unplannable: True" in result.stdout

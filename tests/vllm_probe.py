@@ -1,0 +1,165 @@
+"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>): the plugin as vLLM loads it, a
+VllmConfig vLLM builds, and the loader sequence the hook wraps. Prints one JSON document.
+
+    python vllm_probe.py MODEL_DIR CACHE_DIR
+
+MODEL_DIR holds a config.json (no weights); CACHE_DIR is the cache the plugin activates
+(through KPRECOMPILE_CACHE_DIR, as a server would). Steps, in vLLM's order:
+
+1. vLLM's own `load_general_plugins()` loads the `kprecompile` entry point: the cache must be
+   active and the loader hooked before any model code.
+2. vLLM builds its config for MODEL_DIR under its ROCm platform for gfx942 (a stand-in of the
+   GPU's device queries); `from_vllm_config` reads it.
+3. The hook sees the model built (a module whose layer reports ROCM_AITER_MLA, as vLLM's MLA
+   layers do), starts the background warm, and vLLM's real `process_weights_after_loading` runs
+   on a model whose quant method records, at the moment vLLM calls it (where MLA's FP8 BMM loop
+   runs), whether the warm was joined and the cache active; then vLLM's own FP8 BMM entry point
+   is called with the loop's tensors for m = 1, and the JIT monitor counts compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
+
+from vllm.plugins import load_general_plugins  # noqa: E402
+
+load_general_plugins()
+
+import torch  # noqa: E402
+from triton import knobs  # noqa: E402
+
+import kprecompile.targets  # noqa: E402
+from kprecompile.configuration import configuration_parts  # noqa: E402
+from kprecompile.engines import select  # noqa: E402
+from kprecompile.integrations.vllm.config import from_vllm_config  # noqa: E402
+from kprecompile.integrations.vllm.platform import rocm_platform  # noqa: E402
+from kprecompile.integrations.vllm.plugin import _MARK, loader_hook  # noqa: E402
+from kprecompile.models import load_model  # noqa: E402
+from kprecompile.settings import cache_layout  # noqa: E402
+from kprecompile.targets import TARGETS  # noqa: E402
+
+GFX942 = TARGETS["gfx942"]
+
+
+def main(model_dir: str, cache_dir: str) -> None:
+    from vllm.model_executor.model_loader import base_loader
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    hook = loader_hook()
+    document = {
+        "aiter_before_plugins": sorted(before_plugins),
+        "hook": hook is not None,
+        "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
+        "triton_knob": knobs.cache.dir,
+        "aiter_jit_dir": os.environ.get("AITER_JIT_DIR"),
+        "monitor": hook is not None and hook.monitor._installed,
+        "hooked": {
+            "initialize_model": getattr(base_loader.initialize_model, _MARK, False),
+            "process_weights_after_loading": getattr(base_loader.process_weights_after_loading, _MARK, False),
+            "load_model": getattr(GPUModelRunner.load_model, _MARK, False),
+        },
+    }
+    with rocm_platform(GFX942):
+        from vllm.engine.arg_utils import EngineArgs
+
+        config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1,
+                            max_num_batched_tokens=4096).create_engine_config()  # fmt: skip
+        request = from_vllm_config(config)
+        document["serving"] = request.serving.resolved(request.model)
+        document["backend_requested"] = request.selection.attention_backend
+        # The key the CLI computes for the same config.json and the settings vLLM resolved.
+        cli_model = load_model(model_dir)
+        layout = cache_layout(cache_dir)
+        parts = {
+            side: configuration_parts(
+                model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
+            )  # fmt: skip
+            for side, model in (("vllm", request.model), ("cli", cli_model))
+        }
+        document["same_key_as_cli"] = parts["vllm"] == parts["cli"]
+        document["digests"] = [request.model.digest, cli_model.digest]
+        # Another server: an FP8 KV cache, no graphs, pages of one token.
+        other = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
+                           kv_cache_dtype="fp8", enforce_eager=True, block_size=1).create_engine_config()  # fmt: skip
+        other_request = from_vllm_config(other)
+        document["other_serving"] = other_request.serving.resolved(other_request.model)
+        document["load"] = load_sequence(config, hook, base_loader)
+    print(json.dumps(document))
+
+
+class _Layer(torch.nn.Module):
+    """What the hook reads from vLLM's attention layers: the backend they were built with."""
+
+    class attn_backend:  # noqa: N801 - mirrors vLLM's attribute
+        @staticmethod
+        def get_name() -> str:
+            return "ROCM_AITER_MLA"
+
+
+def load_sequence(config, hook, base_loader) -> dict:
+    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
+
+    seen: dict = {}
+
+    class Recorder(QuantizeMethodBase):
+        """Called by vLLM's process_weights_after_loading where MLA's FP8 BMM loop runs."""
+
+        def create_weights(self, *args, **kwargs):
+            pass
+
+        def apply(self, *args, **kwargs):
+            pass
+
+        def process_weights_after_loading(self, layer):
+            seen["warm_joined"] = hook.background is None and any(e.startswith("background warm") for e in hook.events)
+            seen["triton_knob"] = knobs.cache.dir
+
+    model = torch.nn.Module()
+    model.attn = _Layer()
+    model.quantized = torch.nn.Linear(2, 2)
+    model.quantized.quant_method = Recorder()
+    kprecompile.targets.detect_local_target = lambda field="--target": GFX942  # no GPU here: the target
+    hook._model_built(model, (), {"vllm_config": config})
+    started_background = hook.background is not None
+    base_loader.process_weights_after_loading(model, config.model_config, torch.device("cpu"))
+    compiles_before = len(hook.monitor.compiles)
+    loop = fp8_bmm_loop_call(m=1)
+    return {
+        "events": list(hook.events),
+        "started_background": started_background,
+        "at_process_weights_after_loading": seen,
+        "loop": loop,
+        "loop_compiles": len(hook.monitor.compiles) - compiles_before,
+    }
+
+
+def fp8_bmm_loop_call(m: int) -> str:
+    """vLLM's own entry point, with the tensors of its load-time loop (W_K and W_V products)."""
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    from kprecompile.driver import active_target
+    from kprecompile.errors import LaunchRefusedError
+    from kprecompile.libraries import import_library_module
+
+    heads, nope, lora, v_dim = 16, 128, 512, 128  # DeepSeek-V2-Lite, tp 1
+    scale = torch.empty((), dtype=torch.float32, device="meta")
+    outcomes = []
+    for k, n in ((nope, lora), (lora, v_dim)):
+        weight = torch.empty((heads, n, k), dtype=GFX942.fp8_dtype, device="meta")
+        x = torch.empty((heads, m, k), dtype=torch.bfloat16, device="meta")
+        try:
+            with active_target(GFX942):
+                import_library_module("aiter.ops.triton")  # AITER's Triton kernels without ROCm (libraries.py)
+                rocm_aiter_ops.triton_fp8_bmm(x, weight, scale, group_size=128, transpose_bm=True)
+            outcomes.append("returned")
+        except LaunchRefusedError:
+            outcomes.append("reached launch")
+    return ",".join(outcomes)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
