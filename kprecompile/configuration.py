@@ -20,6 +20,7 @@ from .cache.manifest import Manifest, locate_manifest, manifest_key, read_manife
 from .engines import Selection
 from .environment import fingerprint
 from .models import ModelConfig
+from .releases import DEFAULT_RELEASE
 from .serving import ServingParams
 from .targets import Target
 from .toolchain import Toolchain, current_toolchain
@@ -48,7 +49,7 @@ def configuration_parts(
         "schema": MANIFEST_SCHEMA,
         "kprecompile": __version__,
         "model_digest": model.digest,
-        "serving": serving.resolved(model),
+        "serving": serving.resolved(model, selection.vllm_release or DEFAULT_RELEASE),
         "engine": selection.key_part(),
         "target": target.name,
         "toolchain": toolchain.as_dict(),

@@ -4,8 +4,10 @@ The model fixes the attention structure (MLA or GQA); the engine's attention bac
 flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
 first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
 compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
-selection (vLLM 0.11, the generation amd-aiter 0.1.7 ships with; see docs/engine-kernels.md)
-so that the plan covers what the engine will launch, and says plainly what it does not cover.
+selection for the release planned for (`releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
+and newer; each mirror is tested against the real selector of a release of its line), so that
+the plan covers what the engine will launch, and says plainly what it does not cover. Inside a
+running vLLM the plugin does not need the mirror: it reads the backend vLLM built.
 
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from .environment import DEFAULT_ENGINE, ENGINES, registered_values
 from .errors import InputError
 from .models import ModelConfig
+from .releases import Line, line_of, resolve_release
 from .shapes.family import FamilyName
 
 MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
@@ -60,6 +63,8 @@ class Selection:
     attention_backend: str
     flags: dict[str, bool]
     choices: tuple[FamilyChoice, ...]
+    # The vLLM release planned for (None for the aiter engine, which has no vLLM).
+    vllm_release: str | None = None
 
     @property
     def planned(self) -> tuple[FamilyName, ...]:
@@ -67,13 +72,15 @@ class Selection:
 
     def as_dict(self) -> dict[str, object]:
         """The selection as `plan --json` shows it."""
-        return {"engine": self.engine, "attention_backend": self.attention_backend, "flags": dict(self.flags)}
+        return {"engine": self.engine, "vllm_release": self.vllm_release, "attention_backend": self.attention_backend,
+                "flags": dict(self.flags)}  # fmt: skip
 
     def key_part(self) -> dict[str, object]:
         """What of the selection enters the manifest key. The flags enter it through the
         environment fingerprint as effective values, so the profile's name does not: vllm-aiter
         with VLLM_ROCM_USE_AITER unset and vllm with it set to 1 share a cache."""
-        return {"attention_backend": self.attention_backend, "planned": list(self.planned)}
+        return {"vllm_release": self.vllm_release, "attention_backend": self.attention_backend,
+                "planned": list(self.planned)}  # fmt: skip
 
 
 def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
@@ -88,35 +95,43 @@ def select(
     attention_backend: str | None = None,
     environ: Mapping[str, str] | None = None,
     families: Sequence[str] = (),
+    vllm_release: str | None = None,
+    block_size: int = 16,
 ) -> Selection:
     """The families `engine` runs for `model` under these flags, each planned or with why not.
 
-    `attention_backend` (the CLI's --attention-backend) wins over VLLM_ATTENTION_BACKEND, as
-    vLLM's --attention-backend does. `families`, when given, keeps only those (--family).
+    `vllm_release` (the CLI's --vllm-version) defaults to the installed vLLM's, else
+    `releases.DEFAULT_RELEASE`. `attention_backend` (the CLI's --attention-backend) wins over
+    VLLM_ATTENTION_BACKEND, as vLLM's --attention-backend does (the variable is gone from 0.19).
+    `families`, when given, keeps only those (--family). `block_size` matters to 0.11 and 0.12,
+    whose selector takes AITER's MLA for pages of one token.
     """
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
     environ = os.environ if environ is None else environ
     flags = read_flags(engine, environ)
-    field, requested = "--attention-backend", attention_backend
-    if not requested:
-        field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
     if engine == "aiter":
         if attention_backend:
             raise InputError("--attention-backend", attention_backend, "no backend with --engine aiter (it has none)")
         choices = _aiter_choices(model)
         return Selection(engine, AITER_API, flags, _filtered(model, choices, families))
-    backends = MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS
+    release = resolve_release(vllm_release)
+    line = line_of(release)
+    field, requested = "--attention-backend", attention_backend
+    if not requested and line != "0.19":
+        field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    backends = [backend for backend in (MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS)
+                if not (line == "0.11" and backend == "ROCM_AITER_TRITON_MLA")]  # fmt: skip
     if requested is not None and requested not in backends:
         kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
-        raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind}")
+        raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind} in vLLM {release}")
     if model.attention == "mla":
-        backend = requested or _default_mla_backend(flags)
-        choices = _mla_choices(backend, flags)
+        backend = requested or _default_mla_backend(flags, line, block_size)
+        choices = _mla_choices(backend, flags, line)
     else:
-        backend = requested or _default_gqa_backend(flags)
+        backend = _gqa_backend(requested, flags, line)
         choices = _gqa_choices(backend)
-    return Selection(engine, backend, flags, _filtered(model, choices, families))
+    return Selection(engine, backend, flags, _filtered(model, choices, families), release)
 
 
 def _filtered(
@@ -137,28 +152,44 @@ def _aiter_choices(model: ModelConfig) -> tuple[FamilyChoice, ...]:
     return (FamilyChoice("pa_prefill", AITER_API),)
 
 
-def _default_mla_backend(flags: dict[str, bool]) -> str:
-    if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_MLA"]:
+def _default_mla_backend(flags: dict[str, bool], line: Line, block_size: int) -> str:
+    aiter_mla = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_MLA"]
+    if aiter_mla or (line in ("0.11", "0.12") and block_size == 1):
         return "ROCM_AITER_MLA"
     return "TRITON_MLA"
 
 
-def _default_gqa_backend(flags: dict[str, bool]) -> str:
+def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> str:
+    """vLLM's ROCm selector for multi-head / grouped-query attention, release line by line."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
-    if aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]:
-        return "ROCM_AITER_UNIFIED_ATTN"
-    if aiter and flags["VLLM_ROCM_USE_AITER_MHA"]:
-        return "ROCM_AITER_FA"
-    if flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]:
+    mha, unified = aiter and flags["VLLM_ROCM_USE_AITER_MHA"], aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]
+    prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]
+    if line == "0.11":
+        # 0.11 asks the flags first, also when a backend is named: AITER's MHA wins over it.
+        if mha or requested == "ROCM_AITER_FA":
+            return "ROCM_AITER_FA"
+        if unified or requested == "ROCM_AITER_UNIFIED_ATTN":
+            return "ROCM_AITER_UNIFIED_ATTN"
+        if prefill_decode or requested == "ROCM_ATTN":
+            return "ROCM_ATTN"
+        return "TRITON_ATTN"
+    if requested:
+        return requested
+    if line == "0.19":
+        # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes.
         return "ROCM_ATTN"
-    return "TRITON_ATTN"
+    if unified:
+        return "ROCM_AITER_UNIFIED_ATTN"
+    if mha:
+        return "ROCM_AITER_FA"
+    return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
 
 
 _VLLM_OWN = "{backend} runs vLLM's own Triton kernels, which kprecompile does not plan (only AITER's)"
 _PREBUILT = "{backend} runs AITER's prebuilt {kind} kernels: nothing is compiled on first use"
 
 
-def _mla_choices(backend: str, flags: dict[str, bool]) -> tuple[FamilyChoice, ...]:
+def _mla_choices(backend: str, flags: dict[str, bool], line: Line) -> tuple[FamilyChoice, ...]:
     choices = []
     if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
         choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
@@ -169,8 +200,13 @@ def _mla_choices(backend: str, flags: dict[str, bool]) -> tuple[FamilyChoice, ..
         choices.append(FamilyChoice("mla_decode", backend, _VLLM_OWN.format(backend=backend)))
         choices.append(FamilyChoice("mla_prefill", backend, _VLLM_OWN.format(backend=backend)))
         return tuple(choices)
-    # Both AITER MLA backends decode with AITER's mla_decode_fwd (assembly stage 1, Triton reduce).
-    choices.append(FamilyChoice("mla_decode", backend))
+    # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then until 0.19
+    # a Triton stage-2 reduce, from 0.19 AITER's persistent HIP reduce.
+    if line == "0.19":
+        reason = f"{backend} in vLLM 0.19 and newer reduces MLA decode splits with AITER's HIP kernel: no Triton"
+        choices.append(FamilyChoice("mla_decode", backend, reason))
+    else:
+        choices.append(FamilyChoice("mla_decode", backend))
     if backend == "ROCM_AITER_TRITON_MLA":
         choices.append(FamilyChoice("mla_prefill", backend))
     else:

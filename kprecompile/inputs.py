@@ -47,13 +47,15 @@ def resolve_requests(
     engine: str,
     attention_backend: str | None = None,
     families: Sequence[str] = (),
+    vllm_release: str | None = None,
 ) -> tuple[Request, ...]:
     """One request per model (each named once); every input is checked here, before any work."""
     targets = resolve_targets(target_names)
     requests = []
     for spec in dict.fromkeys(model_specs):
         model = load_model(spec)
-        selection = select(model, engine, attention_backend, families=families)
+        selection = select(model, engine, attention_backend, families=families, vllm_release=vllm_release,
+                           block_size=serving.block_size)  # fmt: skip
         # A combination the engine would refuse fails here, before any work.
         serving.check(model)
         requests.append(Request(model, serving, selection, targets))

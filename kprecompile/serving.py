@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import releases
 from .errors import InputError
+from .releases import DEFAULT_RELEASE
 
 if TYPE_CHECKING:
     from .models import ModelConfig
@@ -23,8 +25,6 @@ DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 DTYPES = ("auto", "bfloat16", "float16")
-# vLLM caps its default CUDA-graph capture sizes at 512 tokens.
-_MAX_DEFAULT_CAPTURE_SIZE = 512
 
 
 @dataclass(frozen=True)
@@ -81,17 +81,16 @@ class ServingParams:
     def kv_cache_is_fp8(self) -> bool:
         return self.kv_cache_dtype != "auto"
 
-    def capture_sizes(self) -> tuple[int, ...]:
-        """The token counts graphs are captured for (empty when eager), as vLLM computes them."""
+    def capture_sizes(self, release: str = DEFAULT_RELEASE) -> tuple[int, ...]:
+        """The token counts graphs are captured for (empty when eager), as vLLM `release`
+        computes them when none are given."""
         if self.enforce_eager:
             return ()
-        if self.cudagraph_capture_sizes is not None:
-            sizes = self.cudagraph_capture_sizes
-        else:
-            largest = min(self.max_num_seqs * self.decode_query_len * 2, _MAX_DEFAULT_CAPTURE_SIZE)
-            sizes = (1, 2, 4, *range(8, 256, 8), *range(256, largest + 1, 16))
-            sizes = tuple(size for size in sizes if size <= largest)
-        return tuple(size for size in sizes if size <= self.max_num_batched_tokens)
+        if self.cudagraph_capture_sizes is None:
+            return releases.capture_sizes(
+                release, self.max_num_seqs, self.max_num_batched_tokens, self.decode_query_len
+            )
+        return tuple(size for size in self.cudagraph_capture_sizes if size <= self.max_num_batched_tokens)
 
     def decode_token_counts(self) -> tuple[int, ...]:
         """Every number of decode tokens a step can hand a kernel: 1..max_num_seqs x query length.
@@ -148,10 +147,11 @@ class ServingParams:
             return self.dtype
         return "bfloat16" if model.torch_dtype == "bfloat16" else "float16"
 
-    def resolved(self, model: ModelConfig) -> dict[str, Any]:
-        """The effective settings for `model`, the part of a cache key: settings spelled
-        differently but meaning the same (the default model length and its explicit value,
-        vLLM's capture sizes and the same list given by hand, fp8 and fp8_e4m3) are equal."""
+    def resolved(self, model: ModelConfig, release: str = DEFAULT_RELEASE) -> dict[str, Any]:
+        """The effective settings for `model` under vLLM `release`, the part of a cache key:
+        settings spelled differently but meaning the same (the default model length and its
+        explicit value, vLLM's capture sizes and the same list given by hand, fp8 and fp8_e4m3)
+        are equal."""
         return {
             "tensor_parallel_size": self.tensor_parallel_size,
             "max_num_seqs": self.max_num_seqs,
@@ -160,7 +160,7 @@ class ServingParams:
             "block_size": self.block_size,
             "kv_cache_dtype": "fp8" if self.kv_cache_is_fp8 else "auto",
             "dtype": self.activation_dtype(model),
-            "cudagraph_capture_sizes": list(self.capture_sizes()),
+            "cudagraph_capture_sizes": list(self.capture_sizes(release)),
             "num_speculative_tokens": self.num_speculative_tokens,
         }
 

@@ -77,3 +77,59 @@ def test_selection_is_part_of_the_plan_document():
 def test_unknown_family_names_the_ones_available():
     with pytest.raises(InputError, match="--family: got 'paged_decode', expected one of fp8_bmm, mla_decode"):
         select(DEEPSEEK, families=["paged_decode"], environ={})
+
+
+# The selection as each release line makes it (tests/test_vllm.py checks these mirrors against
+# the real selectors of 0.11.2, 0.12.0 and 0.33.0 for every combination of the flags).
+@pytest.mark.parametrize(
+    "release, model, environ, requested, backend, families",
+    [
+        ("0.11.2", LLAMA, {}, None, "ROCM_AITER_FA", ()),
+        ("0.11.2", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_AITER_FA", ()),
+        # 0.11 asks AITER's MHA flag before a named backend.
+        ("0.11.2", LLAMA, {}, "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", ()),
+        ("0.11.2", LLAMA, {"VLLM_ROCM_USE_AITER_MHA": "0"}, "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_UNIFIED_ATTN",
+         ("prefix_prefill", "paged_decode")),
+        ("0.12.0", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_AITER_UNIFIED_ATTN",
+         ("prefix_prefill", "paged_decode")),
+        ("0.33.0", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_ATTN", ()),
+        ("0.33.0", LLAMA, {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}, None, "ROCM_ATTN", ()),
+        ("0.12.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
+        # From 0.19 AITER's MLA decode reduces with a HIP kernel: no Triton stage 2 to plan.
+        ("0.33.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
+    ],
+)  # fmt: skip
+def test_each_release_line_selects_as_that_release_does(release, model, environ, requested, backend, families):
+    selection = select(model, "vllm-aiter", requested, environ, vllm_release=release)
+    assert (selection.attention_backend, selection.planned, selection.vllm_release) == (backend, families, release)
+
+
+def test_rocm_aiter_triton_mla_arrived_after_0_11():
+    with pytest.raises(InputError, match="--attention-backend: got 'ROCM_AITER_TRITON_MLA', expected one of "
+                                         "ROCM_AITER_MLA, TRITON_MLA for deepseek-r1's multi-head latent attention "
+                                         "in vLLM 0.11.2"):  # fmt: skip
+        select(DEEPSEEK, "vllm-aiter", "ROCM_AITER_TRITON_MLA", {}, vllm_release="0.11.2")
+
+
+def test_without_vllm_installed_the_default_release_is_planned():
+    from kprecompile.releases import DEFAULT_RELEASE
+
+    assert select(DEEPSEEK, environ={}).vllm_release == DEFAULT_RELEASE
+    assert select(DEEPSEEK, "aiter", environ={}).vllm_release is None
+
+
+@pytest.mark.parametrize(
+    "release, max_num_seqs, tokens, decode_query_len, sizes",
+    [
+        ("0.12.0", 3, 2048, 1, (1, 2, 4)),
+        ("0.33.0", 3, 2048, 1, (1, 2, 3, 4)),
+        # 0.11 and 0.12 capture up to 2 x max-num-seqs whatever the speculative tokens; 0.13 on x (1 + spec).
+        ("0.12.0", 4, 2048, 2, (1, 2, 4, 8)),
+        ("0.15.0", 4, 2048, 2, (1, 2, 4, 8, 16)),
+        ("0.33.0", 300, 400, 1, (1, 2, 4, *range(8, 256, 8), 256, 272, 288, 300, 304, 320, 336, 352, 368, 384, 400)),
+    ],
+)
+def test_capture_sizes_follow_the_release(release, max_num_seqs, tokens, decode_query_len, sizes):
+    from kprecompile.releases import capture_sizes
+
+    assert capture_sizes(release, max_num_seqs, tokens, decode_query_len) == sizes

@@ -26,10 +26,12 @@ def preset(name: str) -> dict:
     return json.loads((resources.files("kprecompile.presets") / f"{name}.json").read_text())
 
 
-def key(raw: dict, serving: ServingParams | None = None, target: str = "gfx942", toolchain=TOOLCHAIN) -> str:
+def key(raw: dict, serving: ServingParams | None = None, target: str = "gfx942", toolchain=TOOLCHAIN,
+        release: str | None = None) -> str:  # fmt: skip
     model = model_from_dict(raw, name="model", source="test")
     serving = serving or ServingParams()
-    parts = configuration_parts(model, serving, select(model, environ={}), TARGETS[target], CacheLayout.of("/unused"),
+    selection = select(model, environ={}, vllm_release=release)
+    parts = configuration_parts(model, serving, selection, TARGETS[target], CacheLayout.of("/unused"),
                                 remember=False, toolchain=toolchain)  # fmt: skip
     return manifest_key(parts)
 
@@ -119,3 +121,9 @@ def test_a_key_is_the_hash_of_its_named_parts_in_any_order():
     parts = {"b": 1, "a": [1, 2]}
     assert hash_named_dict(parts) == hash_named_dict(dict(reversed(parts.items())))
     assert hash_named_dict(parts) != hash_named_dict({**parts, "c": None})
+
+
+def test_the_vllm_release_moves_the_key():
+    """Even where it selects the same kernels: its capture sizes and rules may differ."""
+    assert key(DEEPSEEK, release="0.11.2") != key(DEEPSEEK, release="0.12.0") != key(DEEPSEEK, release="0.33.0")
+    assert key(DEEPSEEK, release="0.12.0") == key(DEEPSEEK)  # the default without vLLM installed

@@ -6,10 +6,13 @@ VllmConfig vLLM builds, and the loader sequence the hook wraps. Prints one JSON 
 MODEL_DIR holds a config.json (no weights); CACHE_DIR is the cache the plugin activates
 (through KPRECOMPILE_CACHE_DIR, as a server would). Steps, in vLLM's order:
 
+After the plugins load, everything runs under vLLM's ROCm platform for gfx942 (a stand-in of the
+GPU's device queries), as a ROCm server's vLLM has it from the start.
+
 1. vLLM's own `load_general_plugins()` loads the `kprecompile` entry point: the cache must be
    active and the loader hooked before any model code.
-2. vLLM builds its config for MODEL_DIR under its ROCm platform for gfx942 (a stand-in of the
-   GPU's device queries); `from_vllm_config` reads it.
+2. vLLM builds its config for MODEL_DIR; `from_vllm_config` reads it. vLLM's own selector and
+   capture-size rule are compared with kprecompile's mirrors.
 3. The hook sees the model built (a module whose layer reports ROCM_AITER_MLA, as vLLM's MLA
    layers do), starts the background warm, and vLLM's real `process_weights_after_loading` runs
    on a model whose quant method records, at the moment vLLM calls it (where MLA's FP8 BMM loop
@@ -22,12 +25,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-
-before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
-
-from vllm.plugins import load_general_plugins  # noqa: E402
-
-load_general_plugins()
 
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
@@ -46,12 +43,35 @@ GFX942 = TARGETS["gfx942"]
 
 
 def main(model_dir: str, cache_dir: str) -> None:
+    before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    with rocm_platform(GFX942):
+        _bind_platform()
+        probe(model_dir, cache_dir, sorted(before_plugins))
+
+
+def _bind_platform() -> None:
+    """A ROCm server's vLLM modules hold its ROCm platform from import on. Here some were imported
+    before the stand-in (the runner, by the plugin: under the ROCm platform its import needs ROCm's
+    flash-attn build): give them the stand-in, as the server's would have the real one."""
+    import vllm.platforms as platforms
+
+    platform = platforms._current_platform
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm.") and module is not None and hasattr(module, "current_platform"):
+            if module.current_platform is not platform:
+                module.current_platform = platform
+
+
+def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     from vllm.model_executor.model_loader import base_loader
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     hook = loader_hook()
     document = {
-        "aiter_before_plugins": sorted(before_plugins),
+        "aiter_before_plugins": before_plugins,
         "hook": hook is not None,
         "triton_cache_dir": os.environ.get("TRITON_CACHE_DIR"),
         "triton_knob": knobs.cache.dir,
@@ -63,32 +83,135 @@ def main(model_dir: str, cache_dir: str) -> None:
             "load_model": getattr(GPUModelRunner.load_model, _MARK, False),
         },
     }
-    with rocm_platform(GFX942):
-        from vllm.engine.arg_utils import EngineArgs
+    from vllm.engine.arg_utils import EngineArgs
 
-        config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1,
-                            max_num_batched_tokens=4096).create_engine_config()  # fmt: skip
-        request = from_vllm_config(config)
-        document["serving"] = request.serving.resolved(request.model)
-        document["backend_requested"] = request.selection.attention_backend
-        # The key the CLI computes for the same config.json and the settings vLLM resolved.
-        cli_model = load_model(model_dir)
-        layout = cache_layout(cache_dir)
-        parts = {
-            side: configuration_parts(
-                model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
-            )  # fmt: skip
-            for side, model in (("vllm", request.model), ("cli", cli_model))
-        }
-        document["same_key_as_cli"] = parts["vllm"] == parts["cli"]
-        document["digests"] = [request.model.digest, cli_model.digest]
-        # Another server: an FP8 KV cache, no graphs, pages of one token.
-        other = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
-                           kv_cache_dtype="fp8", enforce_eager=True, block_size=1).create_engine_config()  # fmt: skip
-        other_request = from_vllm_config(other)
-        document["other_serving"] = other_request.serving.resolved(other_request.model)
-        document["load"] = load_sequence(config, hook, base_loader)
+    config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1,
+                        max_num_batched_tokens=4096).create_engine_config()  # fmt: skip
+    request = from_vllm_config(config)
+    document["serving"] = request.serving.resolved(request.model)
+    document["backend_requested"] = request.selection.attention_backend
+    # The key the CLI computes for the same config.json and the settings vLLM resolved.
+    cli_model = load_model(model_dir)
+    layout = cache_layout(cache_dir)
+    parts = {
+        side: configuration_parts(
+            model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
+        )  # fmt: skip
+        for side, model in (("vllm", request.model), ("cli", cli_model))
+    }
+    document["same_key_as_cli"] = parts["vllm"] == parts["cli"]
+    document["digests"] = [request.model.digest, cli_model.digest]
+    # Another server: an FP8 KV cache, no graphs, pages of one token.
+    other = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
+                       kv_cache_dtype="fp8", enforce_eager=True, block_size=1).create_engine_config()  # fmt: skip
+    other_request = from_vllm_config(other)
+    document["other_serving"] = other_request.serving.resolved(other_request.model)
+    document["selection"] = selections(config.model_config, cli_model)
+    document["capture_sizes"] = capture_sizes(model_dir)
+    document["load"] = load_sequence(config, hook, base_loader)
     print(json.dumps(document))
+
+
+def _refresh_aiter_flags() -> None:
+    """vLLM's AITER switches are class attributes read at import: read them again, as vLLM's own
+    refresh_env_variables does where it exists."""
+    import inspect
+    import re
+
+    import vllm.envs as envs
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    for attribute, variable in re.findall(r"(_\w+) = envs\.(\w+)", inspect.getsource(rocm_aiter_ops)):
+        setattr(rocm_aiter_ops, attribute, getattr(envs, variable))
+
+
+GQA_FLAGS = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA", "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
+             "VLLM_V1_USE_PREFILL_DECODE_ATTENTION")  # fmt: skip
+MLA_FLAGS = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA")
+
+
+def selections(model_config, mla_model) -> list[dict]:
+    """vLLM's own ROCm selector against kprecompile's mirror, for every combination of the flags
+    that decide it, with and without a backend named, for MLA and for GQA."""
+    import itertools
+
+    import vllm
+    from vllm.platforms import current_platform
+
+    from kprecompile.models import load_model
+
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:
+        from vllm.attention.backends.registry import AttentionBackendEnum
+    names = {}
+    for member in AttentionBackendEnum:
+        try:
+            names[member.get_path()] = member.name
+        except Exception:
+            continue
+    gqa_model = load_model("llama-3.1-8b-instruct")
+    rows = []
+    saved = dict(os.environ)
+    cases = [(mla_model, True, MLA_FLAGS, (None, "ROCM_AITER_MLA", "TRITON_MLA")),
+             (gqa_model, False, GQA_FLAGS, (None, "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN",
+                                            "TRITON_ATTN"))]  # fmt: skip
+    try:
+        for model, use_mla, flags, requested_backends in cases:
+            for values in itertools.product("01", repeat=len(flags)):
+                environ = dict(zip(flags, values, strict=True))
+                os.environ.update(environ)
+                _refresh_aiter_flags()
+                for requested in requested_backends:
+                    head = 576 if use_mla else 128
+                    selected = AttentionBackendEnum[requested] if requested else None
+                    try:
+                        if vllm.__version__.startswith(("0.11", "0.12")):
+                            path = current_platform.get_attn_backend_cls(selected, head, torch.bfloat16, "auto", 16,
+                                                                         use_mla, False, False)  # fmt: skip
+                        else:
+                            from vllm.v1.attention.selector import AttentionSelectorConfig
+
+                            selector = AttentionSelectorConfig(
+                                head_size=head,
+                                dtype=torch.bfloat16,
+                                kv_cache_dtype="auto",
+                                block_size=16,
+                                use_mla=use_mla,
+                            )
+                            path = current_platform.get_attn_backend_cls(selected, selector)  # fmt: skip
+                        real = names.get(path, path)
+                    except Exception as error:
+                        real = f"refused: {type(error).__name__}"
+                    try:
+                        mirror = select(model, "vllm", requested, environ=environ, vllm_release=vllm.__version__
+                                        ).attention_backend  # fmt: skip
+                    except Exception as error:
+                        mirror = f"refused: {type(error).__name__}"
+                    rows.append({"model": "mla" if use_mla else "gqa", "flags": environ, "requested": requested,
+                                 "vllm": real, "mirror": mirror})  # fmt: skip
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        _refresh_aiter_flags()
+    return rows
+
+
+def capture_sizes(model_dir: str) -> list[dict]:
+    """The capture sizes vLLM builds into its config against kprecompile's rule for the release."""
+    import vllm
+    from vllm.engine.arg_utils import EngineArgs
+
+    from kprecompile import releases
+
+    rows = []
+    for max_num_seqs, tokens in ((1, 2048), (3, 2048), (8, 2048), (64, 2048), (300, 400), (1024, 8192)):
+        config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=max_num_seqs,
+                            max_num_batched_tokens=tokens).create_engine_config()  # fmt: skip
+        rows.append({"max_num_seqs": max_num_seqs, "max_num_batched_tokens": tokens,
+                     "vllm": list(config.compilation_config.cudagraph_capture_sizes),
+                     "mirror": list(releases.capture_sizes(vllm.__version__, max_num_seqs, tokens, 1))})  # fmt: skip
+    return rows
 
 
 class _Layer(torch.nn.Module):

@@ -9,6 +9,7 @@ import click
 
 from ..environment import DEFAULT_ENGINE, ENGINES
 from ..inputs import Request, parse_capture_sizes, resolve_requests
+from ..releases import DEFAULT_RELEASE
 from ..serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -29,6 +30,7 @@ _SELECTION_OPTIONS = (
     "target_names",
     "cudagraph_capture_sizes",
     "engine",
+    "vllm_version",
     "attention_backend",
     "families",
 )
@@ -72,6 +74,9 @@ def selection_options(multiple_models: bool = False) -> Decorator:
         click.option("--engine", default=DEFAULT_ENGINE, show_default=True,
                      help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
                      "vLLM's own defaults, aiter AITER's API called directly."),
+        click.option("--vllm-version", default=None, metavar="VERSION",
+                     help="The vLLM release the server runs: its backend selection and capture sizes "
+                     f"[default: the installed vLLM's, else {DEFAULT_RELEASE}]."),
         click.option("--family", "families", multiple=True, metavar="FAMILY",
                      help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
                      "[default: all the engine runs]."),
@@ -107,6 +112,7 @@ def requests(options: dict[str, Any]) -> tuple[Request, ...]:
         engine=selection["engine"],
         attention_backend=selection["attention_backend"],
         families=selection["families"],
+        vllm_release=selection["vllm_version"],
     )
 
 

@@ -4,7 +4,7 @@ vLLM loads `vllm.general_plugins` entry points in every process it starts, befor
 model; `register` (in `plugin.py`) then points Triton and AITER at kprecompile's cache, starts
 the JIT monitor and hooks vLLM's model loader. `config.py` reads what vLLM resolved,
 `background.py` is the warm that runs beside weight loading, `platform.py` makes vLLM see a
-target's platform on a machine without that GPU, `release.py` names the installed release.
+target's platform on a machine without that GPU.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 from ...engines import select
 from ...inputs import Request
 from ...models import model_from_dict
+from ...releases import installed_release
 from ...serving import ServingParams
 
 _MODEL_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
@@ -64,7 +65,9 @@ def from_vllm_config(vllm_config: Any, model: Any = None) -> Request:
     config = model_from_dict(hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}")
     backends = attention_backends(model) if model is not None else []
     backend = backends[0] if backends else _requested_backend(vllm_config)
-    return Request(config, serving_from_vllm(vllm_config), select(config, "vllm", backend), ())
+    serving = serving_from_vllm(vllm_config)
+    selection = select(config, "vllm", backend, vllm_release=installed_release(), block_size=serving.block_size)
+    return Request(config, serving, selection, ())
 
 
 def _requested_backend(vllm_config: Any) -> str | None:

@@ -32,8 +32,8 @@ from ... import settings
 from ...errors import InputError, KprecompileError
 from ...monitor import JitMonitor
 from ...pool import default_worker_count
+from ...releases import installed_release
 from ...wording import plural
-from .release import installed_release
 
 # A child of vLLM's logger: lines appear in vLLM's format, through vLLM's handlers.
 logger = logging.getLogger("vllm.kprecompile")
