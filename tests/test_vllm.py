@@ -123,13 +123,16 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert load["started_background"], load["events"]
     # vLLM's process_weights_after_loading ran after the warm was joined, with the cache active.
     assert load["at_process_weights_after_loading"] == {"warm_joined": True, "triton_knob": str(cache / "triton-v1")}
-    [not_warm, joined] = load["events"]
+    [not_warm, joined, loaded] = load["events"]
     assert "is not warm on gfx942: warming" in not_warm
     # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1).
     kernels = 2 if version.startswith("0.33") else 3
     assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
     # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
     assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
+    # After load_model every kernel of the configuration is in the process; none compiled in it.
+    assert loaded.startswith(f"{kernels} kernels of the configuration in the process ({kernels} loaded from the cache")
+    assert loaded.endswith("; 0 kernels compiled in this process since it started")
     # Operators see the events through vLLM's logging, at WARNING.
     lines = [line for line in output.splitlines() if f"kprecompile: {joined}" in line]
     assert len(lines) == 1 and re.search(r"\bWARNING\b.*\bkprecompile: ", lines[0]), output[-2000:]

@@ -29,7 +29,6 @@ import sys
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
 
-import kprecompile.targets  # noqa: E402
 from kprecompile.configuration import configuration_parts  # noqa: E402
 from kprecompile.engines import select  # noqa: E402
 from kprecompile.integrations.vllm.config import from_vllm_config  # noqa: E402
@@ -245,18 +244,20 @@ def load_sequence(config, hook, base_loader) -> dict:
     model.attn = _Layer()
     model.quantized = torch.nn.Linear(2, 2)
     model.quantized.quant_method = Recorder()
-    kprecompile.targets.detect_local_target = lambda field="--target": GFX942  # no GPU here: the target
+    hook.target = GFX942  # no GPU here: the target a gfx942 worker would detect
     hook._model_built(model, (), {"vllm_config": config})
     started_background = hook.background is not None
     base_loader.process_weights_after_loading(model, config.model_config, torch.device("cpu"))
     compiles_before = len(hook.monitor.compiles)
     loop = fp8_bmm_loop_call(m=1)
+    loop_compiles = len(hook.monitor.compiles) - compiles_before
+    hook._model_loaded(None, (), {})  # after the runner's load_model: the configuration's kernels are loaded
     return {
         "events": list(hook.events),
         "started_background": started_background,
         "at_process_weights_after_loading": seen,
         "loop": loop,
-        "loop_compiles": len(hook.monitor.compiles) - compiles_before,
+        "loop_compiles": loop_compiles,
     }
 
 

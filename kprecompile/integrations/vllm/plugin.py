@@ -78,6 +78,8 @@ class LoaderHook:
     release: str
     layout: Any
     monitor: JitMonitor
+    # The GPU this worker compiles for: its own (None: detected when the model is built).
+    target: Any = None
     # Set once the model is built: what this worker serves, and the warm running beside it.
     request: Any = None
     hf_config: dict[str, Any] | None = None
@@ -134,7 +136,7 @@ class LoaderHook:
         from .config import from_vllm_config, hf_config_dict
 
         request = from_vllm_config(vllm_config, model)
-        request = replace(request, targets=(detect_local_target(),))
+        request = replace(request, targets=(self.target or detect_local_target(),))
         self.request, self.hf_config = request, hf_config_dict(vllm_config)
         report = verify(request.model, request.serving, request.targets, self.layout, selection=request.selection)
         self.was_warm = report.warm
@@ -170,8 +172,10 @@ class LoaderHook:
         request = self.request
         report = preload(request.model, request.serving, self.layout, target=request.targets[0],
                          selection=request.selection)  # fmt: skip
+        failed = f" ({len(report.failures)} could not be loaded: {report.failures[0]})" if report.failures else ""
         self._say(
-            f"{plural(report.loaded, 'kernel')} loaded from the cache in {report.seconds:.1f} s; "
+            f"{plural(report.kernels - len(report.failures), 'kernel')} of the configuration in the process "
+            f"({report.loaded} loaded from the cache in {report.seconds:.1f} s){failed}; "
             f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started"
         )
 
