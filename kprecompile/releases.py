@@ -51,7 +51,9 @@ def resolve_release(requested: str | None) -> str:
 
 def line_of(release: str, field: str = FIELD) -> Line:
     match = _VERSION.match(release)
-    if match is None or (int(match[1]), int(match[2])) < (0, 11):
+    if match is None or (int(match[1]), int(match[2]), int(match[3] or 0)) < (0, 11, 2):
+        # 0.11.0 and 0.11.1 named the unified-attention flag differently and wanted pages of one
+        # token for AITER's MLA: not mirrored.
         raise InputError(field, release, "a vLLM release, 0.11.2 or newer (tested: " + ", ".join(TESTED_RELEASES) + ")")
     minor = (int(match[1]), int(match[2]))
     if minor >= (0, 19):

@@ -121,8 +121,8 @@ CASES = [
      "TRITON_MLA for deepseek-r1's multi-head latent attention"),
     ("backend-from-environment", "llama-3.1-8b-instruct", [], {"VLLM_ATTENTION_BACKEND": "FLASH_ATTN"},
      "kprecompile: VLLM_ATTENTION_BACKEND: got 'FLASH_ATTN', expected one of ROCM_AITER_UNIFIED_ATTN, ROCM_AITER_FA"),
-    ("old-vllm", "deepseek-r1", ["--vllm-version", "0.10.1"], {},
-     "kprecompile: --vllm-version: got '0.10.1', expected a vLLM release, 0.11.2 or newer (tested: 0.11.2, 0.12.0, "
+    ("old-vllm", "deepseek-r1", ["--vllm-version", "0.11.0"], {},
+     "kprecompile: --vllm-version: got '0.11.0', expected a vLLM release, 0.11.2 or newer (tested: 0.11.2, 0.12.0, "
      "0.33.0)"),
     ("not-a-version", "deepseek-r1", ["--vllm-version", "latest"], {},
      "kprecompile: --vllm-version: got 'latest', expected a vLLM release, 0.11.2 or newer"),
