@@ -1,4 +1,5 @@
-"""Where the CLI's words go: data on stdout, talk on stderr, one JSON document with `--json`.
+"""Where the CLI's words go: data on stdout, one JSON document with `--json`; status and warnings
+go to stderr through logging and the progress bar.
 
 Every command renders through one `Output`, so that all of them behave alike: `--json` prints
 exactly one document (also when the command then exits 1), tables line up, counts are
@@ -34,10 +35,6 @@ class Output:
         """A line of the command's result (stdout); nothing with --json, which prints a document."""
         if not self.json_output:
             click.echo(line)
-
-    def talk(self, line: str) -> None:
-        """Status and warnings (stderr)."""
-        click.echo(line, err=True)
 
     def document(self, document: Any) -> None:
         """The --json document."""

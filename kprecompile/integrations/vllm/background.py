@@ -29,7 +29,6 @@ _HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIB
 class BackgroundWarm:
     process: subprocess.Popen
     request_file: str
-    started: float
 
     def join(self) -> tuple[dict[str, Any] | None, str, float]:
         """Wait for the warm: (its WarmReport as a dict or None, its stderr tail, seconds waited)."""
@@ -71,7 +70,7 @@ def start(request: Request, hf_config: dict[str, Any], cache_dir: str, layers: t
         text=True,
         env={**os.environ, **_HIDE_GPUS},
     )
-    return BackgroundWarm(process, request_file, time.perf_counter())
+    return BackgroundWarm(process, request_file)
 
 
 def main(request_file: str) -> None:
