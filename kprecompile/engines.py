@@ -7,7 +7,9 @@ compile), some run the engine's own Triton kernels. This module mirrors vLLM's R
 selection for the release planned for (`releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
 and newer; each mirror is tested against the real selector of a release of its line), so that
 the plan covers what the engine will launch, and says plainly what it does not cover. Inside a
-running vLLM the plugin does not need the mirror: it reads the backend vLLM built.
+running vLLM the plugin does not need the mirror: it reads the backend vLLM built; where vLLM
+is installed, the commands ask its own selector (`integrations/vllm/selector.py`) through
+`select(selector=...)`, and the mirror serves builders without it.
 
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
@@ -23,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .environment import DEFAULT_ENGINE, ENGINES, registered_values
 from .errors import InputError
@@ -65,6 +68,8 @@ class Selection:
     choices: tuple[FamilyChoice, ...]
     # The vLLM release planned for (None for the aiter engine, which has no vLLM).
     vllm_release: str | None = None
+    # Who chose the attention backend: vLLM's own selector or kprecompile's mirror of it.
+    selected_by: str = "kprecompile's mirror"
 
     @property
     def planned(self) -> tuple[FamilyName, ...]:
@@ -73,7 +78,7 @@ class Selection:
     def as_dict(self) -> dict[str, object]:
         """The selection as `plan --json` shows it."""
         return {"engine": self.engine, "vllm_release": self.vllm_release, "attention_backend": self.attention_backend,
-                "flags": dict(self.flags)}  # fmt: skip
+                "selected_by": self.selected_by, "flags": dict(self.flags)}  # fmt: skip
 
     def key_part(self) -> dict[str, object]:
         """What of the selection enters the manifest key. The flags enter it through the
@@ -81,6 +86,16 @@ class Selection:
         with VLLM_ROCM_USE_AITER unset and vllm with it set to 1 share a cache."""
         return {"vllm_release": self.vllm_release, "attention_backend": self.attention_backend,
                 "planned": list(self.planned)}  # fmt: skip
+
+
+class BackendSelector(Protocol):
+    """Another source of the attention backend than the mirror: vLLM's own selector
+    (`integrations/vllm/selector.py`). Returns None where it cannot answer for `release`."""
+
+    description: str
+
+    def __call__(self, release: str, field: str, requested: str | None,
+                 flags: Mapping[str, str | None]) -> str | None: ...  # fmt: skip
 
 
 def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
@@ -97,6 +112,7 @@ def select(
     families: Sequence[str] = (),
     vllm_release: str | None = None,
     block_size: int = 16,
+    selector: BackendSelector | None = None,
 ) -> Selection:
     """The families `engine` runs for `model` under these flags, each planned or with why not.
 
@@ -104,7 +120,8 @@ def select(
     `releases.DEFAULT_RELEASE`. `attention_backend` (the CLI's --attention-backend) wins over
     VLLM_ATTENTION_BACKEND, as vLLM's --attention-backend does (the variable is gone from 0.19).
     `families`, when given, keeps only those (--family). `block_size` matters to 0.11 and 0.12,
-    whose selector takes AITER's MLA for pages of one token.
+    whose selector takes AITER's MLA for pages of one token. `selector`, when it answers, chooses
+    the backend instead of the mirror (where vLLM is installed).
     """
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
@@ -125,13 +142,18 @@ def select(
     if requested is not None and requested not in backends:
         kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
         raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind} in vLLM {release}")
-    if model.attention == "mla":
-        backend = requested or _default_mla_backend(flags, line, block_size)
-        choices = _mla_choices(backend, flags, line)
-    else:
-        backend = _gqa_backend(requested, flags, line)
-        choices = _gqa_choices(backend)
-    return Selection(engine, backend, flags, _filtered(model, choices, families), release)
+    backend = selector(release, field, requested, registered_values(environ, engine)) if selector else None
+    selected_by = selector.description if backend else Selection.selected_by
+    if backend is None:
+        if model.attention == "mla":
+            backend = requested or _default_mla_backend(flags, line, block_size)
+        else:
+            backend = _gqa_backend(requested, flags, line)
+    if backend not in backends:
+        # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
+        raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
+    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend)
+    return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
 def _filtered(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .cache.layout import CacheLayout
 from .engines import Selection, select
 from .errors import InputError
 from .models import ModelConfig, load_model
@@ -48,14 +49,21 @@ def resolve_requests(
     attention_backend: str | None = None,
     families: Sequence[str] = (),
     vllm_release: str | None = None,
+    layout: CacheLayout | None = None,
 ) -> tuple[Request, ...]:
-    """One request per model (each named once); every input is checked here, before any work."""
+    """One request per model (each named once); every input is checked here, before any work.
+
+    Where vLLM is installed, its own selector chooses the attention backend for the ROCm targets
+    (remembered in `layout`'s cache); elsewhere kprecompile's mirror of it does."""
+    from .integrations.vllm.selector import installed_selector
+
     targets = resolve_targets(target_names)
     requests = []
     for spec in dict.fromkeys(model_specs):
         model = load_model(spec)
+        selector = installed_selector(model, serving, targets, layout) if engine != "aiter" else None
         selection = select(model, engine, attention_backend, families=families, vllm_release=vllm_release,
-                           block_size=serving.block_size)  # fmt: skip
+                           block_size=serving.block_size, selector=selector)  # fmt: skip
         # A combination the engine would refuse fails here, before any work.
         serving.check(model)
         requests.append(Request(model, serving, selection, targets))

@@ -110,6 +110,74 @@ def test_the_selection_mirror_agrees_with_the_releases_own_selector(probes, vers
     assert disagreements == []
 
 
+# (model, engine, extra options) planned through the CLI with each release installed.
+CLI_CASES = {
+    "mla": ("deepseek-v2-lite", "vllm-aiter", ("--family", "fp8_bmm")),
+    "gqa-no-aiter": ("llama-3.1-8b-instruct", "vllm", ()),
+    # vLLM refuses Triton MLA on pages of one token; the mirror does not know that.
+    "refused": ("deepseek-v2-lite", "vllm-aiter", ("--attention-backend", "TRITON_MLA", "--block-size", "1")),
+}
+
+
+def _plan_command(case: str, cache: Path) -> list[str]:
+    model, engine, extra = CLI_CASES[case]
+    return [sys.executable, "-m", "kprecompile", "-vv", "plan", "--model", model, "--engine", engine,
+            "--target", "gfx942", "--cache-dir", str(cache), "--json", *extra]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cli_plans(tmp_path_factory):
+    """`kprecompile plan` with each release installed, twice per case (the second from memory)."""
+    results = {}
+    for attempt in ("first", "again"):
+        running = {}
+        for version in SUPPORTED_RELEASES:
+            cache = tmp_path_factory.getbasetemp() / f"plan-cache-{version}"
+            environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
+            for case in CLI_CASES:
+                running[version, case] = subprocess.Popen(
+                    _plan_command(case, cache), env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True,
+                )  # fmt: skip
+        for (version, case), process in running.items():
+            out, err = process.communicate(timeout=600)
+            results[version, case, attempt] = (process.returncode, out, err)
+    return results
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, version):
+    """Where vLLM is installed, plan (warm, verify, export) take the backend from vLLM's own ROCm
+    selector, remembered in the cache; its answer is the mirror's (which builders without vLLM use)."""
+    from kprecompile.engines import select
+    from kprecompile.models import load_model
+
+    for case, (model, engine, extra) in CLI_CASES.items():
+        if case == "refused":
+            continue
+        for attempt in ("first", "again"):
+            returncode, out, err = cli_plans[version, case, attempt]
+            assert returncode == 0, err[-2000:]
+            selection = json.loads(out)["engine"]
+            assert selection["selected_by"] == f"vLLM {version}'s own selector"
+            assert selection["vllm_release"] == version
+            requested = extra[1] if "--attention-backend" in extra else None
+            mirror = select(load_model(model), engine, requested, environ={}, vllm_release=version)
+            assert selection["attention_backend"] == mirror.attention_backend, (case, attempt)
+            # The second command found vLLM's answer in the cache and did not import vLLM again.
+            assert ("vLLM's selector, remembered at" in err) == (attempt == "again"), (case, attempt)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, version):
+    returncode, out, err = cli_plans[version, "refused", "first"]
+    [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
+    assert returncode == 2 and out == ""
+    assert line.startswith("kprecompile: --attention-backend: got 'TRITON_MLA', expected a backend vLLM")
+    reason = "block_size not supported" if version.startswith("0.33") else "does not support block size 1"
+    assert reason in line
+
+
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_the_capture_size_rule_is_the_releases(probes, version):
     _, document, _ = probes[version]

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..cache.layout import CacheLayout
 from ..environment import DEFAULT_ENGINE, ENGINES
 from ..inputs import Request, parse_capture_sizes, resolve_requests
 from ..releases import DEFAULT_RELEASE
@@ -97,8 +98,9 @@ cache_dir_option = click.option(
 )
 
 
-def requests(options: dict[str, Any]) -> tuple[Request, ...]:
-    """Resolve the selection options (popped from `options`) into checked requests."""
+def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tuple[Request, ...]:
+    """Resolve the selection options (popped from `options`) into checked requests; where vLLM's
+    own selector is asked, its answers are remembered in `layout`'s cache."""
     selection = {name: options.pop(name) for name in _SELECTION_OPTIONS}
     serving = ServingParams(
         **{name: options.pop(name) for name in _SERVING_OPTIONS},
@@ -113,9 +115,10 @@ def requests(options: dict[str, Any]) -> tuple[Request, ...]:
         attention_backend=selection["attention_backend"],
         families=selection["families"],
         vllm_release=selection["vllm_version"],
+        layout=layout,
     )
 
 
-def request(options: dict[str, Any]) -> Request:
-    [single] = requests(options)
+def request(options: dict[str, Any], layout: CacheLayout | None = None) -> Request:
+    [single] = requests(options, layout)
     return single

@@ -37,14 +37,14 @@ def show_families(output: Output, families: Sequence[FamilyPlan]) -> None:
 def command(json_output, cache_dir, **chosen) -> None:
     """Show each kernel family, the calls enumerated and the unique kernels, without compiling."""
     output = Output(json_output)
-    request = options.request(chosen)
+    request = options.request(chosen, settings.cache_layout(cache_dir))
     model, serving, selection = request.model, request.serving, request.selection
     result = plan(model, serving, request.targets, selection, layout=settings.cache_layout(cache_dir))
     output.document(result.as_dict())
     output.data(
         f"model {result.model}: tp {serving.tensor_parallel_size}, max-num-seqs {serving.max_num_seqs}, "
         f"max-num-batched-tokens {serving.max_num_batched_tokens}, max-model-len {serving.model_len(model)}; "
-        f"engine {selection.engine}, attention backend {selection.attention_backend}"
+        f"engine {selection.engine}, attention backend {selection.attention_backend} ({selection.selected_by})"
     )
     show_families(output, result.families)
     output.data(

@@ -21,7 +21,7 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
     this process's environment and toolchain.
     """
     output = Output(json_output)
-    request = options.request(chosen)
+    request = options.request(chosen, settings.cache_layout(cache_dir))
     report = verify(
         request.model,
         request.serving,

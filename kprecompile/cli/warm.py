@@ -29,7 +29,7 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) 
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     output = Output(json_output)
     check_worker_options(max_workers, job_timeout_seconds)
-    request = options.request(chosen)
+    request = options.request(chosen, settings.cache_layout(cache_dir))
     report = warm(
         request.model,
         request.serving,
