@@ -30,7 +30,7 @@ from typing import Protocol
 from .environment import DEFAULT_ENGINE, ENGINES, registered_values
 from .errors import InputError
 from .models import ModelConfig
-from .releases import Line, line_of, resolve_release
+from .releases import Line, installed_release, line_of, resolve_release
 from .shapes.family import FamilyName
 
 MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
@@ -152,7 +152,7 @@ def select(
     if backend not in backends:
         # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
         raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
-    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend)
+    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend, release)
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
@@ -237,7 +237,21 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line) -> tuple[Fami
     return tuple(choices)
 
 
-def _gqa_choices(backend: str) -> tuple[FamilyChoice, ...]:
+def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoice:
+    """A family of vLLM's own kernels: traced from the installed vLLM, which must be `release`."""
+    installed = installed_release()
+    reason = None
+    if installed is None:
+        reason = f"{backend} runs vLLM's own Triton kernels, traced from an installed vLLM: pip install vllm=={release}"
+    elif installed != release:
+        reason = (f"{backend} runs vLLM's own Triton kernels, traced from the installed vLLM, which is {installed}: "
+                  f"plan for --vllm-version {installed}, or install vllm=={release}")  # fmt: skip
+    return FamilyChoice(family, backend, reason)
+
+
+def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:
+    if backend == "ROCM_ATTN":
+        return (_vllm_kernels("rocm_attn", backend, release),)
     if backend == "ROCM_AITER_UNIFIED_ATTN":
         reason = None
     elif backend == "ROCM_AITER_FA":

@@ -10,8 +10,9 @@ manifest key, and `compute_hash()` gives it to engines to fold into their own ca
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,6 +117,19 @@ def registered_values(environ: Mapping[str, str] | None = None, engine: str = DE
             raw = _ENGINE_DEFAULTS[engine][variable.name]
         values[variable.name] = variable.canonical(raw)
     return values
+
+
+@contextlib.contextmanager
+def engine_environment(engine: str) -> Iterator[None]:
+    """The process environment with `engine`'s profile defaults for what it leaves unset, for the
+    block: vLLM's own code, called while tracing, reads its flags from the environment."""
+    unset = {name: value for name, value in _ENGINE_DEFAULTS[engine].items() if not os.environ.get(name)}
+    os.environ.update(unset)
+    try:
+        yield
+    finally:
+        for name in unset:
+            os.environ.pop(name, None)
 
 
 def triton_values() -> dict[str, str]:

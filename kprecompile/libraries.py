@@ -24,6 +24,7 @@ from .errors import LibraryUnavailableError
 
 AITER_PACKAGE = "aiter"
 AITER_DISTRIBUTION = "amd-aiter"
+VLLM_PACKAGE = VLLM_DISTRIBUTION = "vllm"
 
 
 def _ensure_aiter_package() -> None:
@@ -91,7 +92,26 @@ def import_library_module(name: str) -> ModuleType:
     """Import a kernel library's module, working around a library's unusable parent package."""
     if name == AITER_PACKAGE or name.startswith(AITER_PACKAGE + "."):
         _ensure_aiter_package()
+    if name.startswith(VLLM_PACKAGE + "."):
+        return _import_vllm_module(name)
     return importlib.import_module(name)
+
+
+def _import_vllm_module(name: str) -> ModuleType:
+    """vLLM's kernel modules read their platform at import: under the cross-compile driver
+    (tracing, compile workers) that is the stand-in of the driver's target; in a serving process
+    it is vLLM's own."""
+    from triton.runtime import driver
+
+    target = getattr(driver._active, "target", None)
+    if target is None:
+        return importlib.import_module(name)
+    if importlib.util.find_spec(VLLM_PACKAGE) is None:
+        raise LibraryUnavailableError(VLLM_DISTRIBUTION, f"pip install {VLLM_DISTRIBUTION}")
+    from .integrations.vllm.platform import target_imports
+
+    with target_imports(target):
+        return importlib.import_module(name)
 
 
 def resolve_object(path: str) -> object:
@@ -117,5 +137,5 @@ def resolve_kernel(path: str) -> object:
 def missing_library(distribution: str, module: str) -> str | None:
     """Why kernels in `module` cannot be traced here (`distribution` is not installed), or None."""
     if importlib.util.find_spec(module.partition(".")[0]) is None:
-        return f"{distribution} is not installed here"
+        return f"{distribution} is not installed here (pip install {distribution})"
     return None

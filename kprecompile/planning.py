@@ -15,6 +15,7 @@ from typing import Any
 from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .engines import Selection, select
+from .environment import DEFAULT_ENGINE, engine_environment
 from .models import ModelConfig
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
@@ -99,13 +100,15 @@ def plan_family(
     target: Target,
     backend: str = "",
     triton_key: str | None = None,
+    engine: str = DEFAULT_ENGINE,
 ) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     family = FAMILIES[name]
     parameters = family.describe_shapes(shapes) if shapes else {}
     skip_reason = family.skip_reason(model, serving, target)
     if skip_reason:
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
-    result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+    with engine_environment(engine):
+        result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 
@@ -147,7 +150,14 @@ def plan(
             if choice.family not in shapes:
                 continue
             family_plan, family_jobs = plan_family(
-                choice.family, shapes[choice.family], model, serving, target, choice.backend, triton_key
+                choice.family,
+                shapes[choice.family],
+                model,
+                serving,
+                target,
+                choice.backend,
+                triton_key,
+                selection.engine,
             )
             plans.append(family_plan)
             for job in family_jobs:

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from ..targets import Target
 
 # Every family kprecompile knows; each has one module in this package and one registry line.
-FamilyName = Literal["fp8_bmm", "mla_decode", "mla_prefill", "prefix_prefill", "paged_decode", "pa_prefill"]
+FamilyName = Literal[
+    "fp8_bmm", "mla_decode", "mla_prefill", "prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn"
+]
 
 ShapeT = TypeVar("ShapeT")
 
