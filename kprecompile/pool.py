@@ -22,7 +22,7 @@ from .cache.entries import is_compiled
 from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .compile import JobOutcome, compile_job
-from .libraries import import_library_module
+from .libraries import VLLM_PACKAGE, import_library_module
 from .progress import NoProgress, Progress
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,9 @@ def _prepare_worker(modules: tuple[str, ...]) -> None:
 
         triton_key()
         for name in modules:
-            import_library_module(name)
+            # vLLM's modules read their platform at import: the jobs import them per target.
+            if not name.startswith(VLLM_PACKAGE + "."):
+                import_library_module(name)
     except Exception as error:  # reported by the jobs that need it
         logger.debug("worker preparation failed: %s", error)
 

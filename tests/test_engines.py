@@ -46,6 +46,15 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     assert all("vLLM's own Triton kernels" in choice.skip_reason for choice in selection.choices)
 
 
+def test_vllms_own_kernels_without_vllm_installed_say_what_to_install():
+    # ROCM_ATTN's kernels are traced from the installed vLLM (tests/test_vllm.py traces them).
+    [choice] = select(LLAMA, "vllm", "ROCM_ATTN", {}).choices
+    assert choice.family == "rocm_attn"
+    assert choice.skip_reason == (
+        "ROCM_ATTN runs vLLM's own Triton kernels, traced from an installed vLLM: pip install vllm==0.12.0"
+    )
+
+
 def test_an_explicit_backend_wins_over_the_environment():
     environ = {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_MLA"}
     assert planned(DEEPSEEK, environ, backend="ROCM_AITER_TRITON_MLA")[0] == "ROCM_AITER_TRITON_MLA"

@@ -178,6 +178,79 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, versi
     assert reason in line
 
 
+@pytest.fixture(scope="module")
+def kernel_probes(tmp_path_factory):
+    """tests/vllm_kernels_probe.py in every supported release, and `kprecompile warm` then
+    `verify --deep` of vLLM's ROCM_ATTN kernels for a sliding-window model."""
+    running = {}
+    for version in SUPPORTED_RELEASES:
+        cache = tmp_path_factory.mktemp(f"kernels-{version}")
+        environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
+        environment["PYTHONPATH"] += os.pathsep + str(HERE)
+        running[version] = subprocess.Popen([sys.executable, str(HERE / "vllm_kernels_probe.py")], env=environment,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    documents = {}
+    for version, process in running.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
+        documents[version] = json.loads(out.strip().splitlines()[-1])
+    for version in SUPPORTED_RELEASES:
+        cache = tmp_path_factory.mktemp(f"warm-{version}")
+        environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
+        selection = ["--model", "mistral-7b-v0.1", "--engine", "vllm", "--attention-backend", "ROCM_ATTN",
+                     "--target", "gfx942", "--max-model-len", "8192", "--max-num-seqs", "32", "--json"]  # fmt: skip
+        outcome = []
+        for command in (["warm", *selection], ["verify", *selection, "--deep"]):
+            result = subprocess.run([sys.executable, "-m", "kprecompile", *command], env=environment,
+                                    capture_output=True, text=True, timeout=900)  # fmt: skip
+            outcome.append((result.returncode, result.stdout, result.stderr))
+        documents[version]["warm"] = outcome
+    return documents
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_rocm_attn_kernels_are_the_ones_vllms_own_rule_launches(kernel_probes, version):
+    """Prefix prefill on every model; the Triton paged decode only where vLLM's rule declines its
+    HIP kernel (a sliding window; VLLM_ROCM_CUSTOM_PAGED_ATTN=0, which 0.33 no longer reads)."""
+    plans = kernel_probes[version]["plans"]
+    prefill, decode = ["_fwd_kernel"] * 2, ["kernel_paged_attention_2d"] * 2  # one per KV storage class
+    assert plans["choice"] == ["rocm_attn", None]
+    assert plans["llama-3.1-8b-instruct"] == plans["llama-3.1-8b-instruct fp8"] == prefill
+    assert plans["mistral-7b-v0.1"] == plans["mistral-7b-v0.1 fp8"] == prefill + decode
+    without_hip = plans["llama-3.1-8b-instruct VLLM_ROCM_CUSTOM_PAGED_ATTN=0"]
+    assert without_hip == (prefill if version.startswith("0.33") else prefill + decode)
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_rocm_attn_traced_keys_equal_the_launch_paths_keys(kernel_probes, version):
+    prefill, decode = kernel_probes[version]["keys"]
+    # The launch path stops at the first kernel's launch; the trace sees each kernel of the step.
+    assert prefill["kernels"] == ["_fwd_kernel", "kernel_paged_attention_2d"]
+    assert prefill["traced"][:1] == prefill["launched"] and len(prefill["launched"]) == 1
+    assert decode["kernels"] == ["kernel_paged_attention_2d"] and decode["traced"] == decode["launched"]
+    assert prefill["traced"][1] == decode["traced"][0]
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_rocm_attn_random_engine_steps_are_covered_by_the_plan(kernel_probes, version):
+    coverage = kernel_probes[version]["coverage"]
+    for case in ("mistral-7b-v0.1 auto", "mistral-7b-v0.1 fp8", "llama-3.1-8b-instruct auto"):
+        assert coverage[case]["steps"] >= 50 and coverage[case]["kernels"] >= 2, case
+        assert coverage[case]["missing"] == 0, case
+    # The same sweep against a plan without the KV caches over 2 GiB finds what it lacks.
+    assert coverage["negative control"]["missing"] == 2
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_rocm_attn_kernels_warm_for_real_and_verify_deep(kernel_probes, version):
+    (warm_code, warm_out, warm_err), (verify_code, verify_out, verify_err) = kernel_probes[version]["warm"]
+    assert warm_code == 0, warm_err[-2000:]
+    report = json.loads(warm_out)
+    assert (report["compiled"], report["failed"]) == (4, 0), report
+    assert verify_code == 0, verify_err[-2000:]
+    assert json.loads(verify_out)["warm"] is True
+
+
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_the_capture_size_rule_is_the_releases(probes, version):
     _, document, _ = probes[version]

@@ -157,6 +157,8 @@ def _metadata(metadata_cls: type, values: dict[str, object]):
 def launch(shape: RocmAttnShape, target: Target) -> None:
     import torch
 
+    from ..integrations.vllm.platform import refresh_switches
+
     module = import_library_module(BACKEND_MODULE)
     backend = module.RocmAttentionBackend
     meta = torch.device("meta")
@@ -183,6 +185,8 @@ def launch(shape: RocmAttnShape, target: Target) -> None:
         "block_table": torch.empty((shape.num_seqs, shape.max_blocks_per_seq), dtype=torch.int32, device=meta),
         "slot_mapping": torch.empty(shape.tokens, dtype=torch.int64, device=meta),
     })  # fmt: skip
+    # vLLM's rule for decode reads the AITER switches (AITER's paged attention takes decode then).
+    refresh_switches()
     with prebuilt_ops_skipped():
         impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
 
@@ -191,14 +195,11 @@ FAMILY = KernelFamily(
     name="rocm_attn",
     description="vLLM's ROCM_ATTN: its Triton prefix prefill, and its Triton paged decode where vLLM declines HIP",
     library=VLLM_DISTRIBUTION,
-    # The backend, its kernels, and the modules that read the platform or the AITER switches at import.
-    traced_modules=(
-        "vllm.v1.attention.backends.rocm_attn",
-        "vllm.attention.ops",
-        "vllm.v1.attention.ops",
-        "vllm._aiter_ops",
-        "vllm._custom_ops",
-    ),  # fmt: skip
+    # The backend and its kernels, which read the platform at import. Not `vllm._custom_ops` (no
+    # Triton kernels): the backend takes it from the package (`from vllm import _custom_ops`), so
+    # it must stay the one module `prebuilt_ops_skipped` patches; not `vllm._aiter_ops` (it
+    # registers torch operators at import): its switches are read again for each call.
+    traced_modules=("vllm.v1.attention.backends.rocm_attn", "vllm.attention.ops", "vllm.v1.attention.ops"),
     enumerate_shapes=enumerate_rocm_attn,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

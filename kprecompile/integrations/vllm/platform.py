@@ -11,6 +11,8 @@ and makes it vLLM's current platform for the rest of the process. vLLM modules b
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -61,13 +63,25 @@ def use_target_platform(target: Target) -> None:
     next (tracing and compile workers, which import them per target): they read its FP8 type and
     range and its arch checks at import. Also makes sure vLLM's `triton_utils` hold the real
     Triton (see `_real_triton`). Does nothing when it already is."""
+    _quiet_logging()
+    _real_triton(target)
     import vllm.platforms as platforms
 
-    _real_triton(target)
     if getattr(platforms._current_platform, _TARGET_MARK, None) == target.name:
         return
     with rocm_platform(target) as platform:
         setattr(platform, _TARGET_MARK, target.name)
+
+
+def _quiet_logging() -> None:
+    """kprecompile's stdout carries its data (`--json`); vLLM logs to stdout, and on a builder
+    without a GPU it warns about every GPU extension it cannot load. Before vLLM configures its
+    logging in a kprecompile process: to stderr, errors only, unless the user chose otherwise
+    (these variables are vLLM's own)."""
+    if "vllm.logger" in sys.modules:
+        return
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
 
 
 def _real_triton(target: Target) -> None:
@@ -122,3 +136,35 @@ def target_imports(target: Target) -> Iterator[None]:
         yield
     finally:
         sys.modules.pop("flash_attn", None)
+
+
+def refresh_switches() -> None:
+    """vLLM's switches as the environment sets them now. Its AITER switches (`rocm_aiter_ops`'
+    class attributes) are read from the environment when `vllm._aiter_ops` is imported, and that
+    module registers torch operators, so it is imported once: read them again, with vLLM's own
+    `refresh_env_variables` where the release has it, else the same assignments its class body
+    makes."""
+    import vllm.platforms.rocm as rocm
+    from vllm._aiter_ops import rocm_aiter_ops
+
+    # The platform's rules that read them are memoized (`use_rocm_custom_paged_attention`).
+    for value in vars(rocm).values():
+        if callable(getattr(value, "cache_clear", None)) and getattr(value, "__module__", None) == rocm.__name__:
+            value.cache_clear()
+    refresh = getattr(rocm_aiter_ops, "refresh_env_variables", None)
+    if refresh is not None:
+        refresh()
+        return
+    import vllm.envs as envs
+
+    for attribute, variable in _switch_assignments(rocm_aiter_ops):
+        setattr(rocm_aiter_ops, attribute, getattr(envs, variable))
+
+
+@functools.cache
+def _switch_assignments(cls: type) -> tuple[tuple[str, str], ...]:
+    """`_NAME = envs.VARIABLE` lines of the class body."""
+    import inspect
+    import re
+
+    return tuple(re.findall(r"^\s+(_\w+) = envs\.(\w+)\s*$", inspect.getsource(cls), re.MULTILINE))

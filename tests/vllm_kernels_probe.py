@@ -1,0 +1,137 @@
+"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>): vLLM's own Triton kernels as the
+plan traces them from the installed vLLM. Prints one JSON document.
+
+    python vllm_kernels_probe.py
+
+1. Plans of the `rocm_attn` family (vLLM's ROCM_ATTN backend) on gfx942: which of vLLM's kernels
+   each model and flag setting gets (vLLM's own rule sends decode to HIP or to Triton).
+2. Keys: for a step with a prefill and a decode step, the key the plan records equals the key
+   Triton's own launch path computes for the same call of vLLM's backend.
+3. Coverage: a dense random sweep of engine steps (independent of the plan's enumeration: random
+   batches of prefills and decodes, contexts, KV storage classes) is a subset of the plan; a plan
+   missing one storage class is caught by the same sweep (negative control).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import tempfile
+from dataclasses import replace
+
+from test_trace import launch_path_keys
+
+from kprecompile.engines import select
+from kprecompile.models import load_model
+from kprecompile.planning import plan
+from kprecompile.releases import installed_release
+from kprecompile.serving import ServingParams
+from kprecompile.shapes import FAMILIES
+from kprecompile.targets import TARGETS
+from kprecompile.trace import trace_calls
+
+GFX942 = TARGETS["gfx942"]
+FAMILY = FAMILIES["rocm_attn"]
+SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192}
+
+
+@contextlib.contextmanager
+def environment(**variables: str):
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def planned(preset: str, **serving: object):
+    model = load_model(preset)
+    selection = select(model, "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release())
+    return plan(model, ServingParams(**{**SERVING, **serving}), [GFX942], selection)
+
+
+def kernels(result) -> list[str]:
+    return sorted(job.kernel.rpartition(":")[2] for job in result.jobs)
+
+
+def plans() -> dict[str, object]:
+    document: dict[str, object] = {}
+    for preset in ("llama-3.1-8b-instruct", "mistral-7b-v0.1"):
+        document[preset] = kernels(planned(preset))
+        document[f"{preset} fp8"] = kernels(planned(preset, kv_cache_dtype="fp8"))
+        with environment(VLLM_ROCM_CUSTOM_PAGED_ATTN="0"):
+            document[f"{preset} VLLM_ROCM_CUSTOM_PAGED_ATTN=0"] = kernels(planned(preset))
+    [choice] = select(load_model("llama-3.1-8b-instruct"), "vllm", "ROCM_ATTN", environ={},
+                      vllm_release=installed_release()).choices  # fmt: skip
+    document["choice"] = [choice.family, choice.skip_reason]
+    return document
+
+
+def keys() -> list[dict[str, object]]:
+    model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
+    shapes = FAMILY.enumerate_shapes(model, serving)
+    rows = []
+    for shape in (next(s for s in shapes if s.max_query_len > 1), next(s for s in shapes if s.max_query_len == 1)):
+
+        def call(shape=shape):
+            FAMILY.launch(shape, GFX942)
+
+        traced = trace_calls([("call", call)], GFX942, "rocm_attn", FAMILY.traced_modules)
+        with tempfile.TemporaryDirectory() as cache:
+            launched = launch_path_keys(cache, GFX942, call, FAMILY.traced_modules)
+        rows.append({"step": "prefill" if shape.max_query_len > 1 else "decode",
+                     "traced": [job.key for job in traced.jobs], "launched": launched,
+                     "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]})  # fmt: skip
+    return rows
+
+
+def sweep_shapes(model, serving: ServingParams, rng: random.Random, count: int):
+    """Random engine steps within the serving limits: a mix of decodes and prefills with random
+    contexts, on either KV storage class."""
+    template = FAMILY.enumerate_shapes(model, serving)[0]
+    model_len = serving.model_len(model)
+    shapes = []
+    for _ in range(count):
+        num_seqs = rng.randint(1, serving.max_num_seqs)
+        prefills = rng.choice([0, 0, 1, rng.randint(1, num_seqs)])
+        query_lens = [1] * (num_seqs - prefills) + [rng.randint(2, 64) for _ in range(prefills)]
+        tokens = sum(query_lens)
+        if tokens > serving.max_num_batched_tokens:
+            continue
+        max_query_len = max(query_lens)
+        max_seq_len = rng.randint(max_query_len, model_len)
+        shapes.append(replace(template, num_seqs=num_seqs, tokens=tokens, max_query_len=max_query_len,
+                              max_seq_len=max_seq_len,
+                              kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])))  # fmt: skip
+    return shapes
+
+
+def coverage() -> dict[str, object]:
+    rng = random.Random(12)
+    document = {}
+    for preset, kv_cache_dtype in (("mistral-7b-v0.1", "auto"), ("mistral-7b-v0.1", "fp8"),
+                                   ("llama-3.1-8b-instruct", "auto")):  # fmt: skip
+        model, serving = load_model(preset), ServingParams(**SERVING, kv_cache_dtype=kv_cache_dtype)
+        plan_keys = {job.key for job in planned(preset, kv_cache_dtype=kv_cache_dtype).jobs}
+        shapes = sweep_shapes(model, serving, rng, 60)
+        swept = trace_calls(FAMILY.calls(tuple(shapes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules)
+        missing = {job.key for job in swept.jobs} - plan_keys
+        document[f"{preset} {kv_cache_dtype}"] = {"steps": swept.calls, "kernels": len(swept.jobs),
+                                                  "missing": len(missing)}  # fmt: skip
+    # Negative control: a plan that leaves out the KV caches over 2 GiB misses what the sweep finds.
+    model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
+    partial = [shape for shape in FAMILY.enumerate_shapes(model, serving) if shape.kv_cache_storage == "under_2gib"]
+    partial_keys = {job.key for job in trace_calls(FAMILY.calls(tuple(partial), GFX942), GFX942, "rocm_attn",
+                                                   FAMILY.traced_modules).jobs}  # fmt: skip
+    shapes = sweep_shapes(model, serving, random.Random(5), 30)
+    swept = trace_calls(FAMILY.calls(tuple(shapes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules)
+    document["negative control"] = {"missing": len({job.key for job in swept.jobs} - partial_keys)}
+    return document
+
+
+if __name__ == "__main__":
+    print(json.dumps({"release": installed_release(), "plans": plans(), "keys": keys(), "coverage": coverage()}))
