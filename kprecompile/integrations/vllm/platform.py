@@ -76,7 +76,7 @@ def use_target_platform(target: Target) -> None:
 def _quiet_logging() -> None:
     """kprecompile's stdout carries its data (`--json`); vLLM logs to stdout, and on a builder
     without a GPU it warns about every GPU extension it cannot load. Before vLLM configures its
-    logging in a kprecompile process: to stderr, errors only, unless the user chose otherwise
+    logging in a kprecompile process: to stderr, critical messages only, unless the user chose otherwise
     (these variables are vLLM's own)."""
     if "vllm.logger" in sys.modules:
         return
