@@ -115,6 +115,17 @@ def active_target(target: Target) -> Iterator[None]:
         driver._active = previous
 
 
+def cross_compile_target() -> Target | None:
+    """The target the cross-compile driver reports, or None where it is not active (a serving
+    process on its own GPU)."""
+    from triton.runtime import driver
+
+    active = driver._active
+    if _driver_class is None or not isinstance(active, _driver_class):
+        return None
+    return active.target
+
+
 def device_properties(target: Target) -> SimpleNamespace:
     """What `torch.cuda.get_device_properties` reports on the target's GPU, as far as wrappers read it."""
     # gfx942 -> 9.4, as torch reports it on ROCm; sm90 -> 9.0.

@@ -101,9 +101,9 @@ def _import_vllm_module(name: str) -> ModuleType:
     """vLLM's kernel modules read their platform at import: under the cross-compile driver
     (tracing, compile workers) that is the stand-in of the driver's target; in a serving process
     it is vLLM's own."""
-    from triton.runtime import driver
+    from .driver import cross_compile_target
 
-    target = getattr(driver._active, "target", None)
+    target = cross_compile_target()
     if target is None:
         return importlib.import_module(name)
     if importlib.util.find_spec(VLLM_PACKAGE) is None:

@@ -222,6 +222,12 @@ def test_rocm_attn_kernels_are_the_ones_vllms_own_rule_launches(kernel_probes, v
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_vllm_kernels_are_traced_under_the_targets_platform(kernel_probes, version):
+    # vLLM reads its platform's FP8 type at import: e4m3fnuz (+-240) on gfx942, e4m3fn (+-448) on gfx950.
+    assert kernel_probes[version]["fp8_ranges"] == {"gfx942": [-240.0, 240.0], "gfx950": [-448.0, 448.0]}
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_rocm_attn_traced_keys_equal_the_launch_paths_keys(kernel_probes, version):
     prefill, decode = kernel_probes[version]["keys"]
     # The launch path stops at the first kernel's launch; the trace sees each kernel of the step.

@@ -71,6 +71,23 @@ def plans() -> dict[str, object]:
     return document
 
 
+def fp8_ranges() -> dict[str, list[float]]:
+    """The FP8 range vLLM's paged-decode kernel is specialized with, per target: its platform's
+    FP8 type (e4m3fnuz on gfx942, e4m3fn on gfx950) read at import, as on that GPU."""
+    ranges = {}
+    for name in ("gfx942", "gfx950"):
+        model = load_model("mistral-7b-v0.1")
+        selection = select(model, "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release())
+        result = plan(model, ServingParams(**SERVING, kv_cache_dtype="fp8"), [TARGETS[name]], selection)
+        job = next(job for job in result.jobs if job.kernel.endswith(":kernel_paged_attention_2d"))
+        data = json.loads(job.specialization)
+        names = list(data["signature"])
+        pairs = zip(data["constant_keys"], data["constant_vals"], strict=True)
+        constants = {names[index]: value for (index,), value in pairs}
+        ranges[name] = [constants["FP8_MIN"], constants["FP8_MAX"]]
+    return ranges
+
+
 def keys() -> list[dict[str, object]]:
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
     shapes = FAMILY.enumerate_shapes(model, serving)
@@ -134,4 +151,6 @@ def coverage() -> dict[str, object]:
 
 
 if __name__ == "__main__":
-    print(json.dumps({"release": installed_release(), "plans": plans(), "keys": keys(), "coverage": coverage()}))
+    document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
+                "coverage": coverage()}  # fmt: skip
+    print(json.dumps(document))
