@@ -1,0 +1,149 @@
+"""What the families of vLLM's own attention kernels share: one engine step through the real
+backend of the installed vLLM.
+
+The call is the backend's `forward` as vLLM's runner makes it: vLLM's impl class (from the
+backend), the backend's metadata record (its fields as the release has them, filled with what
+the metadata builder computes for the step), the per-layer KV cache in the backend's shape, and
+a layer carrying the KV scales. vLLM's compiled (HIP/CUDA) operators are prebuilt: they do
+nothing while tracing. vLLM's modules are imported under the target's platform
+(`libraries.import_library_module`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from ..libraries import import_library_module
+from ..targets import Target
+from ._paged_kv import StorageClass, block_count
+
+
+@dataclass(frozen=True)
+class VllmAttentionShape:
+    """One engine step of a paged-KV attention backend."""
+
+    q_heads: int
+    kv_heads: int
+    head_size: int
+    block_size: int
+    # Columns of the engine's block table: blocks of the longest sequence.
+    max_blocks_per_seq: int
+    num_seqs: int
+    tokens: int
+    max_query_len: int
+    max_seq_len: int
+    # Tokens each query attends back to, 0 for full attention.
+    sliding_window: int
+    dtype: str
+    kv_cache_fp8: bool
+    kv_cache_storage: StorageClass
+
+
+@dataclass(frozen=True)
+class VllmBackend:
+    """Where a backend lives in the installed vLLM, and what of it the step needs."""
+
+    module: str
+    backend_class: str
+    metadata_class: str
+    # vLLM's compiled operators the step calls besides the Triton kernels.
+    prebuilt_ops: tuple[str, ...] = ()
+    # The per-layer KV cache for a backend that declares no shape (blocks, element type) -> tensor.
+    layer_view: Callable[[VllmAttentionShape, Any, int], Any] | None = None
+
+
+def describe_call(shape: VllmAttentionShape) -> str:
+    return (
+        f"forward(num_seqs={shape.num_seqs}, tokens={shape.tokens}, max_query_len={shape.max_query_len}, "
+        f"max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
+    )
+
+
+@contextlib.contextmanager
+def prebuilt_ops_skipped(names: tuple[str, ...]) -> Iterator[None]:
+    """vLLM's compiled operators do nothing while tracing: prebuilt, and absent on a CPU build.
+
+    vLLM's modules take `vllm._custom_ops` from the package (`from vllm import _custom_ops`): it
+    is imported once, never per target, so the module patched here is the one they call."""
+    ops = import_library_module("vllm._custom_ops")
+    saved = {name: getattr(ops, name) for name in names if hasattr(ops, name)}
+    for name in saved:
+        setattr(ops, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for name, op in saved.items():
+            setattr(ops, name, op)
+
+
+def _kv_cache(backend: type, spec: VllmBackend, shape: VllmAttentionShape, element_type: Any, blocks: int) -> Any:
+    """The per-layer KV cache as vLLM's runner hands it to the backend: in the shape the backend
+    declares (up to 0.18), else the family's view of the release's layout."""
+    import torch
+
+    get_shape = getattr(backend, "get_kv_cache_shape", None)
+    if get_shape is not None:
+        with contextlib.suppress(NotImplementedError):
+            dims = get_shape(blocks, shape.block_size, shape.kv_heads, shape.head_size)
+            return torch.empty(dims, dtype=element_type, device="meta")
+    if spec.layer_view is None:
+        raise NotImplementedError(f"{spec.backend_class} declares no KV-cache shape in this vLLM release")
+    return spec.layer_view(shape, element_type, blocks)
+
+
+def _metadata(metadata_cls: type, values: dict[str, object]) -> Any:
+    """The backend's metadata record from the values a metadata builder computes; a required
+    field this does not know fails the trace with its name (a release to read)."""
+    known = {"use_cascade": False, "common_prefix_len": 0, "cu_prefix_query_lens": None, "prefix_kv_lens": None,
+             "suffix_kv_lens": None, **values}  # fmt: skip
+    arguments = {}
+    for field in dataclasses.fields(metadata_cls):
+        if field.name in known:
+            arguments[field.name] = known[field.name]
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise TypeError(f"{metadata_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
+    return metadata_cls(**arguments)
+
+
+def backend_step(spec: VllmBackend, shape: VllmAttentionShape, target: Target) -> None:
+    """One step through the backend's real `forward` on meta tensors."""
+    import torch
+
+    from ..integrations.vllm.platform import refresh_switches
+
+    module = import_library_module(spec.module)
+    backend = getattr(module, spec.backend_class)
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    # vLLM allocates an FP8 KV cache as bytes and views it as the platform's FP8 type.
+    element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
+    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
+    needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
+    kv_cache = _kv_cache(backend, spec, shape, element_type, block_count(needed, per_block, shape.kv_cache_storage))
+    impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
+                                  shape.sliding_window or None, "fp8" if shape.kv_cache_fp8 else "auto")  # fmt: skip
+    query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
+    # vLLM's layers hold their KV scales as 0-d float32 tensors (1.0 unless the checkpoint has them).
+    scale = torch.empty((), dtype=torch.float32, device=meta)
+    layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
+                            _v_scale_float=1.0)  # fmt: skip
+    metadata = _metadata(getattr(module, spec.metadata_class), {
+        "num_actual_tokens": shape.tokens,
+        "max_query_len": shape.max_query_len,
+        "query_start_loc": torch.empty(shape.num_seqs + 1, dtype=torch.int32, device=meta),
+        "max_seq_len": shape.max_seq_len,
+        "seq_lens": torch.empty(shape.num_seqs, dtype=torch.int32, device=meta),
+        "block_table": torch.empty((shape.num_seqs, shape.max_blocks_per_seq), dtype=torch.int32, device=meta),
+        "slot_mapping": torch.empty(shape.tokens, dtype=torch.int64, device=meta),
+    })  # fmt: skip
+    # vLLM's rules read its switches (environment flags) at import: read them for this step.
+    refresh_switches()
+    with prebuilt_ops_skipped(spec.prebuilt_ops):
+        impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
