@@ -152,7 +152,7 @@ def select(
     if backend not in backends:
         # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
         raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
-    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend, release)
+    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend, release, line)
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
@@ -249,15 +249,22 @@ def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoic
     return FamilyChoice(family, backend, reason)
 
 
-def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:
+_TRITON_ATTN_0_19 = (
+    "TRITON_ATTN in vLLM 0.19 and newer is not traced yet: its KV cache is a view into one allocation for all "
+    "layers and its metadata builder picks the 3D kernel from the capture sizes"
+)
+
+
+def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, ...]:
     if backend == "ROCM_ATTN":
         return (_vllm_kernels("rocm_attn", backend, release),)
-    if backend == "ROCM_AITER_UNIFIED_ATTN":
-        reason = None
-    elif backend == "ROCM_AITER_FA":
-        reason = (
-            _PREBUILT.format(backend=backend, kind="CK/assembly attention") + " (ROCM_AITER_UNIFIED_ATTN uses Triton)"
-        )
-    else:
-        reason = _VLLM_OWN.format(backend=backend)
+    if backend == "TRITON_ATTN":
+        if line == "0.19":
+            return (FamilyChoice("triton_attn", backend, _TRITON_ATTN_0_19),)
+        return (_vllm_kernels("triton_attn", backend, release),)
+    # AITER's backends: unified attention is Triton, FA is prebuilt.
+    reason = None
+    if backend == "ROCM_AITER_FA":
+        reason = _PREBUILT.format(backend=backend, kind="CK/assembly attention")
+        reason += " (ROCM_AITER_UNIFIED_ATTN uses Triton)"
     return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason))

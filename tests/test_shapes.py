@@ -28,7 +28,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
         serving = ServingParams(max_num_seqs=4)
         return [name for name, family in FAMILIES.items() if family.enumerate_shapes(model, serving)]
 
-    llama = ["prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn"]
+    llama = ["prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"]
     assert families(load_model("llama-3.1-8b-instruct")) == llama
     assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_prefill"]
     # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.

@@ -4,12 +4,18 @@ plan traces them from the installed vLLM. Prints one JSON document.
     python vllm_kernels_probe.py
 
 1. Plans of the `rocm_attn` family (vLLM's ROCM_ATTN backend) on gfx942: which of vLLM's kernels
-   each model and flag setting gets (vLLM's own rule sends decode to HIP or to Triton).
+   each model and flag setting gets (vLLM's own rule sends decode to HIP or to Triton); the FP8
+   range each ROCm target's platform gives the kernels.
 2. Keys: for a step with a prefill and a decode step, the key the plan records equals the key
    Triton's own launch path computes for the same call of vLLM's backend.
 3. Coverage: a dense random sweep of engine steps (independent of the plan's enumeration: random
    batches of prefills and decodes, contexts, KV storage classes) is a subset of the plan; a plan
    missing one storage class is caught by the same sweep (negative control).
+4. The same for `triton_attn` (vLLM's TRITON_ATTN) where the release's is traced (up to 0.18):
+   kernels per model, keys of reshape-and-cache and of the 2D and 3D attention kernels (the
+   launch path stops at a step's first launch: the step runs once with reshape-and-cache skipped,
+   in the trace and the launch path alike), a random sweep, and a plan for fewer sequences as
+   the negative control.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import replace
 from test_trace import launch_path_keys
 
 from kprecompile.engines import select
+from kprecompile.libraries import import_library_module
 from kprecompile.models import load_model
 from kprecompile.planning import plan
 from kprecompile.releases import installed_release
@@ -48,9 +55,9 @@ def environment(**variables: str):
         os.environ.update(saved)
 
 
-def planned(preset: str, **serving: object):
+def planned(preset: str, backend: str = "ROCM_ATTN", **serving: object):
     model = load_model(preset)
-    selection = select(model, "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release())
+    selection = select(model, "vllm", backend, environ={}, vllm_release=installed_release())
     return plan(model, ServingParams(**{**SERVING, **serving}), [GFX942], selection)
 
 
@@ -106,10 +113,10 @@ def keys() -> list[dict[str, object]]:
     return rows
 
 
-def sweep_shapes(model, serving: ServingParams, rng: random.Random, count: int):
+def sweep_shapes(model, serving: ServingParams, rng: random.Random, count: int, family=FAMILY):
     """Random engine steps within the serving limits: a mix of decodes and prefills with random
     contexts, on either KV storage class."""
-    template = FAMILY.enumerate_shapes(model, serving)[0]
+    template = family.enumerate_shapes(model, serving)[0]
     model_len = serving.model_len(model)
     shapes = []
     for _ in range(count):
@@ -150,7 +157,61 @@ def coverage() -> dict[str, object]:
     return document
 
 
+TRITON = FAMILIES["triton_attn"]
+
+
+def _without_reshape_and_cache(shape):
+    """The step with vLLM's reshape-and-cache skipped, so that the attention kernel launches first."""
+
+    def call():
+        module = import_library_module("vllm.v1.attention.backends.triton_attn")
+        original = module.triton_reshape_and_cache_flash
+        module.triton_reshape_and_cache_flash = lambda *args, **kwargs: None
+        try:
+            TRITON.launch(shape, GFX942)
+        finally:
+            module.triton_reshape_and_cache_flash = original
+
+    return call
+
+
+def triton_attn() -> dict[str, object]:
+    [choice] = select(load_model("mistral-7b-v0.1"), "vllm", "TRITON_ATTN", environ={},
+                      vllm_release=installed_release()).choices  # fmt: skip
+    document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
+    if choice.skip_reason:
+        return document
+    for preset, serving in (("mistral-7b-v0.1", {}), ("llama-3.1-8b-instruct", {}),
+                            ("llama-3.1-8b-instruct", {"kv_cache_dtype": "fp8"})):  # fmt: skip
+        label = " ".join([preset, *serving.values()])
+        document[label] = sorted(kernels(planned(preset, "TRITON_ATTN", **serving)))
+    model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
+    shapes = TRITON.enumerate_shapes(model, serving)
+    small_decode = next(shape for shape in shapes if shape.max_query_len == 1 and shape.num_seqs == 3)
+    prefill = next(shape for shape in shapes if shape.max_query_len > 1)
+    rows = []
+    for step, call in (("reshape_and_cache", lambda: TRITON.launch(small_decode, GFX942)),
+                       ("decode", _without_reshape_and_cache(small_decode)),
+                       ("prefill", _without_reshape_and_cache(prefill))):  # fmt: skip
+        traced = trace_calls([("call", call)], GFX942, "triton_attn", TRITON.traced_modules)
+        with tempfile.TemporaryDirectory() as cache:
+            launched = launch_path_keys(cache, GFX942, call, TRITON.traced_modules)
+        rows.append({"step": step, "traced": [job.key for job in traced.jobs], "launched": launched,
+                     "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]})  # fmt: skip
+    document["keys"] = rows
+    rng = random.Random(7)
+    plan_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN").jobs}
+    swept_shapes = sweep_shapes(model, serving, rng, 80, TRITON)
+    swept = trace_calls(TRITON.calls(tuple(swept_shapes), GFX942), GFX942, "triton_attn", TRITON.traced_modules)
+    swept_keys = {job.key for job in swept.jobs}
+    # Negative control: the plan for at most 8 sequences lacks the kernels for multiples of 16.
+    small_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", max_num_seqs=8).jobs}
+    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
+                            "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
+    return document
+
+
 if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
-                "coverage": coverage()}  # fmt: skip
+                "coverage": coverage(), "triton_attn": triton_attn()}  # fmt: skip
     print(json.dumps(document))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from . import fp8_bmm, mla_decode, mla_prefill, pa_prefill, paged_decode, prefix_prefill, rocm_attn
+from . import fp8_bmm, mla_decode, mla_prefill, pa_prefill, paged_decode, prefix_prefill, rocm_attn, triton_attn
 from .family import FamilyName, KernelFamily
 
 FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
@@ -24,6 +24,7 @@ FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
         paged_decode.FAMILY,
         pa_prefill.FAMILY,
         rocm_attn.FAMILY,
+        triton_attn.FAMILY,
     )
 }
 FAMILY_NAMES: tuple[FamilyName, ...] = get_args(FamilyName)
