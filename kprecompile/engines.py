@@ -152,7 +152,10 @@ def select(
     if backend not in backends:
         # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
         raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
-    choices = _mla_choices(backend, flags, line) if model.attention == "mla" else _gqa_choices(backend, release, line)
+    if model.attention == "mla":
+        choices = _mla_choices(backend, flags, line, release)
+    else:
+        choices = _gqa_choices(backend, release, line)
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
@@ -207,11 +210,15 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> s
     return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
 
 
-_VLLM_OWN = "{backend} runs vLLM's own Triton kernels, which kprecompile does not plan (only AITER's)"
 _PREBUILT = "{backend} runs AITER's prebuilt {kind} kernels: nothing is compiled on first use"
 
 
-def _mla_choices(backend: str, flags: dict[str, bool], line: Line) -> tuple[FamilyChoice, ...]:
+_TRITON_MLA_0_19 = (
+    "TRITON_MLA in vLLM 0.19 and newer is not traced yet: its decode entry point, KV-split rule and workspace are new"
+)
+
+
+def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str) -> tuple[FamilyChoice, ...]:
     choices = []
     if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
         choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
@@ -219,8 +226,10 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line) -> tuple[Fami
         reason = "vLLM runs AITER's FP8 BMM only with VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_FP8BMM=1"
         choices.append(FamilyChoice("fp8_bmm", "torch bmm", reason))
     if backend == "TRITON_MLA":
-        choices.append(FamilyChoice("mla_decode", backend, _VLLM_OWN.format(backend=backend)))
-        choices.append(FamilyChoice("mla_prefill", backend, _VLLM_OWN.format(backend=backend)))
+        if line == "0.19":
+            choices.append(FamilyChoice("triton_mla", backend, _TRITON_MLA_0_19))
+        else:
+            choices.append(_vllm_kernels("triton_mla", backend, release))
         return tuple(choices)
     # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then until 0.19
     # a Triton stage-2 reduce, from 0.19 AITER's persistent HIP reduce.

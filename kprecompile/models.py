@@ -7,7 +7,7 @@ malformed config fails here with the field's name instead of deep inside a kerne
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,9 @@ class ModelConfig:
     sliding_window: int | None
     torch_dtype: str
     mla: MlaDims | None
+    # The config as read, for engine code that builds its own configuration from it (vLLM's
+    # VllmConfig, for the families traced through vLLM's backends); not part of the digest.
+    config_json: str = field(default="{}", compare=False, repr=False)
 
     @property
     def attention(self) -> str:
@@ -150,7 +153,8 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConf
         mla=mla,
     )
     digest = hash_named_dict({**read, "mla": mla and asdict(mla)})
-    return ModelConfig(name=name, source=source, digest=digest, **read)
+    config_json = json.dumps(raw, sort_keys=True)
+    return ModelConfig(name=name, source=source, digest=digest, config_json=config_json, **read)
 
 
 def _model_dtype(fields: _FieldReader, raw: dict[str, Any]) -> str:

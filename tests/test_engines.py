@@ -47,10 +47,10 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     # From 0.19 TRITON_ATTN's KV layout and metadata builder are not traced yet: said, not guessed.
     [newer] = select(LLAMA, "vllm", "TRITON_ATTN", {}, vllm_release="0.33.0").choices
     assert newer.family == "triton_attn" and newer.skip_reason.startswith("TRITON_ATTN in vLLM 0.19 and newer is not")
-    # TRITON_MLA's own kernels are not families yet.
-    attention = [choice for choice in select(DEEPSEEK, "vllm", None, {}).choices if choice.family != "fp8_bmm"]
-    assert [choice.family for choice in attention] == ["mla_decode", "mla_prefill"]
-    assert all("vLLM's own Triton kernels" in choice.skip_reason for choice in attention)
+    # TRITON_MLA's decode is vLLM's own kernel too.
+    [bmm, decode] = select(DEEPSEEK, "vllm", None, {}).choices
+    assert (bmm.family, decode.family, decode.backend) == ("fp8_bmm", "triton_mla", "TRITON_MLA")
+    assert "pip install vllm==0.12.0" in decode.skip_reason
 
 
 def test_vllms_own_kernels_without_vllm_installed_say_what_to_install():

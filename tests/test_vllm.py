@@ -179,11 +179,19 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, versi
     assert reason in line
 
 
+# (release, backend, model, kernels) warmed for real and verified deep: vLLM's ROCM_ATTN kernels
+# for a sliding-window model in every release, TRITON_ATTN and TRITON_MLA in 0.12.0.
+WARM_CASES = [
+    *((version, "ROCM_ATTN", "mistral-7b-v0.1", 4) for version in SUPPORTED_RELEASES),
+    ("0.12.0", "TRITON_ATTN", "mistral-7b-v0.1", 14),
+    ("0.12.0", "TRITON_MLA", "deepseek-v2-lite", 3),
+]
+
+
 @pytest.fixture(scope="module")
 def kernel_probes(tmp_path_factory):
     """tests/vllm_kernels_probe.py in every supported release, and `kprecompile warm` then
-    `verify --deep` of vLLM's ROCM_ATTN kernels (and in 0.12.0 its TRITON_ATTN kernels) for a
-    sliding-window model."""
+    `verify --deep` of WARM_CASES."""
     running = {}
     for version in SUPPORTED_RELEASES:
         cache = tmp_path_factory.mktemp(f"kernels-{version}")
@@ -196,20 +204,17 @@ def kernel_probes(tmp_path_factory):
         out, err = process.communicate(timeout=900)
         assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
         documents[version] = json.loads(out.strip().splitlines()[-1])
-    for version in SUPPORTED_RELEASES:
+    for version, backend, model, _ in WARM_CASES:
         cache = tmp_path_factory.mktemp(f"warm-{version}")
         environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
-        selection = ["--model", "mistral-7b-v0.1", "--engine", "vllm", "--target", "gfx942", "--max-model-len", "8192",
-                     "--max-num-seqs", "32", "--json"]  # fmt: skip
-        backends = ["ROCM_ATTN", "TRITON_ATTN"] if version == "0.12.0" else ["ROCM_ATTN"]
-        for backend in backends:
-            chosen = [*selection, "--attention-backend", backend]
-            outcome = []
-            for command in (["warm", *chosen], ["verify", *chosen, "--deep"]):
-                result = subprocess.run([sys.executable, "-m", "kprecompile", *command], env=environment,
-                                        capture_output=True, text=True, timeout=900)  # fmt: skip
-                outcome.append((result.returncode, result.stdout, result.stderr))
-            documents[version][f"warm {backend}"] = outcome
+        chosen = ["--model", model, "--engine", "vllm", "--attention-backend", backend, "--target", "gfx942",
+                  "--max-model-len", "8192", "--max-num-seqs", "32", "--json"]  # fmt: skip
+        outcome = []
+        for command in (["warm", *chosen], ["verify", *chosen, "--deep"]):
+            result = subprocess.run([sys.executable, "-m", "kprecompile", *command], env=environment,
+                                    capture_output=True, text=True, timeout=900)  # fmt: skip
+            outcome.append((result.returncode, result.stdout, result.stderr))
+        documents[version][f"warm {backend}"] = outcome
     return documents
 
 
@@ -252,11 +257,8 @@ def test_rocm_attn_random_engine_steps_are_covered_by_the_plan(kernel_probes, ve
     assert coverage["negative control"]["missing"] == 2
 
 
-@pytest.mark.parametrize(
-    "version, backend, kernels",
-    [*((version, "ROCM_ATTN", 4) for version in SUPPORTED_RELEASES), ("0.12.0", "TRITON_ATTN", 14)],
-)
-def test_vllm_kernels_warm_for_real_and_verify_deep(kernel_probes, version, backend, kernels):
+@pytest.mark.parametrize("version, backend, model, kernels", WARM_CASES)
+def test_vllm_kernels_warm_for_real_and_verify_deep(kernel_probes, version, backend, model, kernels):
     (warm_code, warm_out, warm_err), (verify_code, verify_out, verify_err) = kernel_probes[version][f"warm {backend}"]
     assert warm_code == 0, warm_err[-2000:]
     report = json.loads(warm_out)
@@ -365,3 +367,20 @@ def test_failures_inside_vllm_are_one_warning_and_never_stop_the_server(tmp_path
     assert "kernels compile on first use" in warnings[0]
     assert "kprecompile: planning skipped (ModelConfigError: " in warnings[1] and "num_attention_heads" in warnings[1]
     assert "unplannable: True" in result.stdout
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_triton_mla_decode_keys_and_coverage(kernel_probes, version):
+    """TRITON_MLA's decode up to 0.18 (built as vLLM builds it, from a VllmConfig): the grouped
+    stage 1 per KV storage class and one stage-2 reduce; from 0.19 not planned, with why."""
+    document = kernel_probes[version]["triton_mla"]
+    if version.startswith("0.33"):
+        assert document["choice"][0] == "triton_mla" and "not traced yet" in document["choice"][1]
+        return
+    assert document["choice"] == ["triton_mla", None]
+    assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"]
+    keys = document["keys"]
+    assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
+    assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
+    coverage = document["coverage"]
+    assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1

@@ -16,6 +16,9 @@ plan traces them from the installed vLLM. Prints one JSON document.
    launch path stops at a step's first launch: the step runs once with reshape-and-cache skipped,
    in the trace and the launch path alike), a random sweep, and a plan for fewer sequences as
    the negative control.
+5. The same for `triton_mla` (vLLM's TRITON_MLA decode, up to 0.18): kernels, the stage-1 key,
+   a random sweep of decode batches and contexts, a plan without the large KV caches as the
+   negative control.
 """
 
 from __future__ import annotations
@@ -211,7 +214,44 @@ def triton_attn() -> dict[str, object]:
     return document
 
 
+MLA = FAMILIES["triton_mla"]
+
+
+def triton_mla() -> dict[str, object]:
+    model = load_model("deepseek-v2-lite")
+    [_, choice] = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=installed_release()).choices
+    document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
+    if choice.skip_reason:
+        return document
+    plan_jobs = planned("deepseek-v2-lite", "TRITON_MLA").jobs
+    document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "triton_mla")
+    serving = ServingParams(**SERVING)
+    shapes = MLA.enumerate_shapes(model, serving)
+
+    def call():
+        MLA.launch(shapes[1], GFX942)
+
+    traced = trace_calls([("call", call)], GFX942, "triton_mla", MLA.traced_modules)
+    with tempfile.TemporaryDirectory() as cache:
+        launched = launch_path_keys(cache, GFX942, call, MLA.traced_modules)
+    document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched,
+                        "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+    rng = random.Random(3)
+    swept_shapes = [replace(shapes[0], batch=rng.randint(1, serving.max_num_seqs),
+                            max_seq_len=rng.randint(1, serving.model_len(model)),
+                            kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])) for _ in range(20)]  # fmt: skip
+    swept = trace_calls(MLA.calls(tuple(swept_shapes), GFX942), GFX942, "triton_mla", MLA.traced_modules)
+    swept_keys = {job.key for job in swept.jobs}
+    plan_keys = {job.key for job in plan_jobs}
+    small = [shape for shape in shapes if shape.kv_cache_storage == "under_2gib"]
+    small_keys = {job.key for job in trace_calls(MLA.calls(tuple(small), GFX942), GFX942, "triton_mla",
+                                                 MLA.traced_modules).jobs}  # fmt: skip
+    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
+                            "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
+    return document
+
+
 if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
-                "coverage": coverage(), "triton_attn": triton_attn()}  # fmt: skip
+                "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla()}  # fmt: skip
     print(json.dumps(document))

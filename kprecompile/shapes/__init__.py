@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Any, get_args
 
-from . import fp8_bmm, mla_decode, mla_prefill, pa_prefill, paged_decode, prefix_prefill, rocm_attn, triton_attn
+from . import (
+    fp8_bmm,
+    mla_decode,
+    mla_prefill,
+    pa_prefill,
+    paged_decode,
+    prefix_prefill,
+    rocm_attn,
+    triton_attn,
+    triton_mla,
+)
 from .family import FamilyName, KernelFamily
 
 FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
@@ -25,6 +35,7 @@ FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
         pa_prefill.FAMILY,
         rocm_attn.FAMILY,
         triton_attn.FAMILY,
+        triton_mla.FAMILY,
     )
 }
 FAMILY_NAMES: tuple[FamilyName, ...] = get_args(FamilyName)

@@ -22,7 +22,15 @@ if TYPE_CHECKING:
 
 # Every family kprecompile knows; each has one module in this package and one registry line.
 FamilyName = Literal[
-    "fp8_bmm", "mla_decode", "mla_prefill", "prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"
+    "fp8_bmm",
+    "mla_decode",
+    "mla_prefill",
+    "prefix_prefill",
+    "paged_decode",
+    "pa_prefill",
+    "rocm_attn",
+    "triton_attn",
+    "triton_mla",
 ]
 
 ShapeT = TypeVar("ShapeT")

@@ -1,0 +1,72 @@
+"""vLLM's own configuration for a model and serving parameters, built as `vllm serve` builds it.
+
+Some of vLLM's attention implementations read the engine's configuration when they are built
+(MLA's prefill workspace from the model length, the parallel layout): the families traced
+through them build a `VllmConfig` with vLLM's `EngineArgs` from the model's config.json (in a
+temporary model directory: no weights, no tokenizer) and the serving parameters, under the
+target's platform, once per (model, serving, target) in a process. kprecompile's own vLLM
+plugin stays out of it (`KPRECOMPILE_VLLM_HOOK=0` while vLLM loads its plugins).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ... import settings
+from ...serving import ServingParams
+from ...targets import Target
+
+# Model directories live as long as the process: vLLM's config keeps their path.
+_MODEL_DIRS: list[tempfile.TemporaryDirectory] = []
+
+
+@functools.cache
+def engine_config(config_json: str, serving: ServingParams, target: Target) -> Any:
+    """vLLM's `VllmConfig` for this model and these serving parameters (vLLM imported under the
+    target's platform by the caller: `libraries.import_library_module`)."""
+    from ...libraries import import_library_module
+
+    EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806
+
+    directory = tempfile.TemporaryDirectory(prefix="kprecompile-model-")
+    _MODEL_DIRS.append(directory)
+    Path(directory.name, "config.json").write_text(config_json)
+    arguments: dict[str, Any] = {
+        "model": directory.name,
+        "skip_tokenizer_init": True,
+        "load_format": "dummy",
+        "tensor_parallel_size": serving.tensor_parallel_size,
+        "max_num_seqs": serving.max_num_seqs,
+        "max_num_batched_tokens": serving.max_num_batched_tokens,
+        "max_model_len": serving.max_model_len,
+        "block_size": serving.block_size,
+        "kv_cache_dtype": serving.kv_cache_dtype,
+        "dtype": serving.dtype,
+        "enforce_eager": serving.enforce_eager,
+    }
+    if serving.cudagraph_capture_sizes is not None:
+        arguments["cuda_graph_sizes"] = list(serving.cudagraph_capture_sizes)
+    names = {field.name for field in dataclasses.fields(EngineArgs)}
+    # CPU swap space per rank is checked against this host's memory, which a builder's is not.
+    if "swap_space" in names:
+        arguments["swap_space"] = 0
+    saved = os.environ.get(settings.VLLM_HOOK.name)
+    os.environ[settings.VLLM_HOOK.name] = "0"
+    # transformers warns about config fields it validates more strictly than the model's authors wrote them.
+    transformers_logger = logging.getLogger("transformers")
+    level = transformers_logger.level
+    transformers_logger.setLevel(logging.ERROR)
+    try:
+        return EngineArgs(**{name: value for name, value in arguments.items() if name in names}).create_engine_config()
+    finally:
+        transformers_logger.setLevel(level)
+        if saved is None:
+            os.environ.pop(settings.VLLM_HOOK.name, None)
+        else:
+            os.environ[settings.VLLM_HOOK.name] = saved

@@ -1,0 +1,159 @@
+"""vLLM's TRITON_MLA backend's decode: vLLM's own Triton decode attention, traced from the
+installed vLLM.
+
+MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults up to 0.18 on ROCm). Each
+decode step, the backend's `_forward_decode` runs vLLM's `decode_attention_fwd` over the latent
+KV cache: the grouped stage-1 kernel (`_fwd_grouped_kernel_stage1`, a fixed number of KV
+splits) and the stage-2 reduce (`_fwd_kernel_stage2`). The plan builds the backend's impl as
+vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's `EngineArgs` from the
+model's config.json and the serving parameters) and calls `_forward_decode` on meta tensors.
+Its kernels specialize on the model and the KV cache's storage class, not on the batch size.
+From vLLM 0.19 the decode entry point, its KV-split rule and its workspace are new: not traced
+yet (`engines.py` says so). The prefill runs flash attention (ROCm's flash-attn build).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from ..libraries import VLLM_DISTRIBUTION, import_library_module
+from ..models import ModelConfig
+from ..serving import ServingParams
+from ..targets import Target
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
+from .family import KernelFamily
+
+BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
+
+
+@dataclass(frozen=True)
+class TritonMlaShape:
+    heads: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    block_size: int
+    max_blocks_per_seq: int
+    batch: int
+    max_seq_len: int
+    dtype: str
+    kv_cache_storage: StorageClass
+    # What vLLM builds its engine configuration from (the impl reads it).
+    config_json: str
+    serving: ServingParams
+
+
+def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[TritonMlaShape, ...]:
+    """Decode steps of one, a few and the most sequences, on short and long contexts, for each
+    KV storage class."""
+    if model.mla is None:
+        return ()
+    model_len = serving.model_len(model)
+    batches = sorted({1, min(3, serving.max_num_seqs), serving.max_num_seqs})
+    return tuple(
+        TritonMlaShape(
+            heads=serving.heads_per_rank(model),
+            kv_lora_rank=model.mla.kv_lora_rank,
+            qk_rope_head_dim=model.mla.qk_rope_head_dim,
+            block_size=serving.block_size,
+            max_blocks_per_seq=-(-model_len // serving.block_size),
+            batch=batch,
+            max_seq_len=seq_len,
+            dtype=serving.activation_dtype(model),
+            kv_cache_storage=storage,
+            config_json=model.config_json,
+            serving=serving,
+        )
+        for storage in KV_CACHE_STORAGE_CLASSES
+        for seq_len in sorted({min(512, model_len), model_len})
+        for batch in batches
+    )
+
+
+def describe_shapes(shapes: tuple[TritonMlaShape, ...]) -> dict[str, object]:
+    first = shapes[0]
+    return {"heads_per_rank": first.heads, "latent": f"{first.kv_lora_rank}+{first.qk_rope_head_dim}",
+            "block_size": first.block_size, "batches": ",".join(str(b) for b in sorted({s.batch for s in shapes})),
+            "kv_cache": first.dtype}  # fmt: skip
+
+
+def describe_call(shape: TritonMlaShape) -> str:
+    return f"_forward_decode(batch={shape.batch}, max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
+
+
+def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+    if not target.is_rocm:
+        return "vLLM's own kernels are traced under its ROCm platform; CUDA targets are not planned yet"
+    if serving.kv_cache_is_fp8:
+        return "vLLM's TRITON_MLA refuses an FP8 KV cache up to 0.18"
+    return None
+
+
+def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
+    """The decode part of vLLM's MLA metadata, as its builder makes it for a decode step."""
+    decode_cls = getattr(module, "MLACommonDecodeMetadata", None)
+    if decode_cls is None or not dataclasses.is_dataclass(decode_cls):
+        return SimpleNamespace(block_table=block_table, seq_lens=seq_lens)
+    known = {"block_table": block_table, "seq_lens": seq_lens, "dcp_tot_seq_lens": None}
+    arguments = {}
+    for field in dataclasses.fields(decode_cls):
+        if field.name in known:
+            arguments[field.name] = known[field.name]
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise TypeError(f"{decode_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
+    return decode_cls(**arguments)
+
+
+def launch(shape: TritonMlaShape, target: Target) -> None:
+    import torch
+
+    from ..integrations.vllm.engine_config import engine_config
+    from ..integrations.vllm.platform import refresh_switches
+
+    module = import_library_module(BACKEND_MODULE)
+    common = import_library_module("vllm.v1.attention.backends.mla.common")
+    set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
+
+    raw = json.loads(shape.config_json)
+    head_size = shape.kv_lora_rank + shape.qk_rope_head_dim
+    nope, value = raw["qk_nope_head_dim"], raw["v_head_dim"]
+    refresh_switches()
+    with set_current_vllm_config(engine_config(shape.config_json, shape.serving, target)):
+        impl = module.TritonMLABackend.get_impl_cls()(
+            shape.heads, head_size, (nope + shape.qk_rope_head_dim) ** -0.5, 1, None, None, "auto", None, "decoder",
+            None, q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=shape.kv_lora_rank, qk_nope_head_dim=nope,
+            qk_rope_head_dim=shape.qk_rope_head_dim, qk_head_dim=nope + shape.qk_rope_head_dim, v_head_dim=value,
+            kv_b_proj=None,
+        )  # fmt: skip
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    element = torch.empty((), dtype=dtype, device=meta).element_size()
+    per_block = shape.block_size * head_size * element
+    needed = -(-shape.max_seq_len // shape.block_size) * shape.batch
+    blocks = block_count(needed, per_block, shape.kv_cache_storage)
+    # The latent cache: (blocks, block_size, kv_lora_rank + rope), as vLLM's MLA backends shape it.
+    kv_cache = torch.empty((blocks, shape.block_size, head_size), dtype=dtype, device=meta)
+    # The decode query as the MLA layer hands it over: absorbed nope part and rope part.
+    query = (torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
+             torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta))  # fmt: skip
+    block_table = torch.empty((shape.batch, shape.max_blocks_per_seq), dtype=torch.int32, device=meta)
+    seq_lens = torch.empty(shape.batch, dtype=torch.int32, device=meta)
+    metadata = SimpleNamespace(decode=_decode_metadata(common, block_table, seq_lens))
+    layer = SimpleNamespace(_k_scale=torch.empty((), dtype=torch.float32, device=meta), _k_scale_float=1.0)
+    impl._forward_decode(query, kv_cache, metadata, layer)
+
+
+FAMILY = KernelFamily(
+    name="triton_mla",
+    description="vLLM's TRITON_MLA decode: its Triton decode attention (grouped stage 1, stage-2 reduce)",
+    library=VLLM_DISTRIBUTION,
+    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    enumerate_shapes=enumerate_triton_mla,
+    describe_shapes=describe_shapes,
+    describe_call=describe_call,
+    launch=launch,
+    limits=limits,
+)
