@@ -43,10 +43,23 @@ def installed_release() -> str | None:
 
 
 def resolve_release(requested: str | None) -> str:
-    """The release to plan for: `requested`, else the installed vLLM's, else the default."""
-    release = requested or installed_release() or DEFAULT_RELEASE
-    line_of(release, FIELD if requested else "vllm")
-    return release
+    """The release to plan for: `requested`, else the installed vLLM's, else the default.
+
+    An installed release kprecompile was not tested against is planned for only when the user
+    names it (`--vllm-version`, planned with its release line's rules): unasked, that would be
+    a guess."""
+    if requested:
+        line_of(requested, FIELD)
+        return requested
+    installed = installed_release()
+    if installed is None:
+        return DEFAULT_RELEASE
+    line_of(installed, "vllm")
+    if installed not in TESTED_RELEASES:
+        tested = ", ".join(TESTED_RELEASES)
+        expected = f"a tested release ({tested}); to plan for {installed} by its release line's rules, name it"
+        raise InputError("installed vllm", installed, f"{expected}: --vllm-version {installed}")
+    return installed
 
 
 def line_of(release: str, field: str = FIELD) -> Line:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from kprecompile.engines import SELECTION_FLAGS, select
@@ -149,3 +152,28 @@ def test_capture_sizes_follow_the_release(release, max_num_seqs, tokens, decode_
     from kprecompile.releases import capture_sizes
 
     assert capture_sizes(release, max_num_seqs, tokens, decode_query_len) == sizes
+
+
+def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only_when_named(tmp_path):
+    """vLLM 0.13.5 installed (its distribution metadata, as pip leaves it): plans only with
+    --vllm-version; unasked, one line naming the tested releases, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    info = tmp_path / "site" / "vllm-0.13.5.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.13.5\n")
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "KPRECOMPILE_CACHE_DIR": str(tmp_path / "c")}
+    command = [sys.executable, "-m", "kprecompile", "plan", "--model", "deepseek-v2-lite", "--target", "gfx942",
+               "--family", "fp8_bmm", "--max-num-seqs", "4", "--json"]  # fmt: skip
+    unasked = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    assert unasked.returncode == 2 and unasked.stdout == ""
+    assert unasked.stderr.strip().splitlines() == [
+        "kprecompile: installed vllm: got '0.13.5', expected a tested release (0.11.2, 0.12.0, 0.33.0); to plan "
+        "for 0.13.5 by its release line's rules, name it: --vllm-version 0.13.5"
+    ]
+    assert not (tmp_path / "c").exists()
+    named = subprocess.run([*command, "--vllm-version", "0.13.5"], env=environment, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.13.5"
