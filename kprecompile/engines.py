@@ -131,7 +131,7 @@ def select(
         if attention_backend:
             raise InputError("--attention-backend", attention_backend, "no backend with --engine aiter (it has none)")
         choices = _aiter_choices(model)
-        return Selection(engine, AITER_API, flags, _filtered(model, choices, families))
+        return Selection(engine, AITER_API, flags, _filtered(model, choices, families), selected_by="no engine")
     release = resolve_release(vllm_release)
     line = line_of(release)
     field, requested = "--attention-backend", attention_backend

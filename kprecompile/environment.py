@@ -124,12 +124,16 @@ def engine_environment(engine: str) -> Iterator[None]:
     """The process environment with `engine`'s profile defaults for what it leaves unset, for the
     block: vLLM's own code, called while tracing, reads its flags from the environment."""
     unset = {name: value for name, value in _ENGINE_DEFAULTS[engine].items() if not os.environ.get(name)}
+    saved = {name: os.environ.get(name) for name in unset}
     os.environ.update(unset)
     try:
         yield
     finally:
-        for name in unset:
-            os.environ.pop(name, None)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def triton_values() -> dict[str, str]:

@@ -7,6 +7,7 @@ its real calls are traced into compile jobs. Nothing is compiled.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -16,12 +17,17 @@ from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .engines import Selection, select
 from .environment import DEFAULT_ENGINE, engine_environment
+from .errors import TracingError
+from .libraries import VLLM_DISTRIBUTION
 from .models import ModelConfig
+from .releases import TESTED_RELEASES
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
 from .targets import Target
 from .toolchain import triton_key_text
 from .trace import trace_calls
+
+logger = logging.getLogger(__name__)
 
 # Each planned family's shapes, in selection order.
 PlannedShapes = Mapping[FamilyName, tuple[Any, ...]]
@@ -107,8 +113,17 @@ def plan_family(
     skip_reason = family.skip_reason(model, serving, target)
     if skip_reason:
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
-    with engine_environment(engine):
-        result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+    try:
+        with engine_environment(engine):
+            result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+    except TracingError as error:
+        if family.library != VLLM_DISTRIBUTION:
+            raise
+        # vLLM moves fast: a release whose backend changed where the family does not follow loses
+        # that family only, said plainly, never the rest of the plan (or a server's warm).
+        reason = f"{error} (kprecompile is tested against vLLM {', '.join(TESTED_RELEASES)})"
+        logger.warning("kprecompile: %s on %s is not planned: %s", name, target.name, reason)
+        return FamilyPlan(name, target.name, len(shapes), 0, parameters, reason, backend), ()
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 

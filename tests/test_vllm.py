@@ -117,6 +117,8 @@ CLI_CASES = {
     "gqa-no-aiter": ("llama-3.1-8b-instruct", "vllm", ()),
     # vLLM refuses Triton MLA on pages of one token; the mirror does not know that.
     "refused": ("deepseek-v2-lite", "vllm-aiter", ("--attention-backend", "TRITON_MLA", "--block-size", "1")),
+    # Nothing named, AITER off, pages of one token: 0.33 finds no backend; 0.11 and 0.12 take AITER's MLA.
+    "none": ("deepseek-v2-lite", "vllm", ("--block-size", "1", "--family", "fp8_bmm")),
 }
 
 
@@ -154,7 +156,7 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, version)
     from kprecompile.models import load_model
 
     for case, (model, engine, extra) in CLI_CASES.items():
-        if case == "refused":
+        if case == "refused" or (case == "none" and version.startswith("0.33")):
             continue
         for attempt in ("first", "again"):
             returncode, out, err = cli_plans[version, case, attempt]
@@ -162,8 +164,10 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, version)
             selection = json.loads(out)["engine"]
             assert selection["selected_by"] == f"vLLM {version}'s own selector"
             assert selection["vllm_release"] == version
-            requested = extra[1] if "--attention-backend" in extra else None
-            mirror = select(load_model(model), engine, requested, environ={}, vllm_release=version)
+            requested = extra[extra.index("--attention-backend") + 1] if "--attention-backend" in extra else None
+            block_size = int(extra[extra.index("--block-size") + 1]) if "--block-size" in extra else 16
+            mirror = select(load_model(model), engine, requested, environ={}, vllm_release=version,
+                            block_size=block_size)  # fmt: skip
             assert selection["attention_backend"] == mirror.attention_backend, (case, attempt)
             # The second command found vLLM's answer in the cache and did not import vLLM again.
             assert ("vLLM's selector, remembered at" in err) == (attempt == "again"), (case, attempt)
@@ -177,6 +181,12 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, versi
     assert line.startswith("kprecompile: --attention-backend: got 'TRITON_MLA', expected a backend vLLM")
     reason = "block_size not supported" if version.startswith("0.33") else "does not support block size 1"
     assert reason in line
+    if version.startswith("0.33"):
+        returncode, out, err = cli_plans[version, "none", "first"]
+        [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
+        assert returncode == 2 and out == ""
+        assert line.startswith("kprecompile: attention backend: got 'none', expected one vLLM 0.33.0 selects for")
+        assert "TRITON_MLA: [block_size not supported]" in line
 
 
 # (release, backend, model, kernels) warmed for real and verified deep: vLLM's ROCM_ATTN kernels
@@ -384,3 +394,12 @@ def test_triton_mla_decode_keys_and_coverage(kernel_probes, version):
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
     coverage = document["coverage"]
     assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(kernel_probes, version):
+    """A release whose backend moved (here: its metadata class renamed) loses that family only."""
+    document = kernel_probes[version]["untraceable"]
+    assert document["planned"] == ["pa_prefill"] and document["kernels"] > 0
+    assert document["reason"].startswith("tracing rocm_attn failed at forward(")
+    assert "NoSuchMetadata" in document["reason"] and "tested against vLLM 0.11.2, 0.12.0, 0.33.0" in document["reason"]

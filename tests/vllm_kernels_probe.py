@@ -251,7 +251,30 @@ def triton_mla() -> dict[str, object]:
     return document
 
 
+def untraceable() -> dict[str, object]:
+    """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
+    reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
+    one selection with it here) is traced as before."""
+    from kprecompile.engines import FamilyChoice, Selection
+    from kprecompile.shapes import rocm_attn
+
+    moved = replace(rocm_attn.BACKEND, metadata_class="NoSuchMetadata")
+    saved = FAMILIES["rocm_attn"]
+    FAMILIES["rocm_attn"] = replace(saved, launch=lambda shape, target: rocm_attn.backend_step(moved, shape, target))
+    model = load_model("mistral-7b-v0.1")
+    choices = (FamilyChoice("rocm_attn", "ROCM_ATTN"), FamilyChoice("pa_prefill", "aiter"))
+    selection = Selection("vllm", "ROCM_ATTN", {}, choices, installed_release())
+    try:
+        result = plan(model, ServingParams(**SERVING), [GFX942], selection)
+    finally:
+        FAMILIES["rocm_attn"] = saved
+    reasons = {family.family: family.skip_reason for family in result.families}
+    return {"reason": reasons["rocm_attn"], "planned": [name for name, reason in reasons.items() if reason is None],
+            "kernels": len(result.jobs)}  # fmt: skip
+
+
 if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
-                "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla()}  # fmt: skip
+                "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
+                "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))

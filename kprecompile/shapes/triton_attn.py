@@ -2,10 +2,10 @@
 
 Each step, the backend's `forward` writes the step's keys and values into the paged cache with
 vLLM's Triton `reshape_and_cache_kernel_flash`, then calls vLLM's `unified_attention`, which
-runs `kernel_unified_attention_2d` for steps with a prefill and for decode batches large enough
-to fill the GPU, else `kernel_unified_attention_3d` with `reduce_segments` (the choice and the
-segment count are the wrapper's, up to 0.18). The plan calls the backend's real `forward` on
-meta tensors.
+runs `kernel_unified_attention_2d` for steps with a prefill and for decode batches whose query
+blocks times KV heads exceed a fixed threshold, else `kernel_unified_attention_3d` with
+`reduce_segments` (the choice and the segment count are the wrapper's, up to 0.18). The plan
+calls the backend's real `forward` on meta tensors.
 
 The kernels take the number of sequences as an integer Triton specializes (1, a multiple of
 16, other), on either side of the 2D/3D choice: the plan walks every decode batch size, steps
@@ -44,7 +44,7 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[V
     steps = [(batch, decode) for batch in serving.decode_batch_sizes() if batch * decode <= budget]
     if prefill > decode:
         steps += [(batch, prefill) for batch in int_class_representatives(min(serving.max_num_seqs, budget))
-                  if prefill + batch - 1 <= budget]  # fmt: skip
+                  if prefill + (batch - 1) * decode <= budget]  # fmt: skip
     contexts = sorted({min(_SHORT_CONTEXT, model_len), model_len})
     shapes = []
     for storage in KV_CACHE_STORAGE_CLASSES:

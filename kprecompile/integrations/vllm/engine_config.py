@@ -26,10 +26,15 @@ from ...targets import Target
 _MODEL_DIRS: list[tempfile.TemporaryDirectory] = []
 
 
-@functools.cache
 def engine_config(config_json: str, serving: ServingParams, target: Target) -> Any:
-    """vLLM's `VllmConfig` for this model and these serving parameters (vLLM imported under the
-    target's platform by the caller: `libraries.import_library_module`)."""
+    """vLLM's `VllmConfig` for this model and these serving parameters under the process's vLLM
+    flags (vLLM imported under the target's platform: `libraries.import_library_module`)."""
+    flags = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("VLLM_")))
+    return _engine_config(config_json, serving, target, flags)
+
+
+@functools.cache
+def _engine_config(config_json: str, serving: ServingParams, target: Target, flags: tuple) -> Any:
     from ...libraries import import_library_module
 
     EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806

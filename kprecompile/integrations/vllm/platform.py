@@ -111,18 +111,27 @@ def _real_triton(target: Target) -> None:
 @contextlib.contextmanager
 def target_imports(target: Target) -> Iterator[None]:
     """vLLM modules imported in the block are imported as on the target's GPU host: under its
-    platform (`use_target_platform`), and, where ROCm's flash-attn build is not installed (a CPU
-    builder), with a `flash_attn` module that vLLM's ROCm attention modules import at import
-    time for functions the Triton backends never call; called, it says so. It is gone after the
-    block, so nothing else finds it."""
-    import importlib.machinery
+    platform (`use_target_platform`) and its device queries (vLLM asks the device capability at
+    import), and, where ROCm's flash-attn build is not installed (a CPU builder), with a
+    `flash_attn` module that vLLM's ROCm attention modules import at import time for functions
+    the Triton backends never call; called, it says so. It is gone after the block, so nothing
+    else finds it."""
     import importlib.util
-    import types
 
-    use_target_platform(target)
-    if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
-        yield
-        return
+    with device_model(target):
+        use_target_platform(target)
+        if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
+            yield
+            return
+        with _flash_attn_module():
+            yield
+
+
+@contextlib.contextmanager
+def _flash_attn_module() -> Iterator[None]:
+    """`flash_attn` for the block (see `target_imports`)."""
+    import importlib.machinery
+    import types
 
     def flash_attn_varlen_func(*args: object, **kwargs: object) -> None:
         raise RuntimeError("flash-attn is not installed here; kprecompile traces vLLM's Triton kernels only")

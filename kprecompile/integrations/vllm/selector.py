@@ -4,16 +4,20 @@ Where vLLM is installed and the release planned for is the installed one, `plan`
 `verify`, `bake` and `export` take the attention backend from vLLM's own ROCm selector, run
 under a stand-in of the target's platform (`platform.rocm_platform`), with the engine's flags in
 the environment, in a subprocess (vLLM binds its platform and reads its AITER switches at
-import, and importing it takes seconds). The answer is remembered in the cache's toolchain
-bucket, keyed by the question and the stat of vLLM's files, so a second command does not import
-vLLM again. The mirror in `engines.py` serves builders without vLLM (and other releases); the
-tests hold it equal to this answer for every tested release.
+import, and importing it takes seconds). `plan`, `warm`, `verify` and `export` remember the
+answer in their cache's toolchain bucket, keyed by the question, the stat of vLLM's selector
+files and kprecompile's and amd-aiter's versions, so the next command does not import vLLM
+again (`bake` asks each time). Only an answer is remembered: a backend, or vLLM's refusal; if
+vLLM fails to answer, one WARNING and the mirror decides. The mirror in `engines.py` serves
+builders without vLLM (and other releases); the tests hold it equal to this answer for every
+tested release.
 
     python -m kprecompile.integrations.vllm.selector < question.json
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -23,6 +27,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 from ...cache.files import write_atomic
@@ -89,6 +94,9 @@ class VllmSelector:
                 return None
             if "refused" in answer:
                 refusal = answer["refused"]
+                if requested is None:
+                    expected = f"one vLLM {release} selects for these settings; it says: {refusal}"
+                    raise InputError("attention backend", "none", expected)
                 raise InputError(field, requested, f"a backend vLLM {release} accepts here; it says: {refusal}")
             answers[target.name] = answer["backend"]
         if len(set(answers.values())) > 1:
@@ -135,6 +143,10 @@ class VllmSelector:
             return None
         root = _vllm_dir()
         digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
+        # The answer is vLLM's, read through kprecompile's stand-in platform, with AITER's presence.
+        for distribution in ("kprecompile", "amd-aiter"):
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                digest.update(f"{distribution}=={metadata.version(distribution)}\n".encode())
         digest.update(self.release.encode())
         for name in _SELECTOR_FILES:
             path = root / name
@@ -184,15 +196,21 @@ def _ask(question: Question) -> dict[str, str] | None:
     return None
 
 
+class _Refused(Exception):
+    """vLLM's selector declined the question (as opposed to failing to answer it)."""
+
+
 def _select(question: Question) -> str:
-    """The backend name vLLM's ROCm platform selects; raises what vLLM raises on refusal."""
+    """The backend name vLLM's ROCm platform selects; `_Refused` with vLLM's reason when it
+    declines. vLLM is imported as on the target's host (`target_imports`: its optional
+    dependencies' absence on a builder must not change the answer)."""
     import torch
 
-    from .platform import rocm_platform
+    from .platform import rocm_platform, target_imports
 
     dtype = getattr(torch, question.dtype)
-    # vLLM's modules bind the current platform at import: import them under the stand-in.
-    with rocm_platform(TARGETS[question.target]) as platform:
+    target = TARGETS[question.target]
+    with target_imports(target), rocm_platform(target) as platform:
         try:
             from vllm.v1.attention.backends.registry import AttentionBackendEnum
         except ImportError:
@@ -201,8 +219,9 @@ def _select(question: Question) -> str:
         try:
             from vllm.v1.attention.selector import AttentionSelectorConfig
         except ImportError:  # 0.11 and 0.12: positional arguments
-            path = platform.get_attn_backend_cls(selected, question.head_size, dtype, question.kv_cache_dtype,
-                                                 question.block_size, question.use_mla, False, False)  # fmt: skip
+            arguments: tuple = (selected, question.head_size, dtype, question.kv_cache_dtype, question.block_size,
+                                question.use_mla, False, False)  # fmt: skip
+            keywords: dict = {}
         else:
             config = AttentionSelectorConfig(
                 head_size=question.head_size,
@@ -212,7 +231,11 @@ def _select(question: Question) -> str:
                 use_mla=question.use_mla,
                 has_sliding_window=question.sliding_window,
             )
-            path = platform.get_attn_backend_cls(selected, config, num_heads=question.num_heads)
+            arguments, keywords = (selected, config), {"num_heads": question.num_heads}
+        try:
+            path = platform.get_attn_backend_cls(*arguments, **keywords)
+        except (ValueError, NotImplementedError) as error:
+            raise _Refused(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
     for member in AttentionBackendEnum:
         try:
             if member.get_path() == path:
@@ -223,11 +246,13 @@ def _select(question: Question) -> str:
 
 
 def main() -> None:
+    """Answer one question; only vLLM's own refusal is an answer (remembered): any other failure
+    exits non-zero, and the caller falls back to its mirror."""
     question = Question(**json.loads(sys.stdin.read()))
     try:
         answer = {"backend": _select(question)}
-    except (ValueError, KeyError, NotImplementedError) as error:
-        answer = {"refused": str(error).splitlines()[0] if str(error) else type(error).__name__}
+    except _Refused as refusal:
+        answer = {"refused": str(refusal)}
     print(_MARK + json.dumps(answer), flush=True)
 
 
