@@ -198,6 +198,23 @@ WARM_CASES = [
 ]
 
 
+# A process that serves from the cache (KPRECOMPILE_CACHE_DIR) loads the configuration's kernels:
+# binaries only, under the cross-compile driver for gfx942 (no GPU here).
+PRELOAD = """
+import json, kprecompile
+from kprecompile.engines import select
+from kprecompile.models import load_model
+from kprecompile.serving import ServingParams
+from kprecompile.targets import TARGETS
+layout = kprecompile.activate()
+model = load_model("{model}")
+serving = ServingParams(max_model_len=8192, max_num_seqs=32)
+report = kprecompile.preload(model, serving, layout, target=TARGETS["gfx942"],
+                             selection=select(model, "vllm", "{backend}", environ={{}}))
+print(json.dumps([report.kernels, report.loaded, report.compiled, list(report.failures)]))
+"""
+
+
 @pytest.fixture(scope="module")
 def kernel_probes(tmp_path_factory):
     """tests/vllm_kernels_probe.py in every supported release, and `kprecompile warm` then
@@ -224,6 +241,9 @@ def kernel_probes(tmp_path_factory):
             result = subprocess.run([sys.executable, "-m", "kprecompile", *command], env=environment,
                                     capture_output=True, text=True, timeout=900)  # fmt: skip
             outcome.append((result.returncode, result.stdout, result.stderr))
+        preload = subprocess.run([sys.executable, "-c", PRELOAD.format(model=model, backend=backend)], env=environment,
+                                 capture_output=True, text=True, timeout=900)  # fmt: skip
+        outcome.append((preload.returncode, preload.stdout, preload.stderr))
         documents[version][f"warm {backend}"] = outcome
     return documents
 
@@ -269,12 +289,15 @@ def test_rocm_attn_random_engine_steps_are_covered_by_the_plan(kernel_probes, ve
 
 @pytest.mark.parametrize("version, backend, model, kernels", WARM_CASES)
 def test_vllm_kernels_warm_for_real_and_verify_deep(kernel_probes, version, backend, model, kernels):
-    (warm_code, warm_out, warm_err), (verify_code, verify_out, verify_err) = kernel_probes[version][f"warm {backend}"]
-    assert warm_code == 0, warm_err[-2000:]
-    report = json.loads(warm_out)
+    warm, verify, preload = kernel_probes[version][f"warm {backend}"]
+    assert warm[0] == 0, warm[2][-2000:]
+    report = json.loads(warm[1])
     assert (report["compiled"], report["failed"]) == (kernels, 0), report
-    assert verify_code == 0, verify_err[-2000:]
-    assert json.loads(verify_out)["warm"] is True
+    assert verify[0] == 0, verify[2][-2000:]
+    assert json.loads(verify[1])["warm"] is True
+    # A serving process loads every kernel from the cache and compiles none.
+    assert preload[0] == 0, preload[2][-2000:]
+    assert json.loads(preload[1].strip().splitlines()[-1]) == [kernels, kernels, 0, []]
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
