@@ -133,6 +133,15 @@ CASES = [
     ("zero-jobs", "deepseek-r1", ["--jobs", "0"], {}, "kprecompile: --jobs: got 0, expected a positive integer"),
     ("negative-timeout", "deepseek-r1", ["--job-timeout", "-1"], {},
      "kprecompile: --job-timeout: got -1.0, expected a positive number of seconds"),
+    # kprecompile's own settings, checked before any work (not once per kernel, after it).
+    ("lock-timeout-text", "deepseek-r1", [], {"KPRECOMPILE_LOCK_TIMEOUT": "abc"},
+     "kprecompile: KPRECOMPILE_LOCK_TIMEOUT: got 'abc', expected a positive number of seconds"),
+    ("lock-timeout-nan", "deepseek-r1", [], {"KPRECOMPILE_LOCK_TIMEOUT": "nan"},
+     "kprecompile: KPRECOMPILE_LOCK_TIMEOUT: got 'nan', expected a positive number of seconds"),
+    ("strict-mode", "deepseek-r1", [], {"KPRECOMPILE_STRICT": "bogus"},
+     "kprecompile: KPRECOMPILE_STRICT: got 'bogus', expected one of off, warn, error"),
+    ("hook-switch", "deepseek-r1", [], {"KPRECOMPILE_VLLM_HOOK": "maybe"},
+     "kprecompile: KPRECOMPILE_VLLM_HOOK: got 'maybe', expected 1 or 0 (true or false)"),
 ]  # fmt: skip
 
 
@@ -175,3 +184,12 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith(expected), captured.err
     assert not cache.exists()
+
+
+def test_an_empty_cache_dir_is_refused_not_the_current_directory(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--family", "fp8_bmm", "--cache-dir", ""])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "kprecompile: --cache-dir: got '', expected a directory path\n"
+    assert list(tmp_path.iterdir()) == []

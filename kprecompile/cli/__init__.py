@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from .. import __version__
+from .. import __version__, settings
 from ..errors import InputError, KprecompileError
 from .output import ExitStatus
 
@@ -46,6 +46,10 @@ def cli(verbose: int) -> None:
     """Precompile the Triton and AITER kernels an LLM serving engine will JIT-compile."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    # Every KPRECOMPILE_* variable is checked before any work: a bad one is one line, not one
+    # failure per kernel after the cache was written.
+    for setting in settings.SETTINGS:
+        setting.read()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ import click
 
 from ..cache.layout import CacheLayout
 from ..environment import DEFAULT_ENGINE, ENGINES
+from ..errors import InputError
 from ..inputs import Request, parse_capture_sizes, resolve_requests
 from ..releases import DEFAULT_RELEASE
 from ..serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
@@ -90,10 +91,18 @@ def selection_options(multiple_models: bool = False) -> Decorator:
 
 json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
 
+def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # An empty path would be the current directory: never a cache root by accident.
+    if value is not None and not value.strip():
+        raise InputError("--cache-dir", value, "a directory path")
+    return value
+
+
 cache_dir_option = click.option(
     "--cache-dir",
     type=click.Path(file_okay=False),
     default=None,
+    callback=_cache_dir,
     help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
 )
 
