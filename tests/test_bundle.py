@@ -91,6 +91,16 @@ def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_pa
     assert not list((tmp_path / "user").glob("triton-v1/*/*.hsaco"))
 
 
+def test_a_baked_bundle_is_readable_by_a_server_running_as_another_user(baked):
+    """Every file kprecompile writes into a bundle (manifests, bundle.json, the toolchain memo) is
+    0644 like Triton's own: mkstemp's 0600 would make a non-root server recompile everything."""
+    out, _, _ = baked
+    written = [out / "bundle.json", *out.glob("manifests-v*/*.json"), *out.glob("toolchain-v*/*.json")]
+    assert len(written) > 3
+    modes = {path.name: path.stat().st_mode & 0o777 for path in written}
+    assert {name: oct(mode) for name, mode in modes.items() if mode & 0o044 != 0o044} == {}
+
+
 def test_every_baked_kernel_is_one_elf_code_object(baked):
     """The bake cross-compiled real AMD binaries: each kernel of each target has one hsaco, an ELF."""
     out, _, document = baked

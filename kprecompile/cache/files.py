@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 _BLOCK_BYTES = 1 << 20
+# Cache files are readable by everyone and writable by their owner (Triton's own files are too).
+FILE_MODE = 0o644
 
 
 @contextlib.contextmanager
@@ -24,6 +26,8 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file 0600: servers running as another user (a baked image) must read it.
+        os.fchmod(descriptor, FILE_MODE)
         with os.fdopen(descriptor, "wb") as file:
             yield file
             file.flush()
