@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Generic, Literal, TypeVar, get_args
 
 from .cache.layout import CacheLayout
+from .cache.trust import check_layout
 from .errors import InputError
 
 T = TypeVar("T")
@@ -103,6 +104,9 @@ def cache_layout(
     cache_dir: str | os.PathLike[str] | None = None, layers: tuple[str | os.PathLike[str], ...] | None = None
 ) -> CacheLayout:
     """The cache: `cache_dir` (else $KPRECOMPILE_CACHE_DIR, else the user cache directory) over
-    `layers` (else $KPRECOMPILE_CACHE_LAYERS)."""
+    `layers` (else $KPRECOMPILE_CACHE_LAYERS); refused if other users could write what servers
+    load from it (`cache.trust`)."""
     root = CACHE_DIR.read() if cache_dir is None else cache_dir
-    return CacheLayout.of(root, CACHE_LAYERS.read() if layers is None else layers)
+    layout = CacheLayout.of(root, CACHE_LAYERS.read() if layers is None else layers)
+    check_layout(layout)
+    return layout

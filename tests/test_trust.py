@@ -1,0 +1,85 @@
+"""The cache's trust boundary: a root, layer or bucket another user could write is refused
+(one line, exit 2, nothing written), as ssh and sudo refuse such files; a private one is used."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kprecompile.cli import main
+
+SELECTION = ["--model", "deepseek-v2-lite", "--target", "gfx942", "--family", "fp8_bmm", "--max-num-seqs", "4"]
+
+
+def world_writable_root(root, other):
+    root.chmod(0o777)
+
+
+def group_writable_root(root, other):
+    root.chmod(0o775)
+
+
+def world_writable_bucket(root, other):
+    (root / "manifests-v5").mkdir()
+    (root / "manifests-v5").chmod(0o777)
+
+
+def bucket_is_a_link(root, other):
+    (root / "triton-v1").symlink_to(other)
+
+
+def root_of_another_user(root, other):
+    os.chown(root, 12345, 12345)
+
+
+CASES = [
+    ("world-writable-root", world_writable_root, "kprecompile: cache root: got '{root}', expected a directory only "
+     "its owner can write, not mode 0o777 (chmod go-w {root})"),
+    ("group-writable-root", group_writable_root, "kprecompile: cache root: got '{root}', expected a directory only "
+     "its owner can write, not mode 0o775"),
+    ("world-writable-bucket", world_writable_bucket, "kprecompile: cache root bucket: got '{root}/manifests-v5', "
+     "expected a directory only its owner can write, not mode 0o777"),
+    ("bucket-is-a-link", bucket_is_a_link, "kprecompile: cache root bucket: got '{root}/triton-v1', expected a "
+     "directory, not a symbolic link"),
+    pytest.param("root-of-another-user", root_of_another_user,
+                 "kprecompile: cache root: got '{root}', expected a directory owned by you or root, not by uid 12345",
+                 marks=pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory away")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, plant, message", CASES)
+def test_a_cache_other_users_can_write_is_refused(tmp_path, capsys, name, plant, message):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o755)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    plant(root, other)
+    before = sorted(path.name for path in root.iterdir())
+    with pytest.raises(SystemExit) as exited:
+        main(["warm", *SELECTION, "--cache-dir", str(root)])
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(message.format(root=root)), captured.err
+    assert sorted(path.name for path in root.iterdir()) == before and list(other.iterdir()) == []
+
+
+def test_a_layer_other_users_can_write_is_refused(tmp_path, capsys, monkeypatch):
+    layer = tmp_path / "layer"
+    layer.mkdir()
+    layer.chmod(0o777)
+    monkeypatch.setenv("KPRECOMPILE_CACHE_LAYERS", str(layer))
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", *SELECTION, "--cache-dir", str(tmp_path / "cache")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.startswith(f"kprecompile: cache layer: got '{layer}', expected a directory only")
+
+
+def test_a_private_cache_is_used(tmp_path, capsys):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", *SELECTION, "--cache-dir", str(root)])
+    # Not warm (exit 1), but looked at: no refusal.
+    assert exited.value.code == 1
+    assert "not warm" in capsys.readouterr().out
