@@ -101,8 +101,15 @@ def load_model(spec: str) -> ModelConfig:
     name, data, source = _locate(spec)
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ModelConfigError(CONFIG_FILENAME, f"<{len(data)} bytes>", f"valid JSON ({error})", source) from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError: also Python's limit on integer digits; RecursionError: nesting too deep.
+        if isinstance(error, RecursionError):
+            reason = "nested too deeply"
+        elif isinstance(error, (json.JSONDecodeError, UnicodeDecodeError)):
+            reason = str(error)
+        else:
+            reason = "a number too long to read"
+        raise ModelConfigError(CONFIG_FILENAME, f"<{len(data)} bytes>", f"valid JSON ({reason})", source) from None
     if not isinstance(raw, dict):
         raise ModelConfigError(CONFIG_FILENAME, type(raw).__name__, "a JSON object", source)
     return model_from_dict(raw, name=name, source=source)
@@ -173,6 +180,21 @@ def _sliding_window(fields: _FieldReader, raw: dict[str, Any]) -> int | None:
     return fields.positive_int("sliding_window", default=None)
 
 
+# Config integers beyond any real model (a plan's size grows with heads and dimensions); others
+# must fit the int32 Triton and torch index with.
+_INT_LIMIT = (1 << 31) - 1
+_FIELD_LIMITS = {
+    "num_attention_heads": 4096,
+    "num_key_value_heads": 4096,
+    "head_dim": 4096,
+    "kv_lora_rank": 65536,
+    "qk_nope_head_dim": 4096,
+    "qk_rope_head_dim": 4096,
+    "v_head_dim": 4096,
+    "hidden_size": 1 << 20,
+}
+
+
 class _FieldReader:
     """Typed reads of config fields, each failing with the field, the value and what was expected."""
 
@@ -195,6 +217,9 @@ class _FieldReader:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ModelConfigError(field, value, "a positive integer", self.source)
+        limit = _FIELD_LIMITS.get(field, _INT_LIMIT)
+        if value > limit:
+            raise ModelConfigError(field, value, f"at most {limit:,}", self.source)
         return value
 
     def choice(self, field: str, choices: tuple[str, ...], default: str) -> str:

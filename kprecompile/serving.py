@@ -21,6 +21,14 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_NUM_SEQS = 1024
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+# Bounds far beyond any real deployment, so that a typo cannot make planning take minutes or
+# gigabytes (plans grow with sequences, tokens and draft tokens).
+MAX_TENSOR_PARALLEL = 1024
+MAX_NUM_SEQS = 16384
+MAX_BATCHED_TOKENS = 1 << 20
+MAX_MODEL_LEN = 1 << 24
+MAX_SPECULATIVE_TOKENS = 32
+MAX_CAPTURE_SIZES = 1024
 DEFAULT_BLOCK_SIZE = 16
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -50,11 +58,15 @@ class ServingParams:
     num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
-        _require_positive_int("--tp", self.tensor_parallel_size)
-        _require_positive_int("--max-num-seqs", self.max_num_seqs)
-        _require_positive_int("--max-num-batched-tokens", self.max_num_batched_tokens)
+        _require_positive_int("--tp", self.tensor_parallel_size, MAX_TENSOR_PARALLEL)
+        _require_positive_int("--max-num-seqs", self.max_num_seqs, MAX_NUM_SEQS)
+        _require_positive_int("--max-num-batched-tokens", self.max_num_batched_tokens, MAX_BATCHED_TOKENS)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # vLLM's scheduler refuses it too: every sequence needs a token in a step.
+            raise InputError("--max-num-batched-tokens", self.max_num_batched_tokens,
+                             f"at least --max-num-seqs = {self.max_num_seqs} (vLLM refuses fewer)")  # fmt: skip
         if self.max_model_len is not None:
-            _require_positive_int("--max-model-len", self.max_model_len)
+            _require_positive_int("--max-model-len", self.max_model_len, MAX_MODEL_LEN)
         _require_choice("--block-size", self.block_size, BLOCK_SIZES)
         _require_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         _require_choice("--dtype", self.dtype, DTYPES)
@@ -62,14 +74,17 @@ class ServingParams:
             raise InputError("--enforce-eager", self.enforce_eager, "true or false")
         if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int):
             raise InputError("--num-speculative-tokens", self.num_speculative_tokens, "a non-negative integer")
-        if self.num_speculative_tokens < 0:
-            raise InputError("--num-speculative-tokens", self.num_speculative_tokens, "a non-negative integer")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise InputError("--num-speculative-tokens", self.num_speculative_tokens,
+                             f"a non-negative integer up to {MAX_SPECULATIVE_TOKENS}")  # fmt: skip
         if self.cudagraph_capture_sizes is not None:
             sizes = self.cudagraph_capture_sizes
             if not isinstance(sizes, tuple) or not sizes:
                 raise InputError("--cudagraph-capture-sizes", sizes, "a non-empty list of positive integers")
+            if len(sizes) > MAX_CAPTURE_SIZES:
+                raise InputError("--cudagraph-capture-sizes", f"{len(sizes)} sizes", f"at most {MAX_CAPTURE_SIZES}")
             for size in sizes:
-                _require_positive_int("--cudagraph-capture-sizes", size)
+                _require_positive_int("--cudagraph-capture-sizes", size, MAX_BATCHED_TOKENS)
             object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(set(sizes))))
 
     @property
@@ -171,9 +186,11 @@ class ServingParams:
         return record
 
 
-def _require_positive_int(field: str, value: object) -> None:
+def _require_positive_int(field: str, value: object, limit: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(field, value, "a positive integer")
+    if value > limit:
+        raise InputError(field, value, f"at most {limit:,}")
 
 
 def _require_choice(field: str, value: object, choices: tuple[object, ...]) -> None:

@@ -91,6 +91,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
 
 json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
 
+
 def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     # An empty path would be the current directory: never a cache root by accident.
     if value is not None and not value.strip():
