@@ -266,3 +266,60 @@ def test_verify_and_warm_on_a_warm_cache_never_import_torch(layout):
     result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(layout.root)], capture_output=True, text=True,
                             env=env, check=True)  # fmt: skip
     assert result.stdout.strip().splitlines()[-1] == "torch not imported"
+
+
+def _edit_first_job(field, value):
+    def edit(document):
+        document["jobs"][0][field] = value
+        return document
+
+    return edit
+
+
+def _edit_first_artifact(change):
+    def edit(document):
+        artifacts = document["jobs"][0]["artifacts"]
+        name = next(iter(artifacts))
+        change(artifacts, name)
+        return document
+
+    return edit
+
+
+# Manifest contents an adversary or a broken disk could leave: each is one warning and "not
+# warm" (a rebuild by warm), never a traceback in verify, warm or the hook.
+MANIFEST_DAMAGE = {
+    "path-like-job-key": _edit_first_job("key", "../../../etc/passwd"),
+    "long-job-key": _edit_first_job("key", "a" * 10_000),
+    "artifacts-as-list": _edit_first_job("artifacts", []),
+    "job-field-not-text": _edit_first_job("kernel", 7),
+    "jobs-as-object": lambda document: {**document, "jobs": {"a": 1}},
+    "families-as-text": lambda document: {**document, "families": "x"},
+    "top-level-array": lambda document: [document],
+    "path-like-file-name": _edit_first_artifact(lambda artifacts, name: artifacts.update({"../x": artifacts[name]})),
+    "record-without-digest": _edit_first_artifact(lambda artifacts, name: artifacts[name].pop("sha256")),
+    "negative-size": _edit_first_artifact(lambda artifacts, name: artifacts[name].update(size=-1)),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(MANIFEST_DAMAGE))
+def test_a_damaged_manifest_is_one_warning_and_a_rebuild(layout, caplog, damage):
+    path = baked_manifest(layout, GFX942).path
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps(MANIFEST_DAMAGE[damage](document)))
+    assert verdict(layout).status != "warm"
+    assert "ignoring unreadable manifest" in caplog.text
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    assert report.failed == 0 and report.compiled == 0
+    assert verdict(layout, deep=True).status == "warm"
+
+
+def test_a_stray_json_in_the_manifests_bucket_breaks_nothing(layout, capsys):
+    (layout.manifests_dir / "stray.json").write_text("[1, 2, 3]")
+    (layout.manifests_dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    # Another configuration: verify explains the mismatch from every readable manifest.
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "5",
+              "--cache-dir", str(layout.root)])  # fmt: skip
+    assert exited.value.code == 1
+    assert "not warm" in capsys.readouterr().out

@@ -9,8 +9,10 @@ family rows. "No valid manifest" means "not warm".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +68,10 @@ def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
     if path is None:
         return None
     try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
         document = json.loads(path.read_bytes())
-        if document["schema"] != MANIFEST_SCHEMA or document["key"] != key:
-            raise ValueError("schema or key mismatch")
+        _check_document(document, key)
         if manifest_key(document["parts"]) != key:
             raise ValueError("its parts do not hash to its key")
         return Manifest(
@@ -78,9 +81,60 @@ def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
             jobs=tuple(CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in document["jobs"]),
             artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
         )
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         logger.warning("ignoring unreadable manifest %s: %s", path, error)
         return None
+
+
+# A manifest lists a configuration's kernels (DeepSeek-R1 TP8: 1,158, about 9 MB): far below this.
+MAX_MANIFEST_BYTES = 256 << 20
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_JOB_FIELDS = {field.name for field in dataclasses.fields(CompileJob)}
+# Names of an entry's files as Triton writes them: plain names, no path.
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+
+
+def _check_document(document: Any, key: str) -> None:
+    """Every field of a manifest as kprecompile writes it, or ValueError saying which is not."""
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {type(document).__name__}, not an object")
+    if document.get("schema") != MANIFEST_SCHEMA or document.get("key") != key:
+        raise ValueError("schema or key mismatch")
+    if not isinstance(document.get("parts"), dict):
+        raise ValueError("parts is not an object")
+    families, jobs = document.get("families"), document.get("jobs")
+    if not isinstance(families, list) or not all(isinstance(family, dict) for family in families):
+        raise ValueError("families is not a list of objects")
+    if not isinstance(jobs, list):
+        raise ValueError("jobs is not a list")
+    for index, job in enumerate(jobs):
+        if not isinstance(job, dict) or set(job) != _JOB_FIELDS | {"artifacts"}:
+            raise ValueError(f"job {index} does not have the fields {sorted(_JOB_FIELDS | {'artifacts'})}")
+        if not all(isinstance(job[name], str) for name in _JOB_FIELDS):
+            raise ValueError(f"job {index} has a field that is not a string")
+        if not _HEX64.fullmatch(job["key"]):
+            raise ValueError(f"job {index}'s key is not a Triton cache key (64 hex digits)")
+        artifacts = job["artifacts"]
+        if not isinstance(artifacts, dict):
+            raise ValueError(f"job {index}'s artifacts is not an object")
+        for name, record in artifacts.items():
+            if not _FILE_NAME.fullmatch(name) or ".." in name:
+                raise ValueError(f"job {index} names a file {name[:80]!r} that is not a plain file name")
+            if not _is_file_record(record):
+                raise ValueError(f"job {index}'s record of {name!r} is not a size and a sha256")
+
+
+def _is_file_record(record: Any) -> bool:
+    if not isinstance(record, dict) or set(record) != {"sha256", "size"}:
+        return False
+    size, digest = record["size"], record["sha256"]
+    return (
+        isinstance(size, int)
+        and not isinstance(size, bool)
+        and size >= 0
+        and isinstance(digest, str)
+        and _HEX64.fullmatch(digest) is not None
+    )
 
 
 def read_all_manifest_parts(layout: CacheLayout) -> list[dict[str, Any]]:
@@ -94,11 +148,14 @@ def read_all_manifest_parts(layout: CacheLayout) -> list[dict[str, Any]]:
     documents = []
     for path in paths:
         try:
+            if path.stat().st_size > MAX_MANIFEST_BYTES:
+                continue
             document = json.loads(path.read_bytes())
-            if document.get("schema") == MANIFEST_SCHEMA:
-                documents.append({"path": str(path), "parts": document["parts"]})
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, RecursionError):
             continue
+        if isinstance(document, dict) and document.get("schema") == MANIFEST_SCHEMA:
+            if isinstance(document.get("parts"), dict):
+                documents.append({"path": str(path), "parts": document["parts"]})
     return documents
 
 
