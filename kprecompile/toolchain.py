@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
@@ -79,7 +80,10 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
     if layout is not None:
         memo = layout.toolchain_dir / f"{_stat_digest(_triton_key_inputs(triton_dir))}.json"
         try:
-            return json.loads(memo.read_text())["triton_key_text"]
+            text = json.loads(memo.read_text())["triton_key_text"]
+            if _is_triton_key(text, triton.__version__):
+                return text
+            logger.warning("ignoring a remembered Triton key that is not one (%s): computing it again", memo)
         except (OSError, ValueError, KeyError, TypeError):
             pass
     from triton.runtime.cache import triton_key
@@ -91,6 +95,17 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
         except OSError as error:  # a read-only cache still works, only slower
             logger.debug("cannot remember the Triton key at %s: %s", memo, error)
     return text
+
+
+def _is_triton_key(text: object, version: str) -> bool:
+    """Whether `text` has the form of `triton_key()`: the version, then sha256 digests joined by '-'."""
+    if not isinstance(text, str) or not text.startswith(version):
+        return False
+    digests = text[len(version) :].split("-")
+    return len(digests) > 1 and all(_SHA256.fullmatch(digest) for digest in digests)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def triton_key_digest(layout: CacheLayout | None = None, remember: bool = True) -> str:

@@ -78,10 +78,26 @@ def test_triton_key_is_remembered_by_the_stat_of_its_inputs(cache_layout):
     assert digest == hashlib.sha256(triton_key().encode()).hexdigest()
     [memo] = cache_layout.toolchain_dir.iterdir()
     # The memo, not a fresh hash, answers the next call.
-    memo.write_text(json.dumps({"triton_key_text": "remembered"}))
-    remembered = hashlib.sha256(b"remembered").hexdigest()
+    import triton
+
+    text = triton.__version__ + "-".join(["0" * 64, "1" * 64])
+    memo.write_text(json.dumps({"triton_key_text": text}))
+    remembered = hashlib.sha256(text.encode()).hexdigest()
     assert triton_key_digest(cache_layout) == remembered
     assert current_toolchain(cache_layout).triton_key == remembered
+
+
+def test_a_remembered_triton_key_that_is_not_one_is_computed_again_and_replaced(cache_layout, caplog):
+    """A poisoned memo would make every compile's key differ from the plan's, forever."""
+    from triton.runtime.cache import triton_key
+
+    triton_key_digest(cache_layout)
+    [memo] = cache_layout.toolchain_dir.iterdir()
+    memo.write_text(json.dumps({"triton_key_text": "poison"}))
+    with caplog.at_level(logging.WARNING):
+        assert triton_key_digest(cache_layout) == hashlib.sha256(triton_key().encode()).hexdigest()
+    assert "ignoring a remembered Triton key that is not one" in caplog.text
+    assert json.loads(memo.read_text())["triton_key_text"] == triton_key()
 
 
 def test_a_corrupt_manifest_is_ignored_with_a_warning(cache_layout, caplog):
