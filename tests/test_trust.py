@@ -83,3 +83,26 @@ def test_a_private_cache_is_used(tmp_path, capsys):
     # Not warm (exit 1), but looked at: no refusal.
     assert exited.value.code == 1
     assert "not warm" in capsys.readouterr().out
+
+
+def test_an_os_error_is_one_line_naming_the_path_and_the_fix(tmp_path, capsys):
+    """A directory where the manifest belongs (or a full disk, a read-only file system): one line,
+    exit 1, no temporary file left, never a traceback."""
+    import json
+
+    root = tmp_path / "cache"
+    argv = ["warm", *SELECTION, "--cache-dir", str(root)]
+    with pytest.raises(SystemExit):
+        main([*argv, "--json"])
+    [manifest] = json.loads(capsys.readouterr().out)["manifests"]
+    os.unlink(manifest)
+    os.mkdir(manifest)
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exited.value.code == 1
+    assert captured.err.splitlines()[-1] == (
+        f"kprecompile: Is a directory: {manifest}; a directory is where a file belongs: remove it"
+    )
+    assert "Traceback" not in captured.err
+    assert [path.name for path in (root / "manifests-v5").iterdir()] == [os.path.basename(manifest)]

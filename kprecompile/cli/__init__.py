@@ -7,6 +7,7 @@ the cache is not warm), 2 a usage or input error, reported on one line.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import logging
 import sys
@@ -70,7 +71,32 @@ def main(argv: list[str] | None = None) -> None:
     except KprecompileError as error:
         click.echo(f"kprecompile: {error}", err=True)
         status = ExitStatus.FAILURE
+    except OSError as error:
+        # The machine said no (a full disk, a read-only file system, a directory where a file
+        # belongs): one line naming the path and what to do, never a traceback.
+        click.echo(f"kprecompile: {describe_os_error(error)}", err=True)
+        status = ExitStatus.FAILURE
     sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)
+
+
+_FIXES = {
+    errno.ENOSPC: "free space on that file system, or choose another --cache-dir",
+    errno.EDQUOT: "free space within your quota, or choose another --cache-dir",
+    errno.EROFS: "that file system is read-only: choose another --cache-dir",
+    errno.EACCES: "check its permissions, or choose another --cache-dir",
+    errno.EPERM: "check its permissions, or choose another --cache-dir",
+    errno.EISDIR: "a directory is where a file belongs: remove it",
+    errno.ENOTDIR: "a file is where a directory belongs: remove it",
+    errno.ENAMETOOLONG: "choose a shorter path",
+}
+
+
+def describe_os_error(error: OSError) -> str:
+    """`<what failed>: <path>: <fix>` for an OS error."""
+    paths = [str(path) for path in (error.filename2, error.filename) if path is not None]
+    reason = error.strerror or type(error).__name__
+    fix = _FIXES.get(error.errno or -1)
+    return "; ".join(part for part in (f"{reason}: {paths[0] if paths else 'a cache file'}", fix) if part)
 
 
 __all__ = ["ExitStatus", "cli", "main"]
