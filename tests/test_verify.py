@@ -323,3 +323,23 @@ def test_a_stray_json_in_the_manifests_bucket_breaks_nothing(layout, capsys):
               "--cache-dir", str(layout.root)])  # fmt: skip
     assert exited.value.code == 1
     assert "not warm" in capsys.readouterr().out
+
+
+def test_a_symlinked_binary_in_an_entry_is_not_served_and_warm_replaces_it(layout, tmp_path):
+    """A link to a same-size, same-content file elsewhere passed `verify --deep` before: the link
+    could be repointed after the check. It is a problem, and warm writes a real file."""
+    job = gfx942_manifest(layout).jobs[0]
+    [binary] = [path for path in compiled_files(layout, job.key) if path.suffix == ".hsaco"]
+    elsewhere = tmp_path / "elsewhere.hsaco"
+    shutil.copyfile(binary, elsewhere)
+    binary.unlink()
+    binary.symlink_to(elsewhere)
+    result = verdict(layout, deep=True)
+    assert result.status == "incomplete"
+    assert [problem.problem for problem in result.problems] == [
+        f"{binary.name} is not a regular file (a link or a directory)"
+    ]
+    assert compiled_files(layout, job.key) is None  # nor served by the layered manager's rule
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    assert report.replaced == 1 and report.compiled == 1 and report.failed == 0
+    assert not binary.is_symlink() and verdict(layout, deep=True).status == "warm"

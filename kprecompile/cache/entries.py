@@ -13,7 +13,7 @@ from .files import sha256_file
 from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
 
 # Why an entry would not be served as its manifest recorded it.
-ProblemKind = Literal["not_in_cache", "file_missing", "size_mismatch", "checksum_mismatch"]
+ProblemKind = Literal["not_in_cache", "file_missing", "not_a_file", "size_mismatch", "checksum_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[s
         found = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return found if all(os.path.isfile(path) for path in found.values()) else None
+    # A symbolic link is never served: it could point anywhere after the entry was checked.
+    return found if all(os.path.isfile(path) and not os.path.islink(path) for path in found.values()) else None
 
 
 def group_file(entry: Path) -> Path | None:
@@ -127,7 +128,9 @@ def entry_problem(
         item = files.get(file_name)
         if item is None:
             return EntryProblem("file_missing", f"{file_name} is missing")
-        size = item.stat().st_size
+        if not item.is_file(follow_symlinks=False):
+            return EntryProblem("not_a_file", f"{file_name} is not a regular file (a link or a directory)")
+        size = item.stat(follow_symlinks=False).st_size
         if size != expected["size"]:
             return EntryProblem("size_mismatch", f"{file_name} has {size} bytes, {expected['size']} recorded")
         if deep and sha256_file(item.path) != expected["sha256"]:
