@@ -116,11 +116,17 @@ class CompilePool:
             self._pool = self._ready = None
 
     def compile(
-        self, jobs: Sequence[CompileJob], progress: Progress | None = None, label: str = "compiling"
+        self,
+        jobs: Sequence[CompileJob],
+        progress: Progress | None = None,
+        label: str = "compiling",
+        damaged: frozenset[str] = frozenset(),
     ) -> tuple[JobOutcome, ...]:
         """Compile every job not yet in the cache; one outcome per job, in job order. Checked in
-        this process first: no worker starts when nothing is missing."""
-        outcomes, missing = _check_cache(jobs, self.layout)
+        this process first: no worker starts when nothing is missing. Keys in `damaged` are
+        looked up, and compiled, in the writable root only: their entries in read-only layers
+        failed their checks and must not count as cached."""
+        outcomes, missing = _check_cache(jobs, self.layout, damaged)
         if missing:
             if self.started and self.workers < min(self.max_workers, len(missing)):
                 self.close()  # started small for an earlier target: start again, as large as needed
@@ -129,14 +135,14 @@ class CompilePool:
             progress = progress or NoProgress()
             progress.start(label, len(jobs), len(jobs) - len(missing))
             try:
-                for outcome in self._run(missing):
+                for outcome in self._run(missing, damaged):
                     outcomes[outcome.job.key] = outcome
                     progress.advance()
             finally:
                 progress.finish()
         return tuple(outcomes[job.key] for job in jobs)
 
-    def _run(self, jobs: list[CompileJob]) -> Iterator[JobOutcome]:
+    def _run(self, jobs: list[CompileJob], damaged: frozenset[str] = frozenset()) -> Iterator[JobOutcome]:
         from concurrent.futures import as_completed
 
         from pebble import ProcessExpired
@@ -155,7 +161,13 @@ class CompilePool:
             yield from (JobOutcome(job, "failed", 0.0, reason) for job in jobs)
             return
         timeout = self.job_timeout_seconds
-        futures = {self._pool.schedule(compile_job, args=(job, self.layout), timeout=timeout): job for job in jobs}
+        writable = CacheLayout(self.layout.root)
+
+        def submit(job: CompileJob):
+            layout = writable if job.key in damaged else self.layout
+            return self._pool.schedule(compile_job, args=(job, layout), timeout=timeout)
+
+        futures = {submit(job): job for job in jobs}
         for future in as_completed(futures):
             job = futures[future]
             try:
@@ -168,12 +180,15 @@ class CompilePool:
                 yield JobOutcome(job, "failed", 0.0, f"{type(error).__name__}: {error}")
 
 
-def _check_cache(jobs: Sequence[CompileJob], layout: CacheLayout) -> tuple[dict[str, JobOutcome], list[CompileJob]]:
+def _check_cache(
+    jobs: Sequence[CompileJob], layout: CacheLayout, damaged: frozenset[str] = frozenset()
+) -> tuple[dict[str, JobOutcome], list[CompileJob]]:
     """In-process: outcomes of jobs already cached, and the jobs that are not."""
+    writable = CacheLayout(layout.root)
     outcomes: dict[str, JobOutcome] = {}
     missing = []
     for job in jobs:
-        if is_compiled(layout, job.key):
+        if is_compiled(writable if job.key in damaged else layout, job.key):
             outcomes[job.key] = JobOutcome(job, "cached", 0.0)
         else:
             missing.append(job)

@@ -96,26 +96,27 @@ def _build_launchers(
     return report.kernels - len(report.failures)
 
 
-def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, int]:
+def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, frozenset[str]]:
     """The manifest when every kernel it lists is intact (checksums included), else None.
 
     Entries that no longer match their record (truncated, altered) are deleted under their
-    lock, so that this warm compiles them again; returns how many.
+    lock where they are writable, so that this warm compiles them again; returns their keys
+    (an entry in a read-only layer stays, and its kernel is compiled into the writable root).
     """
     manifest = lookup.manifest
     if manifest is None:
-        return None, 0
+        return None, frozenset()
     problems = job_problems(layout, manifest, deep=True)
     if not problems:
-        return manifest, 0
-    damaged = 0
+        return manifest, frozenset()
+    damaged = set()
     for job, problem in problems:
         if problem.kind != "not_in_cache":
             logger.warning("replacing %s [%s]: %s", job.kernel_name, job.key, problem.message)
             with job_lock(layout, job):
                 remove_entry(layout, job.key)
-            damaged += 1
-    return None, damaged
+            damaged.add(job.key)
+    return None, frozenset(damaged)
 
 
 def warm(
@@ -152,7 +153,7 @@ def warm(
         for target in targets:
             lookup = find_manifest(model, serving, selection, target, layout)
             manifest, damaged = _warm_from_manifest(layout, lookup)
-            replaced += damaged
+            replaced += len(damaged)
             if manifest is not None:
                 logger.info("%s on %s is warm: manifest %s", model.name, target.name, lookup.key)
                 families += [FamilyPlan(**row) for row in manifest.families]
@@ -178,7 +179,9 @@ def warm(
             start = (rank % ranks) * len(target_plan.jobs) // ranks
             ordered = target_plan.jobs[start:] + target_plan.jobs[:start]
             label = f"{model.name} on {target.name}"
-            target_outcomes = pool.compile(ordered, progress, label) if pool is not None else ()
+            # A damaged entry in a read-only layer stays there: its kernel is compiled into the
+            # writable root, which every reader searches first, and the manifest records that copy.
+            target_outcomes = pool.compile(ordered, progress, label, damaged) if pool is not None else ()
             workers = max(workers, pool.workers if pool is not None else 0)
             compile_seconds += time.perf_counter() - compile_started
             families += target_plan.families

@@ -343,3 +343,23 @@ def test_a_symlinked_binary_in_an_entry_is_not_served_and_warm_replaces_it(layou
     report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
     assert report.replaced == 1 and report.compiled == 1 and report.failed == 0
     assert not binary.is_symlink() and verdict(layout, deep=True).status == "warm"
+
+
+def test_a_damaged_entry_in_a_read_only_layer_is_compiled_anew_not_laundered(warm_copy, tmp_path):
+    """A same-size alteration of a binary in a baked layer: warm must not re-record the damaged
+    file as good (it did: `replaced: 1`, nothing compiled, the manifest took the bad checksum).
+    It compiles the kernel into the writable root, which every reader searches first, records
+    that copy, and leaves the layer as it is."""
+    layout = CacheLayout.of(tmp_path / "user", (warm_copy.root,))
+    job = gfx942_manifest(layout).jobs[0]
+    [binary] = [path for path in compiled_files(layout, job.key) if path.suffix == ".hsaco"]
+    data = bytearray(binary.read_bytes())
+    data[-1] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    assert verdict(layout, deep=True).status == "incomplete"
+    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    assert (report.replaced, report.compiled, report.failed) == (1, 1, 0)
+    assert binary.read_bytes() == bytes(data)  # the layer is read-only to kprecompile
+    [served] = [path for path in compiled_files(layout, job.key) if path.suffix == ".hsaco"]
+    assert served.is_relative_to(layout.root) and served.read_bytes() != bytes(data)
+    assert verdict(layout, deep=True).status == "warm"
