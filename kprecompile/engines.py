@@ -210,7 +210,12 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> s
     return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
 
 
-_PREBUILT = "{backend} runs AITER's prebuilt {kind} kernels: nothing is compiled on first use"
+# Prebuilt attention; vLLM still runs its own Triton kernels around it on steps whose sequences
+# have cached context (merging the partial results), which no family plans yet.
+_PREBUILT = (
+    "{backend} runs AITER's prebuilt {kind} kernels; vLLM's Triton {around} on steps with cached context is not "
+    "planned yet"
+)
 
 
 _TRITON_MLA_0_19 = (
@@ -241,7 +246,8 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str)
     if backend == "ROCM_AITER_TRITON_MLA":
         choices.append(FamilyChoice("mla_prefill", backend))
     else:
-        reason = _PREBUILT.format(backend=backend, kind="CK flash-attention") + " (ROCM_AITER_TRITON_MLA uses Triton)"
+        reason = _PREBUILT.format(backend=backend, kind="CK flash-attention", around="merge_attn_states")
+        reason += " (ROCM_AITER_TRITON_MLA uses Triton for all of it)"
         choices.append(FamilyChoice("mla_prefill", backend, reason))
     return tuple(choices)
 
@@ -274,6 +280,7 @@ def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, 
     # AITER's backends: unified attention is Triton, FA is prebuilt.
     reason = None
     if backend == "ROCM_AITER_FA":
-        reason = _PREBUILT.format(backend=backend, kind="CK/assembly attention")
-        reason += " (ROCM_AITER_UNIFIED_ATTN uses Triton)"
+        around = "cp_mha_gather_cache and merge_attn_states"
+        reason = _PREBUILT.format(backend=backend, kind="CK/assembly attention", around=around)
+        reason += " (ROCM_AITER_UNIFIED_ATTN uses Triton for all of it)"
     return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason))
