@@ -19,9 +19,9 @@ from . import __version__
 from .cache.bundle import BUNDLE_FILE, BundleIndex, ImportReport, copy_configurations, import_archive, write_archive
 from .cache.bundle import write_index as write_bundle_index
 from .cache.layout import CacheLayout
-from .cache.manifest import read_manifest
+from .cache.manifest import job_problems, read_manifest
 from .configuration import find_manifest
-from .errors import BundleError, InputError
+from .errors import BundleError, DamagedCacheError, InputError
 from .inputs import Request
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS
 from .progress import Progress
@@ -144,6 +144,13 @@ def export(request: Request, layout: CacheLayout, archive: str | Path) -> Export
                 f"{request.model.name} on {target.name}",
                 f"one warmed in {layout.root}: run `kprecompile warm` with the same options first",
             )
+        # Only intact kernels travel: an export re-records checksums, so a damaged file would leave
+        # as a good one.
+        problems = job_problems(layout, lookup.manifest, deep=True)
+        if problems:
+            job, problem = problems[0]
+            raise DamagedCacheError(f"{request.model.name} on {target.name}", len(problems),
+                                    f"{job.kernel_name} [{job.key[:12]}]: {problem.message}")  # fmt: skip
         manifests[lookup.key] = [job.key for job in lookup.manifest.jobs]
     with tempfile.TemporaryDirectory(prefix="kprecompile-export-") as scratch:
         bundle = CacheLayout.of(scratch)

@@ -101,6 +101,23 @@ class LaunchRefusedError(KprecompileError, RuntimeError):
         return (type(self), (self.target, self.what))
 
 
+class DamagedCacheError(KprecompileError, RuntimeError):
+    """Kernels of a configuration do not match what its manifest recorded (truncated, altered,
+    replaced by a link): they must not travel, or be served, until `warm` compiles them again."""
+
+    def __init__(self, configuration: str, damaged: int, first: str):
+        self.configuration = configuration
+        self.damaged = damaged
+        self.first = first
+        super().__init__(
+            f"{damaged} kernel(s) of {configuration} do not match their manifest (first: {first}): run "
+            "`kprecompile warm` with the same options to compile them again"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.configuration, self.damaged, self.first))
+
+
 class NotWarmError(KprecompileError, LookupError):
     """No manifest for this configuration: it was never warmed (or baked) here."""
 

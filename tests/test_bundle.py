@@ -13,6 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import baked_manifest
 
 from kprecompile.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
@@ -20,6 +21,7 @@ from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
+from kprecompile.targets import TARGETS
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 
@@ -142,6 +144,23 @@ def test_export_then_import_one_configuration(baked, tmp_path):
     assert report.configurations == 1 and report.manifests == 1
     assert run("verify", *SELECTION, "--target", "gfx950", "--cache-dir", str(tmp_path / "other")) == 0
     assert run("verify", *SELECTION, "--target", "gfx942", "--cache-dir", str(tmp_path / "other")) == 1
+
+
+def test_export_refuses_a_damaged_kernel_instead_of_giving_it_fresh_checksums(warm_copy, tmp_path, capsys):
+    """A same-size alteration of a binary: export used to pack it with newly computed checksums,
+    so the importing side took it for good. It is one line and exit 1; no archive is written."""
+    job = baked_manifest(warm_copy, TARGETS["gfx942"]).manifest.jobs[0]
+    [binary] = [path for path in compiled_files(warm_copy, job.key) if path.suffix == ".hsaco"]
+    data = bytearray(binary.read_bytes())
+    data[0] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    archive = tmp_path / "damaged.tgz"
+    status = run("export", *SELECTION, "--target", "gfx942", "--cache-dir", str(warm_copy.root), "--archive",
+                 str(archive))  # fmt: skip
+    err = capsys.readouterr().err
+    assert status == 1 and not archive.exists()
+    assert err.startswith("kprecompile: 1 kernel(s) of deepseek-v2-lite on gfx942 do not match their manifest")
+    assert "does not match its recorded sha256" in err and err.count("\n") == 1
 
 
 def _rewrite(archive: Path, crafted: Path, edit) -> Path:

@@ -5,6 +5,7 @@ import pytest
 import kprecompile.errors
 from kprecompile.errors import (
     BundleError,
+    DamagedCacheError,
     InputError,
     KprecompileError,
     LaunchRefusedError,
@@ -25,6 +26,7 @@ EXAMPLES = [
     (LibraryUnavailableError("amd-aiter", "pip install amd-aiter"), ImportError),
     (LaunchRefusedError("gfx942", "a kernel reached launch"), RuntimeError),
     (NotWarmError("deepseek-r1", "gfx942", "/c"), LookupError),
+    (DamagedCacheError("deepseek-r1 on gfx942", 2, "kernel [abc]: x.hsaco is missing"), RuntimeError),
     (UnplannedCompileError("m:k", "BLOCK=16", "KPRECOMPILE_STRICT"), RuntimeError),
 ]
 
