@@ -18,7 +18,7 @@ from kprecompile.models import load_model
 from kprecompile.planning import plan
 from kprecompile.serving import ServingParams
 from kprecompile.shapes import FAMILIES
-from kprecompile.shapes._unified_attention import UnifiedAttentionShape
+from kprecompile.shapes._paged_kv import PagedAttentionShape
 from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
 from kprecompile.shapes.pa_prefill import PaPrefillShape
@@ -106,13 +106,13 @@ def test_mla_prefill_sweep_is_covered(gfx942):
     assert {job.key for job in jobs} <= planned_keys(model, params, "ROCM_AITER_TRITON_MLA", "mla_prefill", gfx942)
 
 
-def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> UnifiedAttentionShape:
+def _gqa_step(model, params, rng, decodes: int, prefills: int, storage: str) -> PagedAttentionShape:
     kv_heads = model.num_key_value_heads // params.tensor_parallel_size
     query_lens = [1] * decodes + (
         split(rng.randint(2 * prefills, BUDGET - decodes), prefills, rng, 2) if prefills else []
     )
     seq_lens = [q + rng.randint(0, MODEL_LEN - q) for q in query_lens]
-    return UnifiedAttentionShape(
+    return PagedAttentionShape(
         q_heads=model.num_attention_heads // params.tensor_parallel_size,
         kv_heads=kv_heads,
         head_size=model.head_dim,

@@ -24,6 +24,7 @@ plan traces them from the installed vLLM. Prints one JSON document.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -257,10 +258,11 @@ def untraceable() -> dict[str, object]:
     one selection with it here) is traced as before."""
     from kprecompile.engines import FamilyChoice, Selection
     from kprecompile.shapes import rocm_attn
+    from kprecompile.shapes._vllm_backend import backend_step
 
     moved = replace(rocm_attn.BACKEND, metadata_class="NoSuchMetadata")
     saved = FAMILIES["rocm_attn"]
-    FAMILIES["rocm_attn"] = replace(saved, launch=lambda shape, target: rocm_attn.backend_step(moved, shape, target))
+    FAMILIES["rocm_attn"] = replace(saved, launch=functools.partial(backend_step, moved))
     model = load_model("mistral-7b-v0.1")
     choices = (FamilyChoice("rocm_attn", "ROCM_ATTN"), FamilyChoice("pa_prefill", "aiter"))
     selection = Selection("vllm", "ROCM_ATTN", {}, choices, installed_release())

@@ -4,6 +4,7 @@ and how `plan` shows it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
@@ -19,6 +20,27 @@ if TYPE_CHECKING:
 StorageClass = Literal["under_2gib", "over_2gib"]
 KV_CACHE_STORAGE_CLASSES: tuple[StorageClass, ...] = ("under_2gib", "over_2gib")
 TWO_GIB = 2**31
+
+
+@dataclass(frozen=True)
+class PagedAttentionShape:
+    """One engine step of a paged-KV attention call: AITER's unified attention, vLLM's backends."""
+
+    q_heads: int
+    kv_heads: int
+    head_size: int
+    block_size: int
+    # Columns of the engine's block table: blocks of the longest sequence.
+    max_blocks_per_seq: int
+    num_seqs: int
+    tokens: int
+    max_query_len: int
+    max_seq_len: int
+    # Tokens each query attends back to, 0 for full attention.
+    sliding_window: int
+    dtype: str
+    kv_cache_fp8: bool
+    kv_cache_storage: StorageClass
 
 
 def paged_kv_fields(model: ModelConfig, serving: ServingParams) -> dict[str, Any]:

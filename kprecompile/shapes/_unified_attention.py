@@ -17,37 +17,17 @@ to match the shape's storage class.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ..libraries import AITER_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import StorageClass, block_count, cache_element, kv_cache_parameters
+from ._paged_kv import PagedAttentionShape, block_count, cache_element, kv_cache_parameters
 from .family import FamilyName, KernelFamily
 
 WRAPPER_MODULE = "aiter.ops.triton.unified_attention"
 # Up to this many keys the wrapper always takes the 2D kernel; beyond, it may take the 3D one.
 SHORT_CONTEXT = 512
-
-
-@dataclass(frozen=True)
-class UnifiedAttentionShape:
-    q_heads: int
-    kv_heads: int
-    head_size: int
-    block_size: int
-    # Columns of the engine's block table: blocks of the longest sequence.
-    max_blocks_per_seq: int
-    num_seqs: int
-    tokens: int
-    max_query_len: int
-    max_seq_len: int
-    # Tokens each query attends back to, 0 for full attention.
-    sliding_window: int
-    dtype: str
-    kv_cache_fp8: bool
-    kv_cache_storage: StorageClass
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
@@ -56,7 +36,7 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
     return None
 
 
-def describe_shapes(shapes: tuple[UnifiedAttentionShape, ...]) -> dict[str, object]:
+def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
     counts = sorted({shape.num_seqs for shape in shapes})
     # Every count for decode; one per Triton integer class for steps with a prefill.
     contiguous = counts == list(range(1, counts[-1] + 1))
@@ -67,14 +47,14 @@ def describe_shapes(shapes: tuple[UnifiedAttentionShape, ...]) -> dict[str, obje
     )
 
 
-def describe_call(shape: UnifiedAttentionShape) -> str:
+def describe_call(shape: PagedAttentionShape) -> str:
     return (
         f"unified_attention(num_seqs={shape.num_seqs}, tokens={shape.tokens}, max_seqlen_q={shape.max_query_len}, "
         f"max_seqlen_k={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
     )
 
 
-def launch(shape: UnifiedAttentionShape, target: Target) -> None:
+def launch(shape: PagedAttentionShape, target: Target) -> None:
     import torch
 
     wrapper = import_library_module(WRAPPER_MODULE)
@@ -118,8 +98,8 @@ def launch(shape: UnifiedAttentionShape, target: Target) -> None:
 def unified_attention_family(
     name: FamilyName,
     description: str,
-    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[UnifiedAttentionShape, ...]],
-) -> KernelFamily[UnifiedAttentionShape]:
+    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[PagedAttentionShape, ...]],
+) -> KernelFamily[PagedAttentionShape]:
     """A family of steps this call serves: everything but which steps is the call's."""
     return KernelFamily(
         name=name,

@@ -13,35 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import import_library_module
+from ..libraries import VLLM_DISTRIBUTION, import_library_module
+from ..models import ModelConfig
+from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import StorageClass, block_count
-
-
-@dataclass(frozen=True)
-class VllmAttentionShape:
-    """One engine step of a paged-KV attention backend."""
-
-    q_heads: int
-    kv_heads: int
-    head_size: int
-    block_size: int
-    # Columns of the engine's block table: blocks of the longest sequence.
-    max_blocks_per_seq: int
-    num_seqs: int
-    tokens: int
-    max_query_len: int
-    max_seq_len: int
-    # Tokens each query attends back to, 0 for full attention.
-    sliding_window: int
-    dtype: str
-    kv_cache_fp8: bool
-    kv_cache_storage: StorageClass
+from ._paged_kv import PagedAttentionShape, block_count
+from .family import FamilyName, KernelFamily
 
 
 @dataclass(frozen=True)
@@ -54,10 +37,10 @@ class VllmBackend:
     # vLLM's compiled operators the step calls besides the Triton kernels.
     prebuilt_ops: tuple[str, ...] = ()
     # The per-layer KV cache for a backend that declares no shape (blocks, element type) -> tensor.
-    layer_view: Callable[[VllmAttentionShape, Any, int], Any] | None = None
+    layer_view: Callable[[PagedAttentionShape, Any, int], Any] | None = None
 
 
-def describe_call(shape: VllmAttentionShape) -> str:
+def describe_call(shape: PagedAttentionShape) -> str:
     return (
         f"forward(num_seqs={shape.num_seqs}, tokens={shape.tokens}, max_query_len={shape.max_query_len}, "
         f"max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
@@ -81,7 +64,7 @@ def prebuilt_ops_skipped(names: tuple[str, ...]) -> Iterator[None]:
             setattr(ops, name, op)
 
 
-def _kv_cache(backend: type, spec: VllmBackend, shape: VllmAttentionShape, element_type: Any, blocks: int) -> Any:
+def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, element_type: Any, blocks: int) -> Any:
     """The per-layer KV cache as vLLM's runner hands it to the backend: in the shape the backend
     declares (up to 0.18), else the family's view of the release's layout."""
     import torch
@@ -96,21 +79,25 @@ def _kv_cache(backend: type, spec: VllmBackend, shape: VllmAttentionShape, eleme
     return spec.layer_view(shape, element_type, blocks)
 
 
-def _metadata(metadata_cls: type, values: dict[str, object]) -> Any:
-    """The backend's metadata record from the values a metadata builder computes; a required
-    field this does not know fails the trace with its name (a release to read)."""
-    known = {"use_cascade": False, "common_prefix_len": 0, "cu_prefix_query_lens": None, "prefix_kv_lens": None,
-             "suffix_kv_lens": None, **values}  # fmt: skip
+def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
+    """One of vLLM's metadata records (its fields as the release has them) from the values its
+    builder computes for the step; a required field this does not know fails the trace with its
+    name (a release to read)."""
     arguments = {}
-    for field in dataclasses.fields(metadata_cls):
+    for field in dataclasses.fields(record_cls):
         if field.name in known:
             arguments[field.name] = known[field.name]
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise TypeError(f"{metadata_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
-    return metadata_cls(**arguments)
+            raise TypeError(f"{record_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
+    return record_cls(**arguments)
 
 
-def backend_step(spec: VllmBackend, shape: VllmAttentionShape, target: Target) -> None:
+# What the metadata builders of 0.11 to 0.18 set for a step without cascade attention.
+_NO_CASCADE = {"use_cascade": False, "common_prefix_len": 0, "cu_prefix_query_lens": None, "prefix_kv_lens": None,
+               "suffix_kv_lens": None}  # fmt: skip
+
+
+def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) -> None:
     """One step through the backend's real `forward` on meta tensors."""
     import torch
 
@@ -134,7 +121,8 @@ def backend_step(spec: VllmBackend, shape: VllmAttentionShape, target: Target) -
     scale = torch.empty((), dtype=torch.float32, device=meta)
     layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
                             _v_scale_float=1.0)  # fmt: skip
-    metadata = _metadata(getattr(module, spec.metadata_class), {
+    metadata = vllm_record(getattr(module, spec.metadata_class), {
+        **_NO_CASCADE,
         "num_actual_tokens": shape.tokens,
         "max_query_len": shape.max_query_len,
         "query_start_loc": torch.empty(shape.num_seqs + 1, dtype=torch.int32, device=meta),
@@ -147,3 +135,28 @@ def backend_step(spec: VllmBackend, shape: VllmAttentionShape, target: Target) -
     refresh_switches()
     with prebuilt_ops_skipped(spec.prebuilt_ops):
         impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
+
+
+def vllm_backend_family(
+    name: FamilyName,
+    description: str,
+    backend: VllmBackend,
+    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[PagedAttentionShape, ...]],
+    describe_shapes: Callable[[tuple[PagedAttentionShape, ...]], dict[str, object]],
+    limits: Callable[[ModelConfig, ServingParams, Target], str | None],
+) -> KernelFamily[PagedAttentionShape]:
+    """A family of steps through `backend`: its call and its modules are the backend's."""
+    return KernelFamily(
+        name=name,
+        description=description,
+        library=VLLM_DISTRIBUTION,
+        # The backend and its kernels, which read the platform at import (not `vllm._custom_ops`,
+        # see `prebuilt_ops_skipped`, nor `vllm._aiter_ops`, which registers torch operators at
+        # import: its switches are read again for each step).
+        traced_modules=(backend.module, "vllm.attention.ops", "vllm.v1.attention.ops"),
+        enumerate_shapes=enumerate_shapes,
+        describe_shapes=describe_shapes,
+        describe_call=describe_call,
+        launch=functools.partial(backend_step, backend),
+        limits=limits,
+    )

@@ -10,10 +10,10 @@ from __future__ import annotations
 from ..models import ModelConfig
 from ..serving import ServingParams
 from . import _unified_attention as unified
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, paged_kv_fields
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 
 
-def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[unified.UnifiedAttentionShape, ...]:
+def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
     """Pure decode steps: every batch size, short and long contexts, both KV-cache storage classes."""
     if model.mla is not None:
         return ()
@@ -28,7 +28,7 @@ def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[
                 tokens = batch * query_len
                 if tokens <= serving.max_num_batched_tokens:
                     shapes.append(
-                        unified.UnifiedAttentionShape(
+                        PagedAttentionShape(
                             **base,
                             num_seqs=batch,
                             tokens=tokens,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..models import ModelConfig
 from ..serving import ServingParams
 from . import _unified_attention as unified
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, paged_kv_fields
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 from ._points import geometric_points, int_class_representatives
 
 # The wrapper switches prefill configs at 256 query tokens.
@@ -21,7 +21,7 @@ def _context_lens(model_len: int, shortest: int) -> tuple[int, ...]:
     return tuple(sorted({min(shortest, model_len), min(unified.SHORT_CONTEXT, model_len), model_len}))
 
 
-def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tuple[unified.UnifiedAttentionShape, ...]:
+def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
     """Steps with a prefill: sequence-count classes x query lengths x token counts x contexts."""
     if model.mla is not None:
         return ()
@@ -42,7 +42,7 @@ def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tupl
                         if seq_len < query_len:
                             continue
                         shapes.append(
-                            unified.UnifiedAttentionShape(
+                            PagedAttentionShape(
                                 **base,
                                 num_seqs=num_seqs,
                                 tokens=tokens,

@@ -18,19 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..libraries import VLLM_DISTRIBUTION
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, kv_cache_parameters, paged_kv_fields
-from ._vllm_backend import VllmAttentionShape, VllmBackend, backend_step, describe_call
-from .family import KernelFamily
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
+from ._vllm_backend import VllmBackend, vllm_backend_family
 
 # vLLM's HIP paged attention takes contexts up to this many tokens.
 HIP_CONTEXT_LIMIT = 128 * 1024
 
 
-def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[VllmAttentionShape, ...]:
+def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
     """Decode-only steps and steps with a prefill, on a short context, one at the HIP kernel's
     limit and the longest one, for each KV storage class."""
     if model.mla is not None:
@@ -41,7 +39,7 @@ def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[Vll
     contexts = sorted({min(512, model_len), min(HIP_CONTEXT_LIMIT, model_len), model_len})
     num_seqs = min(2, serving.max_num_seqs)
     return tuple(
-        VllmAttentionShape(
+        PagedAttentionShape(
             **base,
             num_seqs=num_seqs,
             tokens=query_len + num_seqs - 1,
@@ -56,7 +54,7 @@ def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[Vll
     )
 
 
-def describe_shapes(shapes: tuple[VllmAttentionShape, ...]) -> dict[str, object]:
+def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
     return kv_cache_parameters(
         shapes[0],
         steps="decode, prefill" if len({shape.max_query_len > 1 for shape in shapes}) == 2 else "decode",
@@ -72,7 +70,7 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
     return None
 
 
-def _layer_view(shape: VllmAttentionShape, element_type: Any, blocks: int) -> Any:
+def _layer_view(shape: PagedAttentionShape, element_type: Any, blocks: int) -> Any:
     """From 0.19 the backend declares no shape: its per-layer view of vLLM's default layout, K
     and V as two head groups ahead of the blocks, logical (blocks, 2, block_size, kv_heads *
     head_size) over physical (2, blocks, ...); the backend's `forward` transposes it back."""
@@ -92,21 +90,11 @@ BACKEND = VllmBackend(
 )
 
 
-def launch(shape: VllmAttentionShape, target: Target) -> None:
-    backend_step(BACKEND, shape, target)
-
-
-FAMILY = KernelFamily(
-    name="rocm_attn",
-    description="vLLM's ROCM_ATTN: its Triton prefix prefill, and its Triton paged decode where vLLM declines HIP",
-    library=VLLM_DISTRIBUTION,
-    # The backend and its kernels, which read the platform at import (not `vllm._custom_ops`,
-    # see `prebuilt_ops_skipped`, nor `vllm._aiter_ops`, which registers torch operators at import:
-    # its switches are read again for each step).
-    traced_modules=(BACKEND.module, "vllm.attention.ops", "vllm.v1.attention.ops"),
-    enumerate_shapes=enumerate_rocm_attn,
-    describe_shapes=describe_shapes,
-    describe_call=describe_call,
-    launch=launch,
-    limits=limits,
+FAMILY = vllm_backend_family(
+    "rocm_attn",
+    "vLLM's ROCM_ATTN: its Triton prefix prefill, and its Triton paged decode where vLLM declines HIP",
+    BACKEND,
+    enumerate_rocm_attn,
+    describe_shapes,
+    limits,
 )

@@ -17,21 +17,19 @@ capture sizes: not traced yet (`engines.py` says so).
 
 from __future__ import annotations
 
-from ..libraries import VLLM_DISTRIBUTION
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, kv_cache_parameters, paged_kv_fields
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
 from ._points import int_class_representatives
-from ._vllm_backend import VllmAttentionShape, VllmBackend, backend_step, describe_call
-from .family import KernelFamily
+from ._vllm_backend import VllmBackend, vllm_backend_family
 
 # Contexts a step attends over: a short one and the longest (the kernels do not specialize on
 # it; both are walked so that a rule that did would be seen by the coverage sweep).
 _SHORT_CONTEXT = 512
 
 
-def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[VllmAttentionShape, ...]:
+def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
     """Decode steps at every batch size; steps with a prefill at one batch size per integer
     class; short and long contexts; both KV storage classes."""
     if model.mla is not None:
@@ -54,12 +52,12 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[V
                     continue
                 # A step with a prefill: one sequence prefills, the others decode.
                 tokens = batch * query_len if query_len == decode else query_len + (batch - 1) * decode
-                shapes.append(VllmAttentionShape(**base, num_seqs=batch, tokens=tokens, max_query_len=query_len,
+                shapes.append(PagedAttentionShape(**base, num_seqs=batch, tokens=tokens, max_query_len=query_len,
                                                  max_seq_len=seq_len, kv_cache_storage=storage))  # fmt: skip
     return tuple(shapes)
 
 
-def describe_shapes(shapes: tuple[VllmAttentionShape, ...]) -> dict[str, object]:
+def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
     decode = min(shape.max_query_len for shape in shapes)
     batches = sorted({shape.num_seqs for shape in shapes if shape.max_query_len == decode})
     prefill = sorted({shape.num_seqs for shape in shapes if shape.max_query_len > decode})
@@ -85,18 +83,11 @@ BACKEND = VllmBackend(
 )
 
 
-def launch(shape: VllmAttentionShape, target: Target) -> None:
-    backend_step(BACKEND, shape, target)
-
-
-FAMILY = KernelFamily(
-    name="triton_attn",
-    description="vLLM's TRITON_ATTN: reshape-and-cache, unified attention 2D/3D and its segment reduce",
-    library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND.module, "vllm.attention.ops", "vllm.v1.attention.ops"),
-    enumerate_shapes=enumerate_triton_attn,
-    describe_shapes=describe_shapes,
-    describe_call=describe_call,
-    launch=launch,
-    limits=limits,
+FAMILY = vllm_backend_family(
+    "triton_attn",
+    "vLLM's TRITON_ATTN: reshape-and-cache, unified attention 2D/3D and its segment reduce",
+    BACKEND,
+    enumerate_triton_attn,
+    describe_shapes,
+    limits,
 )

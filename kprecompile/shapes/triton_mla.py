@@ -25,6 +25,7 @@ from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
+from ._vllm_backend import vllm_record
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -97,14 +98,7 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
     decode_cls = getattr(module, "MLACommonDecodeMetadata", None)
     if decode_cls is None or not dataclasses.is_dataclass(decode_cls):
         return SimpleNamespace(block_table=block_table, seq_lens=seq_lens)
-    known = {"block_table": block_table, "seq_lens": seq_lens, "dcp_tot_seq_lens": None}
-    arguments = {}
-    for field in dataclasses.fields(decode_cls):
-        if field.name in known:
-            arguments[field.name] = known[field.name]
-        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            raise TypeError(f"{decode_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
-    return decode_cls(**arguments)
+    return vllm_record(decode_cls, {"block_table": block_table, "seq_lens": seq_lens, "dcp_tot_seq_lens": None})
 
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
