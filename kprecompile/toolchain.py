@@ -62,7 +62,8 @@ def _triton_key_inputs(triton_dir: Path) -> list[Path]:
     return sorted(files)
 
 
-def _stat_digest(files: list[Path]) -> str:
+def stat_digest(files: list[Path]) -> str:
+    """A digest of the files' paths, sizes and modification times: what a memo of their content is keyed by."""
     digest = hashlib.sha256()
     for path in files:
         status = path.stat()
@@ -78,7 +79,7 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
     triton_dir = Path(triton.__file__).parent
     memo = None
     if layout is not None:
-        memo = layout.toolchain_dir / f"{_stat_digest(_triton_key_inputs(triton_dir))}.json"
+        memo = layout.toolchain_dir / f"{stat_digest(_triton_key_inputs(triton_dir))}.json"
         try:
             text = json.loads(memo.read_text())["triton_key_text"]
             if _is_triton_key(text, triton.__version__):

@@ -37,6 +37,7 @@ from ...models import ModelConfig
 from ...releases import installed_release
 from ...serving import ServingParams
 from ...targets import TARGETS, Target
+from ...toolchain import stat_digest
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +149,7 @@ class VllmSelector:
             with contextlib.suppress(metadata.PackageNotFoundError):
                 digest.update(f"{distribution}=={metadata.version(distribution)}\n".encode())
         digest.update(self.release.encode())
-        for name in _SELECTOR_FILES:
-            path = root / name
-            if path.is_file():
-                status = path.stat()
-                digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+        digest.update(stat_digest([root / name for name in _SELECTOR_FILES if (root / name).is_file()]).encode())
         return self.layout.toolchain_dir / f"vllm-selector-{digest.hexdigest()[:32]}.json"
 
 
