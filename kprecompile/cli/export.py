@@ -17,8 +17,9 @@ from .output import Output, plural
 def command(json_output, cache_dir, archive, **chosen) -> None:
     """Write this configuration's manifests and kernels as one archive, for `kprecompile import`."""
     output = Output(json_output)
-    request = options.request(chosen, settings.cache_layout(cache_dir))
-    report = export(request, settings.cache_layout(cache_dir), archive)
+    layout = settings.cache_layout(cache_dir)
+    request = options.request(chosen, layout)
+    report = export(request, layout, archive)
     output.document(report.as_dict())
     output.data(
         f"{report.archive}: {plural(len(report.configurations), 'configuration')}, {plural(report.files, 'file')}"

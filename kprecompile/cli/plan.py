@@ -37,9 +37,10 @@ def show_families(output: Output, families: Sequence[FamilyPlan]) -> None:
 def command(json_output, cache_dir, **chosen) -> None:
     """Show each kernel family, the calls enumerated and the unique kernels, without compiling."""
     output = Output(json_output)
-    request = options.request(chosen, settings.cache_layout(cache_dir))
+    layout = settings.cache_layout(cache_dir)
+    request = options.request(chosen, layout)
     model, serving, selection = request.model, request.serving, request.selection
-    result = plan(model, serving, request.targets, selection, layout=settings.cache_layout(cache_dir))
+    result = plan(model, serving, request.targets, selection, layout=layout)
     output.document(result.as_dict())
     output.data(
         f"model {result.model}: tp {serving.tensor_parallel_size}, max-num-seqs {serving.max_num_seqs}, "

@@ -21,12 +21,13 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
     this process's environment and toolchain.
     """
     output = Output(json_output)
-    request = options.request(chosen, settings.cache_layout(cache_dir))
+    layout = settings.cache_layout(cache_dir)
+    request = options.request(chosen, layout)
     report = verify(
         request.model,
         request.serving,
         request.targets,
-        settings.cache_layout(cache_dir),
+        layout,
         selection=request.selection,
         deep=deep,
     )

@@ -29,12 +29,13 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) 
     """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
     output = Output(json_output)
     check_worker_options(max_workers, job_timeout_seconds)
-    request = options.request(chosen, settings.cache_layout(cache_dir))
+    layout = settings.cache_layout(cache_dir)
+    request = options.request(chosen, layout)
     report = warm(
         request.model,
         request.serving,
         request.targets,
-        settings.cache_layout(cache_dir),
+        layout,
         selection=request.selection,
         max_workers=max_workers,
         job_timeout_seconds=job_timeout_seconds,
