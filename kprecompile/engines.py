@@ -218,6 +218,11 @@ _PREBUILT = (
 )
 
 
+_MERGE_0_19 = (
+    "vLLM 0.19 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
+    "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
+)
+
 _TRITON_MLA_0_19 = (
     "TRITON_MLA in vLLM 0.19 and newer is not traced yet: its decode entry point, KV-split rule and workspace are new"
 )
@@ -246,9 +251,13 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str)
     if backend == "ROCM_AITER_TRITON_MLA":
         choices.append(FamilyChoice("mla_prefill", backend))
     else:
-        reason = _PREBUILT.format(backend=backend, kind="CK flash-attention", around="merge_attn_states")
-        reason += " (ROCM_AITER_TRITON_MLA uses Triton for all of it)"
+        reason = f"{backend} runs AITER's prebuilt CK flash-attention kernels (ROCM_AITER_TRITON_MLA runs Triton's)"
         choices.append(FamilyChoice("mla_prefill", backend, reason))
+    # Around either prefill, on steps with cached context: vLLM's merge of the partial results.
+    if line == "0.19":
+        choices.append(FamilyChoice("mla_merge", backend, _MERGE_0_19))
+    else:
+        choices.append(_vllm_kernels("mla_merge", backend, release))
     return tuple(choices)
 
 

@@ -26,14 +26,14 @@ DEFAULT_DEST = ROOT / ".vllm"
 _TRANSFORMERS_4 = [
     "regex", "cachetools", "psutil", "requests", "tqdm", "transformers>=4.56,<5", "aiohttp", "pydantic>=2.12",
     "pyzmq", "msgspec", "pyyaml", "cloudpickle", "cbor2", "gguf", "blake3", "pillow", "pybase64", "py-cpuinfo",
-    "diskcache", "prometheus_client", "openai-harmony", "numba==0.61.2", "llguidance>=1.3,<1.4",
+    "diskcache", "prometheus_client", "openai-harmony", "numba==0.61.2", "llguidance>=1.3,<1.4", "loguru",
 ]  # fmt: skip
 
 # Per release: packages resolved with their dependencies, and packages installed without them
 # (they would pull torch).
 RELEASES: dict[str, tuple[list[str], list[str]]] = {
-    "0.11.2": (_TRANSFORMERS_4, ["xgrammar==0.1.25"]),
-    "0.12.0": (_TRANSFORMERS_4, ["xgrammar==0.1.27"]),
+    "0.11.2": (_TRANSFORMERS_4, ["xgrammar==0.1.25", "compressed-tensors==0.12.2"]),
+    "0.12.0": (_TRANSFORMERS_4, ["xgrammar==0.1.27", "compressed-tensors==0.12.2"]),
     "0.33.0": (
         [
             "regex", "cachetools", "psutil", "requests", "tqdm", "transformers>=5.16.1,<5.21",
@@ -41,9 +41,9 @@ RELEASES: dict[str, tuple[list[str], list[str]]] = {
             "msgspec", "pyyaml", "cloudpickle", "cbor2", "gguf", "blake3", "pillow", "pybase64", "py-cpuinfo",
             "prometheus_client", "numba==0.65.0", "llguidance>=1.7,<1.8", "ijson", "orjson", "jsonschema",
             "openai>=2.25", "uvloop", "oss-harmony>=0.0.11", "openai-harmony", "fastapi>=0.133,<0.137",
-            "starlette>=1.0.1", "opentelemetry-api", "opentelemetry-sdk", "partial-json-parser",
+            "starlette>=1.0.1", "opentelemetry-api", "opentelemetry-sdk", "partial-json-parser", "loguru",
         ],
-        ["xgrammar==0.2.8", "apache-tvm-ffi==0.1.11"],
+        ["xgrammar==0.2.8", "apache-tvm-ffi==0.1.11", "compressed-tensors==0.17.0"],
     ),
 }  # fmt: skip
 _PULLS_TORCH = ("torch", "triton")

@@ -56,6 +56,21 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     assert "pip install vllm==0.12.0" in decode.skip_reason
 
 
+def test_aiter_mla_backends_list_vllms_merge_around_their_prefill():
+    """ROCM_AITER_MLA's prefill is AITER's, but with cached context vLLM merges the partial results
+    with its own Triton kernel up to 0.18 (traced from the installed vLLM), and with its compiled
+    operator from 0.19 (tests/test_vllm.py checks that against 0.33.0's own dispatcher)."""
+    for backend in ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA"):
+        merge = select(DEEPSEEK, "vllm-aiter", backend, {}).choices[-1]
+        assert (merge.family, merge.backend) == ("mla_merge", backend)
+        assert merge.skip_reason.endswith("traced from an installed vLLM: pip install vllm==0.12.0")
+        [newer] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
+                   if c.family == "mla_merge"]  # fmt: skip
+        assert newer.skip_reason.startswith("vLLM 0.19 and newer merge prefill results with their compiled")
+    # TRITON_MLA's merge belongs to its own family (its impl pads V for flash-attn).
+    assert "mla_merge" not in [choice.family for choice in select(DEEPSEEK, "vllm", None, {}).choices]
+
+
 def test_vllms_own_kernels_without_vllm_installed_say_what_to_install():
     # ROCM_ATTN's kernels are traced from the installed vLLM (tests/test_vllm.py traces them).
     [choice] = select(LLAMA, "vllm", "ROCM_ATTN", {}).choices

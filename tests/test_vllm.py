@@ -411,12 +411,37 @@ def test_triton_mla_decode_keys_and_coverage(kernel_probes, version):
         assert document["choice"][0] == "triton_mla" and "not traced yet" in document["choice"][1]
         return
     assert document["choice"] == ["triton_mla", None]
-    assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"]
+    assert (
+        document["kernels"]
+        == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + ["merge_attn_states_kernel"] * 2
+    )
     keys = document["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
     coverage = document["coverage"]
     assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_mla_merge_keys_and_coverage(kernel_probes, version):
+    """vLLM's merge around ROCM_AITER_MLA's prefill with cached context up to 0.18 (Triton on
+    ROCm): with and without the merged log-sum-exp; from 0.19 the release's own dispatcher takes
+    its compiled operator on CDNA3 and newer, which is the reason the plan gives."""
+    document = kernel_probes[version]["mla_merge"]
+    if version.startswith("0.33"):
+        assert document["choice"][0] == "mla_merge" and "compiled merge_attn_states" in document["choice"][1]
+        assert document["dispatch"] == {"gfx90a": 1, "gfx942": 0, "gfx950": 0}
+        return
+    assert document["choice"] == ["mla_merge", None]
+    assert document["kernels"] == ["merge_attn_states_kernel"] * 2
+    one_chunk, two_chunks = document["keys"]
+    assert one_chunk["traced"] == one_chunk["launched"] and len(one_chunk["launched"]) == 1
+    # Two chunks: the chunk merge (keeping the log-sum-exp) launches first.
+    assert two_chunks["traced"][:1] == two_chunks["launched"] and len(two_chunks["traced"]) == 2
+    assert one_chunk["traced"][0] in two_chunks["traced"]
+    coverage = document["coverage"]
+    assert coverage["steps"] == 12 and coverage["kernels"] == 2
+    assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)

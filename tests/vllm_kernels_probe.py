@@ -19,6 +19,11 @@ plan traces them from the installed vLLM. Prints one JSON document.
 5. The same for `triton_mla` (vLLM's TRITON_MLA decode, up to 0.18): kernels, the stage-1 key,
    a random sweep of decode batches and contexts, a plan without the large KV caches as the
    negative control.
+6. `mla_merge` (vLLM's merge_attn_states around ROCM_AITER_MLA's prefill with cached context, up
+   to 0.18): kernels, the keys of both steps (context in one chunk, in two), a random sweep of
+   prefills, token counts and context chunks, a plan without the two-chunk step as the negative
+   control; from 0.19, the release's own merge dispatcher on each target: no Triton kernel on
+   CDNA3 and newer (the reason the plan gives), Triton's on gfx90a.
 """
 
 from __future__ import annotations
@@ -252,6 +257,68 @@ def triton_mla() -> dict[str, object]:
     return document
 
 
+MERGE = FAMILIES["mla_merge"]
+
+
+def mla_merge() -> dict[str, object]:
+    model = load_model("deepseek-v2-lite")
+    choices = select(model, "vllm-aiter", "ROCM_AITER_MLA", environ={}, vllm_release=installed_release()).choices
+    [choice] = [choice for choice in choices if choice.family == "mla_merge"]
+    document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
+    if choice.skip_reason:
+        document["dispatch"] = merge_dispatch()
+        return document
+    plan_jobs = planned("deepseek-v2-lite", "ROCM_AITER_MLA").jobs
+    document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "mla_merge")
+    serving = ServingParams(**SERVING)
+    shapes = MERGE.enumerate_shapes(model, serving)
+    document["keys"] = []
+    for shape in shapes:
+        call = functools.partial(MERGE.launch, shape, GFX942)
+        traced = trace_calls([("call", call)], GFX942, "mla_merge", MERGE.traced_modules)
+        with tempfile.TemporaryDirectory() as cache:
+            launched = launch_path_keys(cache, GFX942, call, MERGE.traced_modules)
+        document["keys"].append({"traced": [job.key for job in traced.jobs], "launched": launched})
+    rng = random.Random(5)
+    swept_shapes = []
+    for _ in range(12):
+        prefills = rng.randint(1, serving.max_num_seqs)
+        swept_shapes.append(replace(shapes[0], prefills=prefills, context_chunks=rng.randint(1, 4),
+                                    tokens=rng.randint(prefills, serving.max_num_batched_tokens)))  # fmt: skip
+    swept = trace_calls(MERGE.calls(tuple(swept_shapes), GFX942), GFX942, "mla_merge", MERGE.traced_modules)
+    swept_keys = {job.key for job in swept.jobs}
+    one_chunk = trace_calls(MERGE.calls(shapes[:1], GFX942), GFX942, "mla_merge", MERGE.traced_modules)
+    smaller_plan = {job.key for job in one_chunk.jobs}
+    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys),
+                            "missing": len(swept_keys - {job.key for job in plan_jobs}),
+                            "missing_from_smaller_plan": len(swept_keys - smaller_plan)}  # fmt: skip
+    return document
+
+
+def merge_dispatch() -> dict[str, int]:
+    """Triton kernels the release's own `merge_attn_states` dispatcher launches for an MLA
+    prefill's merge (bfloat16, V head size 128), per ROCm target; its compiled operator is
+    prebuilt (skipped)."""
+    import torch
+
+    from kprecompile.shapes._vllm_backend import prebuilt_ops_skipped
+
+    module = "vllm.v1.attention.ops.merge_attn_states"
+    counts = {}
+    for name in ("gfx90a", "gfx942", "gfx950"):
+        target = TARGETS[name]
+
+        def call():
+            meta = torch.device("meta")
+            out = torch.empty((64, 16, 128), dtype=torch.bfloat16, device=meta)
+            lse = torch.empty((16, 64), dtype=torch.float32, device=meta)
+            with prebuilt_ops_skipped(("merge_attn_states",)):
+                import_library_module(module).merge_attn_states(out, out, lse, torch.empty_like(out), lse)
+
+        counts[name] = len(trace_calls([("merge", call)], target, "merge", (module,)).jobs)
+    return counts
+
+
 def untraceable() -> dict[str, object]:
     """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
     reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
@@ -278,5 +345,5 @@ def untraceable() -> dict[str, object]:
 if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
-                "untraceable": untraceable()}  # fmt: skip
+                "mla_merge": mla_merge(), "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))

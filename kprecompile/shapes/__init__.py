@@ -14,6 +14,7 @@ from typing import Any, get_args
 from . import (
     fp8_bmm,
     mla_decode,
+    mla_merge,
     mla_prefill,
     pa_prefill,
     paged_decode,
@@ -29,6 +30,7 @@ FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
     for family in (
         fp8_bmm.FAMILY,
         mla_decode.FAMILY,
+        mla_merge.FAMILY,
         mla_prefill.FAMILY,
         prefix_prefill.FAMILY,
         paged_decode.FAMILY,

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 FamilyName = Literal[
     "fp8_bmm",
     "mla_decode",
+    "mla_merge",
     "mla_prefill",
     "prefix_prefill",
     "paged_decode",

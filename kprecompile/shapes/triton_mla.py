@@ -1,5 +1,5 @@
-"""vLLM's TRITON_MLA backend's decode: vLLM's own Triton decode attention, traced from the
-installed vLLM.
+"""vLLM's TRITON_MLA backend: its own Triton decode attention, and its merge of prefill results
+on steps with cached context, traced from the installed vLLM.
 
 MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults up to 0.18 on ROCm). Each
 decode step, the backend's `_forward_decode` runs vLLM's `decode_attention_fwd` over the latent
@@ -8,15 +8,17 @@ splits) and the stage-2 reduce (`_fwd_kernel_stage2`). The plan builds the backe
 vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's `EngineArgs` from the
 model's config.json and the serving parameters) and calls `_forward_decode` on meta tensors.
 Its kernels specialize on the model and the KV cache's storage class, not on the batch size.
-From vLLM 0.19 the decode entry point, its KV-split rule and its workspace are new: not traced
-yet (`engines.py` says so). The prefill runs flash attention (ROCm's flash-attn build).
+The prefill runs flash attention (ROCm's flash-attn build, prebuilt); a prefill with cached
+context merges partial results with vLLM's Triton `merge_attn_states` (`_vllm_mla.py`: the
+impl's real `_forward_prefill`, with V padded to the QK head size as the impl pads it for
+flash-attn). From vLLM 0.19 the decode entry point, its KV-split rule and its workspace are new:
+not traced yet (`engines.py` says so).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +28,7 @@ from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import vllm_record
+from ._vllm_mla import COMMON_MODULE, build_impl, context_chunk_limit, prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -42,6 +45,9 @@ class TritonMlaShape:
     max_seq_len: int
     dtype: str
     kv_cache_storage: StorageClass
+    # 0 for a decode step; else a prefill step of `batch` tokens whose cached context (up to
+    # `max_seq_len`) is attended in this many chunks of the prefill workspace.
+    context_chunks: int
     # What vLLM builds its engine configuration from (the impl reads it).
     config_json: str
     serving: ServingParams
@@ -49,12 +55,12 @@ class TritonMlaShape:
 
 def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[TritonMlaShape, ...]:
     """Decode steps of one, a few and the most sequences, on short and long contexts, for each
-    KV storage class."""
+    KV storage class; prefill steps with their context in one chunk and in two."""
     if model.mla is None:
         return ()
     model_len = serving.model_len(model)
     batches = sorted({1, min(3, serving.max_num_seqs), serving.max_num_seqs})
-    return tuple(
+    decodes = tuple(
         TritonMlaShape(
             heads=serving.heads_per_rank(model),
             kv_lora_rank=model.mla.kv_lora_rank,
@@ -65,6 +71,7 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
             max_seq_len=seq_len,
             dtype=serving.activation_dtype(model),
             kv_cache_storage=storage,
+            context_chunks=0,
             config_json=model.config_json,
             serving=serving,
         )
@@ -72,16 +79,26 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
         for seq_len in sorted({min(512, model_len), model_len})
         for batch in batches
     )
+    prefills = tuple(
+        replace(decodes[0], batch=max(2, min(serving.max_num_batched_tokens, 512)), max_seq_len=model_len,
+                context_chunks=chunks)
+        for chunks in (1, 2)
+    )  # fmt: skip
+    return decodes + prefills
 
 
 def describe_shapes(shapes: tuple[TritonMlaShape, ...]) -> dict[str, object]:
     first = shapes[0]
+    batches = ",".join(str(batch) for batch in sorted({s.batch for s in shapes if not s.context_chunks}))
+    chunks = ",".join(str(chunks) for chunks in sorted({s.context_chunks for s in shapes if s.context_chunks}))
     return {"heads_per_rank": first.heads, "latent": f"{first.kv_lora_rank}+{first.qk_rope_head_dim}",
-            "block_size": first.block_size, "batches": ",".join(str(b) for b in sorted({s.batch for s in shapes})),
+            "block_size": first.block_size, "batches": batches, "prefill_context_chunks": chunks,
             "kv_cache": first.dtype}  # fmt: skip
 
 
 def describe_call(shape: TritonMlaShape) -> str:
+    if shape.context_chunks:
+        return f"_forward_prefill(tokens={shape.batch}, context in {shape.context_chunks} chunks)"
     return f"_forward_decode(batch={shape.batch}, max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
 
 
@@ -102,26 +119,23 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
 
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
+    impl = build_impl(BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target)
+    if shape.context_chunks:
+        chunk = min(context_chunk_limit(impl, shape.serving), shape.max_seq_len - 1)
+        if shape.context_chunks > 1 and shape.max_seq_len - 1 <= chunk:
+            return  # the workspace holds every context the engine can have: one chunk only
+        prefill_with_context(impl, tokens=shape.batch, prefills=min(shape.batch, 2),
+                             context_chunks=shape.context_chunks, chunk_tokens=chunk, block_size=shape.block_size,
+                             max_blocks_per_seq=shape.max_blocks_per_seq, dtype=shape.dtype)  # fmt: skip
+        return
+    _decode_step(impl, shape)
+
+
+def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
     import torch
 
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
-
-    module = import_library_module(BACKEND_MODULE)
-    common = import_library_module("vllm.v1.attention.backends.mla.common")
-    set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
-
-    raw = json.loads(shape.config_json)
+    common = import_library_module(COMMON_MODULE)
     head_size = shape.kv_lora_rank + shape.qk_rope_head_dim
-    nope, value = raw["qk_nope_head_dim"], raw["v_head_dim"]
-    refresh_switches()
-    with set_current_vllm_config(engine_config(shape.config_json, shape.serving, target)):
-        impl = module.TritonMLABackend.get_impl_cls()(
-            shape.heads, head_size, (nope + shape.qk_rope_head_dim) ** -0.5, 1, None, None, "auto", None, "decoder",
-            None, q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=shape.kv_lora_rank, qk_nope_head_dim=nope,
-            qk_rope_head_dim=shape.qk_rope_head_dim, qk_head_dim=nope + shape.qk_rope_head_dim, v_head_dim=value,
-            kv_b_proj=None,
-        )  # fmt: skip
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
     element = torch.empty((), dtype=dtype, device=meta).element_size()
@@ -142,7 +156,7 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
 
 FAMILY = KernelFamily(
     name="triton_mla",
-    description="vLLM's TRITON_MLA decode: its Triton decode attention (grouped stage 1, stage-2 reduce)",
+    description="vLLM's TRITON_MLA: its Triton decode attention (grouped stage 1, stage-2 reduce) and prefill merge",
     library=VLLM_DISTRIBUTION,
     traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
     enumerate_shapes=enumerate_triton_mla,

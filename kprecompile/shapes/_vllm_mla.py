@@ -1,0 +1,135 @@
+"""What the families of vLLM's own MLA kernels share: the backend's impl, built as vLLM builds it,
+and one prefill step with cached context through the impl's real `_forward_prefill`.
+
+vLLM's MLA impls read the engine's `VllmConfig` when they are built (the prefill workspace from
+the model length and the sequence limit): the impl is built under a `VllmConfig` that vLLM's
+`EngineArgs` make from the model's config.json and the serving parameters
+(`integrations/vllm/engine_config.py`). What the step calls besides vLLM's Triton kernels is
+prebuilt and does nothing while tracing: the prefill attention itself (AITER's CK flash
+attention or ROCm's flash-attn build; `prebuilt_varlen_attention` returns its outputs as they
+return them), the cache gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+from ..libraries import AITER_PACKAGE, import_library_module
+from ..serving import ServingParams
+from ..targets import Target
+from ._vllm_backend import prebuilt_ops_skipped, vllm_record
+
+COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
+
+
+def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: object) -> Any:
+    """The varlen flash attention vLLM's MLA prefill calls on ROCm (AITER's `flash_attn_varlen_func`
+    or flash-attn's), on meta tensors: the output as (tokens, heads, V's head size) in the query's
+    dtype and, when asked for, the log-sum-exp as (heads, tokens) float32, as both libraries
+    return them (AITER: `gen_mha_varlen_fwd_fake_tensor`)."""
+    import torch
+
+    out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    if any(kwargs.get(flag) for flag in ("return_lse", "return_softmax_lse", "return_attn_probs")):
+        return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    return out
+
+
+@contextlib.contextmanager
+def _aiter_attention_importable() -> Iterator[None]:
+    """`from aiter import flash_attn_varlen_func` (AITER's MLA impl does it when built) where the
+    real `aiter` package is not initialized (a builder without ROCm: `libraries.py`)."""
+    package = import_library_module(AITER_PACKAGE)
+    if hasattr(package, "flash_attn_varlen_func"):
+        yield
+        return
+    package.flash_attn_varlen_func = prebuilt_varlen_attention
+    try:
+        yield
+    finally:
+        del package.flash_attn_varlen_func
+
+
+def build_impl(module_name: str, backend_class: str, heads: int, config_json: str, serving: ServingParams,
+               target: Target) -> Any:  # fmt: skip
+    """The backend's MLA impl for one layer, built as vLLM's attention layer builds it."""
+    from ..integrations.vllm.engine_config import engine_config
+    from ..integrations.vllm.platform import refresh_switches
+
+    module = import_library_module(module_name)
+    set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
+    raw = json.loads(config_json)
+    nope, rope, latent = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["kv_lora_rank"]
+    refresh_switches()
+    with set_current_vllm_config(engine_config(config_json, serving, target)), _aiter_attention_importable():
+        return getattr(module, backend_class).get_impl_cls()(
+            heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, "auto", None, "decoder", None,
+            q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=latent, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+            qk_head_dim=nope + rope, v_head_dim=raw["v_head_dim"], kv_b_proj=None,
+        )  # fmt: skip
+
+
+def context_chunk_limit(impl: Any, serving: ServingParams) -> int:
+    """The fewest context tokens one chunk holds: vLLM's builder splits the prefill workspace
+    evenly over the prefills with context (at most one per sequence), rounded down to blocks."""
+    prefills = min(serving.max_num_seqs, serving.max_num_batched_tokens)
+    per_prefill = impl.chunked_prefill_workspace_size // prefills
+    return max(per_prefill // serving.block_size * serving.block_size, serving.block_size)
+
+
+def prefill_with_context(impl: Any, *, tokens: int, prefills: int, context_chunks: int, chunk_tokens: int,
+                         block_size: int, max_blocks_per_seq: int, dtype: str) -> None:  # fmt: skip
+    """One prefill step whose sequences have cached context, through the impl's real
+    `_forward_prefill`: new tokens' attention, the context in `context_chunks` chunks (merged
+    chunk by chunk), and the final merge, with the metadata vLLM's builder makes for it."""
+    import torch
+
+    common = import_library_module(COMMON_MODULE)
+    meta = torch.device("meta")
+    torch_dtype = getattr(torch, dtype)
+    heads, latent, rope = impl.num_heads, impl.kv_lora_rank, impl.qk_rope_head_dim
+    head_size = latent + rope
+    projected = heads * (impl.qk_nope_head_dim + impl.v_head_dim)
+    impl.kv_b_proj = lambda x: (torch.empty((x.shape[0], projected), dtype=x.dtype, device=meta),)
+    impl.flash_attn_varlen_func = prebuilt_varlen_attention
+    # Set by `forward` from the decode-context-parallel group: none here.
+    impl.dcp_world_size = 1
+
+    def ints(*shape: int) -> Any:
+        return torch.empty(shape, dtype=torch.int32, device=meta)
+
+    chunked = vllm_record(common.MLACommonPrefillMetadata.ChunkedContextMetadata, {
+        "cu_seq_lens": ints(context_chunks, prefills + 1),
+        "starts": ints(context_chunks, prefills),
+        "seq_tot": [chunk_tokens] * context_chunks,
+        "max_seq_lens": [chunk_tokens] * context_chunks,
+        "seq_lens": ints(context_chunks, prefills),
+        "workspace": torch.empty((impl.chunked_prefill_workspace_size, head_size), dtype=torch_dtype, device=meta),
+        "token_to_seq": ints(context_chunks, chunk_tokens),
+        "chunk_total_token": [chunk_tokens] * context_chunks,
+    })  # fmt: skip
+    prefill = vllm_record(common.MLACommonPrefillMetadata, {
+        "block_table": ints(prefills, max_blocks_per_seq),
+        "query_start_loc": ints(prefills + 1),
+        "max_query_len": -(-tokens // prefills),
+        "chunked_context": chunked,
+    })  # fmt: skip
+    metadata = SimpleNamespace(prefill=prefill, num_prefills=prefills)
+    blocks = max_blocks_per_seq * prefills
+    arguments = {
+        "q": torch.empty((tokens, heads, impl.qk_nope_head_dim + rope), dtype=torch_dtype, device=meta),
+        "kv_c_normed": torch.empty((tokens, latent), dtype=torch_dtype, device=meta),
+        "k_pe": torch.empty((tokens, 1, rope), dtype=torch_dtype, device=meta),
+        "kv_c_and_k_pe_cache": torch.empty((blocks, block_size, head_size), dtype=torch_dtype, device=meta),
+        "attn_metadata": metadata,
+        "k_scale": torch.empty((), dtype=torch.float32, device=meta),
+    }
+    if "output" in inspect.signature(impl._forward_prefill).parameters:
+        arguments["output"] = torch.empty((tokens, heads * impl.v_head_dim), dtype=torch_dtype, device=meta)
+    with prebuilt_ops_skipped(("gather_and_maybe_dequant_cache", "gather_cache", "merge_attn_states")):
+        impl._forward_prefill(**arguments)

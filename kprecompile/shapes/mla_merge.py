@@ -1,0 +1,112 @@
+"""vLLM's `merge_attn_states` around AITER's MLA prefill: traced from the installed vLLM.
+
+ROCM_AITER_MLA (and ROCM_AITER_TRITON_MLA, whose impl is a subclass of it) run the prefill
+attention in AITER, but a prefill whose sequences have cached context (prefix caching, chunked
+prefill) also runs vLLM's own code: the context in chunks of the prefill workspace, each
+chunk's partial result merged into the previous ones (`merge_attn_states` with the merged
+log-sum-exp), and the context's result merged with the new tokens' one. On ROCm up to 0.18,
+that merge is always vLLM's Triton `merge_attn_states_kernel`, compiled on the first request
+that hits a cached prefix. The plan builds AITER's MLA impl as vLLM builds it and calls its real
+`_forward_prefill` on meta tensors (`_vllm_mla.py`), once with one context chunk and once with
+two where the engine's workspace makes several chunks reachable. The kernel specializes on the
+model's head sizes and whether the merged log-sum-exp is kept, not on token counts.
+From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`engines.py` says so).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..libraries import VLLM_DISTRIBUTION
+from ..models import ModelConfig
+from ..serving import ServingParams
+from ..targets import Target
+from ._vllm_mla import build_impl, context_chunk_limit, prefill_with_context
+from .family import KernelFamily
+
+BACKEND_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
+BACKEND_CLASS = "AiterMLABackend"
+
+
+@dataclass(frozen=True)
+class MlaMergeShape:
+    heads: int
+    v_head_dim: int
+    block_size: int
+    max_blocks_per_seq: int
+    prefills: int
+    tokens: int
+    # Chunks of the prefill workspace the context is attended in.
+    context_chunks: int
+    # The longest cached context a sequence can have.
+    longest_context: int
+    dtype: str
+    # What vLLM builds its engine configuration from (the impl reads it).
+    config_json: str
+    serving: ServingParams
+
+
+def enumerate_mla_merge(model: ModelConfig, serving: ServingParams) -> tuple[MlaMergeShape, ...]:
+    """A prefill with its context in one chunk, and one with it in two (traced where the engine's
+    workspace makes it reachable: `launch`)."""
+    if model.mla is None:
+        return ()
+    model_len = serving.model_len(model)
+    prefills = min(2, serving.max_num_seqs)
+    return tuple(
+        MlaMergeShape(
+            heads=serving.heads_per_rank(model),
+            v_head_dim=model.mla.v_head_dim,
+            block_size=serving.block_size,
+            max_blocks_per_seq=-(-model_len // serving.block_size),
+            prefills=prefills,
+            tokens=max(prefills, min(serving.max_num_batched_tokens, 512)),
+            context_chunks=chunks,
+            longest_context=model_len - 1,
+            dtype=serving.activation_dtype(model),
+            config_json=model.config_json,
+            serving=serving,
+        )
+        for chunks in (1, 2)
+    )
+
+
+def describe_shapes(shapes: tuple[MlaMergeShape, ...]) -> dict[str, object]:
+    first = shapes[0]
+    chunks = ",".join(str(shape.context_chunks) for shape in shapes)
+    return {"heads_per_rank": first.heads, "v_head_dim": first.v_head_dim, "context_chunks": chunks,
+            "dtype": first.dtype}  # fmt: skip
+
+
+def describe_call(shape: MlaMergeShape) -> str:
+    chunks = shape.context_chunks
+    return f"_forward_prefill(prefills={shape.prefills}, tokens={shape.tokens}, context in {chunks} chunks)"
+
+
+def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+    if not target.is_rocm:
+        return "vLLM's ROCM_AITER_MLA runs on ROCm only"
+    return None
+
+
+def launch(shape: MlaMergeShape, target: Target) -> None:
+    impl = build_impl(BACKEND_MODULE, BACKEND_CLASS, shape.heads, shape.config_json, shape.serving, target)
+    chunk = min(context_chunk_limit(impl, shape.serving), shape.longest_context)
+    if shape.context_chunks > 1 and shape.longest_context <= chunk:
+        return  # the workspace holds every context the engine can have: one chunk only
+    prefill_with_context(impl, tokens=shape.tokens, prefills=shape.prefills, context_chunks=shape.context_chunks,
+                         chunk_tokens=chunk, block_size=shape.block_size, max_blocks_per_seq=shape.max_blocks_per_seq,
+                         dtype=shape.dtype)  # fmt: skip
+
+
+FAMILY = KernelFamily(
+    name="mla_merge",
+    description="vLLM's merge_attn_states around AITER's MLA prefill on steps with cached context",
+    library=VLLM_DISTRIBUTION,
+    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    enumerate_shapes=enumerate_mla_merge,
+    describe_shapes=describe_shapes,
+    describe_call=describe_call,
+    launch=launch,
+    limits=limits,
+)
