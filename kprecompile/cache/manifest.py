@@ -70,28 +70,37 @@ def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
-        document = json.loads(path.read_bytes())
-        _check_document(document, key)
-        if manifest_key(document["parts"]) != key:
-            raise ValueError("its parts do not hash to its key")
-        return Manifest(
-            key=key,
-            parts=document["parts"],
-            families=tuple(dict(family) for family in document["families"]),
-            jobs=tuple(CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in document["jobs"]),
-            artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
-        )
-    except (OSError, ValueError, RecursionError) as error:
+        return parse_manifest(path.read_bytes(), key)
+    except (OSError, ValueError) as error:
         logger.warning("ignoring unreadable manifest %s: %s", path, error)
         return None
 
 
+def parse_manifest(data: bytes, key: str) -> Manifest:
+    """The manifest named `key` from its file's bytes, every field checked (an import checks a
+    bundle's manifests with this before installing them); ValueError saying what is wrong."""
+    try:
+        document = json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    _check_document(document, key)
+    if manifest_key(document["parts"]) != key:
+        raise ValueError("its parts do not hash to its key")
+    return Manifest(
+        key=key,
+        parts=document["parts"],
+        families=tuple(dict(family) for family in document["families"]),
+        jobs=tuple(CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in document["jobs"]),
+        artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
+    )
+
+
 # A manifest lists a configuration's kernels (DeepSeek-R1 TP8: 1,158, about 9 MB): far below this.
 MAX_MANIFEST_BYTES = 256 << 20
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+HEX64 = re.compile(r"[0-9a-f]{64}")
 _JOB_FIELDS = {field.name for field in dataclasses.fields(CompileJob)}
 # Names of an entry's files as Triton writes them: plain names, no path.
-_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 
 
 def _check_document(document: Any, key: str) -> None:
@@ -112,19 +121,20 @@ def _check_document(document: Any, key: str) -> None:
             raise ValueError(f"job {index} does not have the fields {sorted(_JOB_FIELDS | {'artifacts'})}")
         if not all(isinstance(job[name], str) for name in _JOB_FIELDS):
             raise ValueError(f"job {index} has a field that is not a string")
-        if not _HEX64.fullmatch(job["key"]):
+        if not HEX64.fullmatch(job["key"]):
             raise ValueError(f"job {index}'s key is not a Triton cache key (64 hex digits)")
         artifacts = job["artifacts"]
         if not isinstance(artifacts, dict):
             raise ValueError(f"job {index}'s artifacts is not an object")
         for name, record in artifacts.items():
-            if not _FILE_NAME.fullmatch(name) or ".." in name:
+            if not FILE_NAME.fullmatch(name) or ".." in name:
                 raise ValueError(f"job {index} names a file {name[:80]!r} that is not a plain file name")
-            if not _is_file_record(record):
+            if not is_file_record(record):
                 raise ValueError(f"job {index}'s record of {name!r} is not a size and a sha256")
 
 
-def _is_file_record(record: Any) -> bool:
+def is_file_record(record: Any) -> bool:
+    """A `{"sha256", "size"}` record as manifests and `bundle.json` list a file."""
     if not isinstance(record, dict) or set(record) != {"sha256", "size"}:
         return False
     size, digest = record["size"], record["sha256"]
@@ -133,7 +143,7 @@ def _is_file_record(record: Any) -> bool:
         and not isinstance(size, bool)
         and size >= 0
         and isinstance(digest, str)
-        and _HEX64.fullmatch(digest) is not None
+        and HEX64.fullmatch(digest) is not None
     )
 
 
