@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .cache.bundle import BUNDLE_FILE, BundleIndex, ImportReport, copy_configurations, import_archive, write_archive
+from . import __version__, settings
+from .cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
 from .cache.bundle import write_index as write_bundle_index
+from .cache.bundle_import import DEFAULT_LIMITS, ImportLimits, ImportReport, import_archive
 from .cache.layout import CacheLayout
 from .cache.manifest import job_problems, read_manifest
 from .configuration import find_manifest
@@ -173,6 +174,14 @@ def check_toolchains(toolchains: dict[str, dict[str, Any]]) -> None:
             )
 
 
-def import_bundle(archive: str | Path, layout: CacheLayout) -> ImportReport:
-    """Add the archive to the cache's writable root after validating all of it; all or nothing."""
-    return import_archive(Path(archive), CacheLayout.of(layout.root), check_toolchains)
+def import_bundle(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
+    """Add the archive to the cache's writable root after validating all of it; all or nothing.
+    Each kernel entry is installed under its compile lock, waiting up to $KPRECOMPILE_LOCK_TIMEOUT."""
+    return import_archive(
+        Path(archive),
+        CacheLayout.of(layout.root),
+        check_toolchains,
+        lock_timeout_seconds=settings.LOCK_TIMEOUT.read(),
+        lock_timeout_variable=settings.LOCK_TIMEOUT.name,
+        limits=limits,
+    )

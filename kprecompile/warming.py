@@ -18,6 +18,7 @@ from typing import Any
 from .cache.entries import has_entries, remove_entry
 from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
+from .cache.staging import remove_stale_staging
 from .compile import JobOutcome, job_lock
 from .configuration import ManifestLookup, find_manifest
 from .engines import Selection, select
@@ -143,6 +144,8 @@ def warm(
     if selection is None:
         selection = select(model)
     shapes = planned_shapes(model, serving, selection)
+    # What an import killed midway left (its staging directory) goes before anything else.
+    remove_stale_staging(layout)
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
     manifests: list[str] = []

@@ -2,7 +2,8 @@
 
 `layout` (paths, no I/O), `files` (atomic writes, checksums), `keys` (named-dict hashing),
 `jobs` (the compile-job record), `entries` (Triton's entries, read without Triton), `locks`,
-`manifest`, `bundle`. The recipe of a configuration's key lives above, in
+`manifest`, `bundle` (the format, and writing one), `bundle_import`, `staging` (an import's
+scratch directory), `trust`. The recipe of a configuration's key lives above, in
 `kprecompile.configuration`.
 """
 

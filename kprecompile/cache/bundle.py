@@ -3,39 +3,32 @@
 A bundle is a cache root (the same buckets: manifests, Triton entries, AITER's JIT directory)
 plus `bundle.json`, which lists its configurations, the toolchain each target was built with,
 and every file with its size and sha256. It serves as a read-only layer where it lies (an
-image layer), or travels as a `.tar.gz` archive that `import_archive` unpacks into a cache.
-
-Importing validates everything before writing anything: member paths (absolute, escaping the
-destination), member types (links, devices, FIFOs), the index (every file listed, sizes and
-checksums), and, through the caller's check, the toolchain. Then it stages inside the
-destination and moves entries into place, manifests last; a failure leaves the destination as
-it was.
+image layer), or travels as a `.tar.gz` archive that `bundle_import` unpacks into a cache.
+This module writes bundles and says what a valid `bundle.json` is.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import shutil
 import tarfile
-import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError, InputError
+from ..errors import BundleError
 from .entries import compiled_files, group_file
-from .files import atomic_file, sha256_file, sha256_of, write_atomic
+from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
-from .manifest import locate_manifest
+from .manifest import HEX64, is_file_record, locate_manifest
 
 BUNDLE_FILE = "bundle.json"
 BUNDLE_SCHEMA = 1
 # What a bundle may contain, besides its index.
 BUNDLE_BUCKETS = (Bucket.MANIFESTS, Bucket.TRITON, Bucket.AITER_JIT)
-_TOP_LEVEL = tuple(bucket.value for bucket in BUNDLE_BUCKETS)
+BUNDLE_TOP_LEVEL = tuple(bucket.value for bucket in BUNDLE_BUCKETS)
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ def write_index(
     """Write `bundle.json` for the cache at `root`: the configurations given, the toolchain of
     each target, and every file of the bundle's buckets with its size and sha256."""
     files = {}
-    for top in _TOP_LEVEL:
+    for top in BUNDLE_TOP_LEVEL:
         for path in sorted((root / top).rglob("*")) if (root / top).is_dir() else ():
             if path.is_file() and not path.is_symlink():
                 files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
@@ -100,131 +93,53 @@ def write_archive(bundle: Path, archive: Path) -> None:
                 tar.addfile(info, file)
 
 
-@dataclass(frozen=True)
-class ImportReport:
-    archive: str
-    cache_dir: str
-    configurations: int
-    entries_added: int
-    entries_present: int
-    manifests: int
+# A toolchain field is a version, a path or a hash: far below this.
+_MAX_TOOLCHAIN_VALUE = 4096
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
-# Called with bundle.json's toolchains (target name -> toolchain fields) before anything is
-# written; raises BundleError when this machine cannot serve them.
-ToolchainCheck = Callable[[dict[str, dict[str, Any]]], None]
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def import_archive(archive: Path, layout: CacheLayout, check_toolchains: ToolchainCheck) -> ImportReport:
-    """Validate all of `archive`, then add it to the cache at `layout`; all or nothing."""
-    try:
-        tar = tarfile.open(archive, "r:*")
-    except (OSError, tarfile.TarError) as error:
-        reason = (str(error).splitlines() or [type(error).__name__])[0].rstrip(":")
-        raise InputError("archive", str(archive), f"a readable .tar.gz bundle ({reason})") from None
-    with tar:
-        members = tar.getmembers()
-        index = _validate(tar, members)
-        check_toolchains(index["toolchains"])
-        return _install(tar, members, index, archive, layout)
+def check_index(document: Any) -> None:
+    """Every field of `bundle.json` that import relies on, as `write_index` writes it, or
+    ValueError naming the first field that is not."""
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {json_type(document)}, not an object")
+    schema = document.get("schema")
+    if type(schema) is not int or schema != BUNDLE_SCHEMA:
+        raise ValueError(f"schema is {schema!r}, expected {BUNDLE_SCHEMA}")
+    configurations = document.get("configurations")
+    if not isinstance(configurations, list):
+        raise ValueError(f"configurations is a JSON {json_type(configurations)}, expected an array")
+    for number, configuration in enumerate(configurations):
+        if not isinstance(configuration, dict):
+            raise ValueError(f"configurations[{number}] is a JSON {json_type(configuration)}, expected an object")
+        manifest = configuration.get("manifest")
+        if not isinstance(manifest, str) or not HEX64.fullmatch(manifest):
+            raise ValueError(f"configurations[{number}].manifest is {_short(manifest)}, expected 64 hex digits")
+        if not isinstance(configuration.get("target"), str):
+            raise ValueError(f"configurations[{number}].target is {_short(configuration.get('target'))}, "
+                             "expected a target name")  # fmt: skip
+    toolchains = document.get("toolchains")
+    if not isinstance(toolchains, dict):
+        raise ValueError(f"toolchains is a JSON {json_type(toolchains)}, expected an object")
+    for target, fields in toolchains.items():
+        if not isinstance(fields, dict):
+            raise ValueError(f"toolchains[{target[:80]!r}] is a JSON {json_type(fields)}, expected an object")
+        for name, value in fields.items():
+            if not (value is None or isinstance(value, str) and len(value) <= _MAX_TOOLCHAIN_VALUE):
+                raise ValueError(f"toolchains[{target[:80]!r}].{name[:80]} is {_short(value)}, expected a string")
+    files = document.get("files")
+    if not isinstance(files, dict):
+        raise ValueError(f"files is a JSON {json_type(files)}, expected an object")
+    for name, record in files.items():
+        if not is_file_record(record):
+            raise ValueError(f"files[{name[:80]!r}] is {_short(record)}, expected a size and a sha256")
 
 
-def _validate(tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -> dict[str, Any]:
-    for member in members:
-        _check_member(member)
-    by_name = {member.name: member for member in members if member.isfile()}
-    if BUNDLE_FILE not in by_name:
-        raise BundleError(BUNDLE_FILE, "an index of the bundle: this is not a kprecompile bundle")
-    try:
-        index = json.loads(tar.extractfile(by_name[BUNDLE_FILE]).read())
-        files = index["files"]
-        if not isinstance(index["toolchains"], dict):
-            raise TypeError("toolchains is not an object")
-        if index["schema"] != BUNDLE_SCHEMA:
-            raise ValueError(f"schema {index['schema']}, expected {BUNDLE_SCHEMA}")
-    except (ValueError, KeyError, TypeError) as error:
-        raise BundleError(BUNDLE_FILE, f"a valid bundle index ({error})") from None
-    for name, member in by_name.items():
-        if name == BUNDLE_FILE:
-            continue
-        expected = files.get(name)
-        if expected is None:
-            raise BundleError(name, "a file listed in bundle.json")
-        if member.size != expected["size"]:
-            raise BundleError(name, f"{expected['size']} bytes as bundle.json lists (it has {member.size})")
-        if sha256_of(_member_blocks(tar, member)) != expected["sha256"]:
-            raise BundleError(name, "the sha256 bundle.json lists")
-    for name in files:
-        if name not in by_name:
-            raise BundleError(name, "in the archive, as bundle.json lists it")
-    return index
-
-
-def _member_blocks(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
-    stream = tar.extractfile(member)
-    yield from iter(lambda: stream.read(1 << 20), b"")
-
-
-def _check_member(member: tarfile.TarInfo) -> None:
-    name = member.name
-    path = PurePosixPath(name)
-    if not name or name.startswith(("/", "\\")) or path.is_absolute() or (len(name) > 1 and name[1] == ":"):
-        raise BundleError(name, "a relative path")
-    if ".." in path.parts:
-        raise BundleError(name, "a path inside the destination")
-    if member.issym() or member.islnk():
-        raise BundleError(name, f"a regular file, not a link to {member.linkname!r}")
-    if not (member.isfile() or member.isdir()):
-        raise BundleError(name, "a regular file, not a device, FIFO or other special file")
-    if name != BUNDLE_FILE and path.parts[0] not in _TOP_LEVEL:
-        raise BundleError(name, f"a path under {', '.join(_TOP_LEVEL)}, or {BUNDLE_FILE}")
-
-
-def _install(
-    tar: tarfile.TarFile, members: list[tarfile.TarInfo], index: dict[str, Any], archive: Path, layout: CacheLayout
-) -> ImportReport:
-    root = layout.root
-    root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".import-{uuid.uuid4().hex}"
-    added = present = manifests = 0
-    try:
-        for member in members:
-            if member.isfile() and member.name != BUNDLE_FILE:
-                target = staging / member.name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tar.extractfile(member) as source, target.open("wb") as destination:
-                    shutil.copyfileobj(source, destination)
-        # Kernel entries first (whole directories, renamed: atomic), manifests last.
-        staged_triton = staging / Bucket.TRITON.value
-        for entry in sorted(staged_triton.iterdir()) if staged_triton.is_dir() else ():
-            final = layout.triton_dir / entry.name
-            if final.exists():
-                present += 1
-                continue
-            _point_group_at(entry, final)
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.rename(entry, final)
-            added += 1
-        jit = staging / Bucket.AITER_JIT.value
-        if jit.is_dir():
-            shutil.copytree(jit, layout.aiter_jit_dir, dirs_exist_ok=True)
-        staged_manifests = staging / Bucket.MANIFESTS.value
-        for manifest in sorted(staged_manifests.glob("*.json")) if staged_manifests.is_dir() else ():
-            layout.manifests_dir.mkdir(parents=True, exist_ok=True)
-            os.replace(manifest, layout.manifests_dir / manifest.name)
-            manifests += 1
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return ImportReport(str(archive), str(root), len(index["configurations"]), added, present, manifests)
-
-
-def _point_group_at(entry: Path, final: Path) -> None:
-    """Rewrite the group file's absolute child paths for the entry's new home (Triton's own
-    cache manager opens them by absolute path)."""
-    group = group_file(entry)
-    if group is None:
-        return
-    document = json.loads(group.read_text())
-    children = document.get("child_paths", {})
-    document["child_paths"] = {name: str(final / os.path.basename(path)) for name, path in children.items()}
-    write_atomic(group, json.dumps(document).encode())
+def _short(value: Any) -> str:
+    text = repr(value) if isinstance(value, str | int | float | bool | type(None)) else f"a JSON {json_type(value)}"
+    return text if len(text) <= 80 else text[:77] + "..."

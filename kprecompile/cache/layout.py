@@ -4,13 +4,16 @@
       triton-v1/                   TRITON_CACHE_DIR: Triton's own layout, one entry per key
         <base32(key)>/             written by Triton: binary, IRs, metadata, __grp__*.json
       locks-v1/
-        <key>.lock                 held while one process compiles that key
+        <key>.lock                 held while one process compiles (or imports) that key
+        import-<id>.lock           held by the import that owns .import-<id>/
       manifests-v5/
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
                                    the jobs that configuration needs, file checksums; written last
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
+      .import-<id>/                an import unpacking (cache/staging.py): removed when it ends, or
+                                   by the next import or warm once its owner's lock is free
 
 Every top-level directory is a bucket whose name carries the version of its format; a format
 change bumps it and leaves the old directory behind instead of migrating it (uv's rule). The

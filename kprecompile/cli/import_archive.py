@@ -23,6 +23,10 @@ def command(archive, cache_dir, json_output) -> None:
     output.document(asdict(report))
     output.data(
         f"{archive}: {plural(report.configurations, 'configuration')}; {plural(report.entries_added, 'kernel')} "
-        f"added, {report.entries_present} already present, {plural(report.manifests, 'manifest')}, into "
-        f"{report.cache_dir}"
-    )
+        f"added, {report.entries_present} already present, {report.entries_replaced} damaged replaced; "
+        f"{plural(report.manifests_added, 'manifest')} added, {report.manifests_present} already present, "
+        f"{report.manifests_replaced} damaged replaced; "
+        + (f"{plural(report.jit_files_added, 'AITER JIT file')} added, {report.jit_files_present} already present; "
+           if report.jit_files_added or report.jit_files_present else "")
+        + f"into {report.cache_dir}"
+    )  # fmt: skip

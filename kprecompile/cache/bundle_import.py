@@ -1,0 +1,658 @@
+"""Importing a bundle archive into a cache: all of it or none of it, safe beside other writers.
+
+Reading writes nothing. Each member is checked as its header is read: a relative path inside
+the destination, named once after normalizing (`E/./x` is `E/x`), shaped as its bucket's files
+are (`manifests-v5/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`), a regular
+file (no link, device or sparse file), within the size bounds (per member, in total, for
+`bundle.json`), then its content is hashed. Then `bundle.json` (every field's type), each
+manifest (as `read_manifest` checks it), each Triton group file, the content against the
+index, the manifests against the entries they need, and, through the caller's check, the
+toolchain. An archive that ends early says so.
+
+Writing happens in a staging directory inside the cache root (`staging`: the next run removes
+one a killed import left), then installs: each kernel entry under its compile lock, so that a
+concurrent warm or import waits instead of racing the rename; AITER's JIT files without
+overwriting; manifests last. An entry or manifest already there and intact is kept, a damaged
+one replaced and reported. A failure undoes every step, and the cache is as it was.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import errno
+import gzip
+import json
+import logging
+import lzma
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tarfile
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..errors import BundleError, InputError
+from .bundle import BUNDLE_FILE, BUNDLE_TOP_LEVEL, check_index
+from .entries import group_children
+from .files import FILE_MODE, sha256_file, write_atomic
+from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
+from .locks import hold_lock
+from .manifest import FILE_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .staging import remove_stale_staging, staging_directory
+
+logger = logging.getLogger(__name__)
+
+_BLOCK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class ImportLimits:
+    """What one archive may hold. A whole DeepSeek-R1 TP8 configuration is 1,158 kernels in about
+    10,000 files and 159 MB, its `bundle.json` about 2 MB: these leave room for many of them
+    while an archive bomb (a few KB that would write GBs) is refused before anything is written."""
+
+    member_bytes: int = 1 << 30
+    total_bytes: int = 32 << 30
+    index_bytes: int = 64 << 20
+    members: int = 500_000
+
+
+DEFAULT_LIMITS = ImportLimits()
+
+
+@dataclass(frozen=True)
+class ImportReport:
+    archive: str
+    cache_dir: str
+    configurations: int
+    entries_added: int
+    # Kernel entries the cache already held intact (kept as they were).
+    entries_present: int
+    # Kernel entries the cache held damaged (a file missing, truncated or altered): replaced.
+    entries_replaced: int
+    manifests_added: int
+    manifests_present: int
+    manifests_replaced: int
+    # AITER's JIT files (aiter-jit-v1/): added, or already there with the same content.
+    jit_files_added: int
+    jit_files_present: int
+
+
+# Called with bundle.json's toolchains (target name -> toolchain fields) before anything is
+# written; raises BundleError when this machine cannot serve them.
+ToolchainCheck = Callable[[dict[str, dict[str, Any]]], None]
+
+_ENTRY_NAME = re.compile(r"[A-Z2-7]{52}")
+_JIT_PART = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+\-]{0,254}")
+_JIT_DEPTH = 16
+_GROUP_BYTES = 1 << 20
+_SHAPES = (
+    f"{BUNDLE_FILE}, {Bucket.MANIFESTS.value}/<64 hex digits>.json, {Bucket.TRITON.value}/<entry>/<file name> "
+    f"or {Bucket.AITER_JIT.value}/<path>"
+)
+
+
+def import_archive(
+    archive: Path,
+    layout: CacheLayout,
+    check_toolchains: ToolchainCheck,
+    *,
+    lock_timeout_seconds: float,
+    lock_timeout_variable: str,
+    limits: ImportLimits = DEFAULT_LIMITS,
+) -> ImportReport:
+    """Validate all of `archive`, then add it to the writable root of `layout`; all or nothing."""
+    with _reading(archive):
+        try:
+            tar = tarfile.open(archive, "r:*")
+        except (OSError, tarfile.TarError) as error:
+            reason = (str(error).splitlines() or [type(error).__name__])[0].rstrip(":")
+            raise InputError("archive", str(archive), f"a readable .tar.gz bundle ({reason})") from None
+    with tar:
+        with _reading(archive):
+            bundle = _read_bundle(tar, limits)
+        check_toolchains(bundle.index["toolchains"])
+        _check_jit_files(bundle, layout)
+        _check_free_space(bundle, layout.root)
+        return _install(tar, bundle, archive, layout, lock_timeout_seconds, lock_timeout_variable)
+
+
+@dataclass
+class _Bundle:
+    """What reading the archive found: each file member by normalized name, its sha256, and the
+    checked documents."""
+
+    members: dict[str, tarfile.TarInfo] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)
+    # Contents kept for parsing: bundle.json, manifests, group files (each bounded).
+    documents: dict[str, bytes] = field(default_factory=dict)
+    index: dict[str, Any] = field(default_factory=dict)
+    manifests: dict[str, Manifest] = field(default_factory=dict)
+    # Triton entry name -> {file name: member name}; and the names its group file lists.
+    entries: dict[str, dict[str, str]] = field(default_factory=dict)
+    groups: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
+    jit_files: list[str] = field(default_factory=list)
+
+
+# --- Reading ---------------------------------------------------------------------------------
+
+
+def _truncated(archive: Path) -> InputError:
+    return InputError("archive", str(archive), "a complete archive: it ends early (a truncated download or copy?)")
+
+
+@contextlib.contextmanager
+def _reading(archive: Path) -> Iterator[None]:
+    """Say what is wrong with an archive that ends early or is corrupt, on one line (a truncated
+    gzip stream raises EOFError, which click would report as `aborted`)."""
+    try:
+        yield
+    except EOFError:
+        raise _truncated(archive) from None
+    except tarfile.ReadError as error:
+        if "unexpected end of data" in str(error):
+            raise _truncated(archive) from None
+        raise InputError("archive", str(archive), f"an intact archive ({str(error)[:200]})") from None
+    except (zlib.error, gzip.BadGzipFile, lzma.LZMAError, tarfile.TarError) as error:
+        raise InputError("archive", str(archive), f"an intact archive ({str(error)[:200]})") from None
+
+
+def _read_bundle(tar: tarfile.TarFile, limits: ImportLimits) -> _Bundle:
+    bundle = _Bundle()
+    total = count = 0
+    while (member := tar.next()) is not None:
+        count += 1
+        if count > limits.members:
+            raise BundleError(member.name[:300], f"an archive of at most {limits.members:,} members")
+        name = _check_member(member)
+        if name is None:
+            continue
+        if name in bundle.members:
+            raise BundleError(member.name[:300], f"one member per path: {name} is in the archive twice")
+        bound = limits.index_bytes if name == BUNDLE_FILE else limits.member_bytes
+        if member.size > bound:
+            raise BundleError(name, f"a file of at most {bound:,} bytes, not {member.size:,}")
+        total += member.size
+        if total > limits.total_bytes:
+            raise BundleError(name, f"an archive of at most {limits.total_bytes:,} bytes unpacked")
+        keep = _kept_bytes(name, limits)
+        if keep is not None and member.size > keep:
+            raise BundleError(name, f"a file of at most {keep:,} bytes, not {member.size:,}")
+        bundle.members[name] = member
+        bundle.digests[name] = _hash_member(tar, member, bundle.documents if keep is not None else None, name)
+    _check_end(tar)
+    _check_index(bundle)
+    _check_entries(bundle)
+    _check_manifests(bundle)
+    return bundle
+
+
+def _check_member(member: tarfile.TarInfo) -> str | None:
+    """The member's normalized name, None for a directory; BundleError when it may not be here."""
+    name = member.name if len(member.name) <= 300 else member.name[:297] + "..."
+    if not name or name.startswith(("/", "\\")) or posixpath.isabs(name) or (len(name) > 1 and name[1] == ":"):
+        raise BundleError(name, "a relative path")
+    if ".." in name.split("/"):
+        raise BundleError(name, "a path inside the destination")
+    if member.issym() or member.islnk():
+        raise BundleError(name, f"a regular file, not a link to {member.linkname!r}")
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
+        raise BundleError(name, "a regular file, not a sparse one (kprecompile never writes those)")
+    if not (member.isfile() or member.isdir()):
+        raise BundleError(name, "a regular file, not a device, FIFO or other special file")
+    if member.size < 0:
+        raise BundleError(name, "a file with a size")
+    normal = posixpath.normpath(member.name)
+    top = normal.split("/")[0]
+    if member.isdir():
+        if normal != "." and top not in BUNDLE_TOP_LEVEL:
+            raise BundleError(name, f"a path under {', '.join(BUNDLE_TOP_LEVEL)}, or {BUNDLE_FILE}")
+        return None
+    if normal != BUNDLE_FILE and top not in BUNDLE_TOP_LEVEL:
+        raise BundleError(name, f"a path under {', '.join(BUNDLE_TOP_LEVEL)}, or {BUNDLE_FILE}")
+    if not _is_bundle_path(normal):
+        raise BundleError(name, f"a path shaped like a bundle's files: {_SHAPES}")
+    return normal
+
+
+def _is_bundle_path(name: str) -> bool:
+    parts = name.split("/")
+    if name == BUNDLE_FILE:
+        return True
+    if parts[0] == Bucket.MANIFESTS.value:
+        return len(parts) == 2 and re.fullmatch(r"[0-9a-f]{64}\.json", parts[1]) is not None
+    if parts[0] == Bucket.TRITON.value:
+        return len(parts) == 3 and _entry_key(parts[1]) is not None and FILE_NAME.fullmatch(parts[2]) is not None
+    return 1 < len(parts) <= _JIT_DEPTH + 1 and all(_JIT_PART.fullmatch(part) for part in parts[1:])
+
+
+def _entry_key(entry_name: str) -> str | None:
+    """The Triton key (hex) an entry directory is named for, or None if it is not such a name."""
+    if not _ENTRY_NAME.fullmatch(entry_name):
+        return None
+    try:
+        key = base64.b32decode(entry_name + "====").hex()
+    except binascii.Error:
+        return None
+    return key if len(key) == 64 and triton_entry_name(key) == entry_name else None
+
+
+def _kept_bytes(name: str, limits: ImportLimits) -> int | None:
+    """The size up to which a member is kept in memory to be parsed; None for one only hashed."""
+    if name == BUNDLE_FILE:
+        return limits.index_bytes
+    if name.startswith(Bucket.MANIFESTS.value + "/"):
+        return MAX_MANIFEST_BYTES
+    if name.startswith(Bucket.TRITON.value + "/") and name.rpartition("/")[2].startswith(GROUP_PREFIX):
+        return _GROUP_BYTES
+    return None
+
+
+def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: dict[str, bytes] | None, name: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    kept = []
+    for block in _member_blocks(tar, member):
+        digest.update(block)
+        if keep is not None:
+            kept.append(block)
+    if keep is not None:
+        keep[name] = b"".join(kept)
+    return digest.hexdigest()
+
+
+def _member_blocks(tar: tarfile.TarFile, member: tarfile.TarInfo) -> Iterator[bytes]:
+    stream = tar.extractfile(member)
+    yield from iter(lambda: stream.read(_BLOCK_BYTES), b"")
+
+
+def _check_end(tar: tarfile.TarFile) -> None:
+    """tarfile ends its listing quietly at a header cut short or unreadable: the end-of-archive
+    block (zeros) must follow the last member, or the archive is truncated or damaged."""
+    stream = tar.fileobj
+    stream.seek(tar.offset)
+    block = stream.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE:
+        raise EOFError
+    if block.count(0) != tarfile.BLOCKSIZE:
+        raise tarfile.ReadError(f"an unreadable member header at byte {tar.offset:,}")
+
+
+def _check_index(bundle: _Bundle) -> None:
+    data = bundle.documents.get(BUNDLE_FILE)
+    if data is None:
+        raise BundleError(BUNDLE_FILE, "an index of the bundle: this is not a kprecompile bundle")
+    try:
+        index = json.loads(data)
+        check_index(index)
+    except RecursionError:
+        raise BundleError(BUNDLE_FILE, "a valid bundle index (nested too deeply)") from None
+    except ValueError as error:
+        raise BundleError(BUNDLE_FILE, f"a valid bundle index ({str(error)[:300]})") from None
+    files = index["files"]
+    for name, member in bundle.members.items():
+        if name == BUNDLE_FILE:
+            continue
+        expected = files.get(name)
+        if expected is None:
+            raise BundleError(name, "a file listed in bundle.json")
+        if member.size != expected["size"]:
+            raise BundleError(name, f"{expected['size']} bytes as bundle.json lists (it has {member.size})")
+        if bundle.digests[name] != expected["sha256"]:
+            raise BundleError(name, "the sha256 bundle.json lists")
+    for name in files:
+        if name not in bundle.members:
+            raise BundleError(name[:300], "in the archive, as bundle.json lists it")
+    bundle.index = index
+
+
+def _check_entries(bundle: _Bundle) -> None:
+    """Group the Triton files by entry; each group file must name files of its own entry."""
+    for name in bundle.members:
+        parts = name.split("/")
+        if parts[0] == Bucket.TRITON.value:
+            bundle.entries.setdefault(parts[1], {})[parts[2]] = name
+        elif parts[0] == Bucket.AITER_JIT.value:
+            bundle.jit_files.append(name)
+    for entry, files in bundle.entries.items():
+        groups = [file_name for file_name in files if file_name.startswith(GROUP_PREFIX)]
+        if len(groups) > 1:
+            raise BundleError(f"{Bucket.TRITON.value}/{entry}/", f"one group file per entry, not {len(groups)}")
+        if groups:
+            member = files[groups[0]]
+            children = _group_children(bundle.documents[member])
+            if children is None or not children or not children <= set(files) - {groups[0]}:
+                raise BundleError(member, "a Triton group file: an object whose child_paths names files of its entry")
+            bundle.groups[entry] = (groups[0], children)
+
+
+def _group_children(data: bytes) -> frozenset[str] | None:
+    """The file names a group file lists, or None when it is not a group file."""
+    try:
+        document = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    children = document.get("child_paths") if isinstance(document, dict) else None
+    if not isinstance(children, dict):
+        return None
+    names = set()
+    for name, path in children.items():
+        if not isinstance(path, str) or os.path.basename(path) != name or not FILE_NAME.fullmatch(name):
+            return None
+        names.add(name)
+    return frozenset(names)
+
+
+def _check_manifests(bundle: _Bundle) -> None:
+    """Each manifest as `read_manifest` checks it, its kernels' entries in the bundle with the
+    files it records; each configuration of the index names one of them."""
+    files = bundle.index["files"]
+    for name, data in bundle.documents.items():
+        if not name.startswith(Bucket.MANIFESTS.value + "/"):
+            continue
+        key = name.rpartition("/")[2].removesuffix(".json")
+        try:
+            manifest = parse_manifest(data, key)
+        except ValueError as error:
+            raise BundleError(name, f"a valid manifest ({str(error)[:300]})") from None
+        for job in manifest.jobs:
+            entry = triton_entry_name(job.key)
+            recorded = manifest.artifacts.get(job.key, {})
+            group = bundle.groups.get(entry)
+            if entry not in bundle.entries or group is None or set(recorded) != group[1]:
+                raise BundleError(name, f"kernel entries in the bundle for its jobs ({Bucket.TRITON.value}/{entry}/ "
+                                        "is missing or its group file lists other files)")  # fmt: skip
+            for file_name, record in recorded.items():
+                listed = files.get(f"{Bucket.TRITON.value}/{entry}/{file_name}")
+                if listed != record:
+                    raise BundleError(name, f"files in the bundle as it records them ({Bucket.TRITON.value}/{entry}/"
+                                            f"{file_name} differs)")  # fmt: skip
+        bundle.manifests[key] = manifest
+    for number, configuration in enumerate(bundle.index["configurations"]):
+        if configuration["manifest"] not in bundle.manifests:
+            raise BundleError(BUNDLE_FILE, f"configurations naming manifests in the bundle (configurations[{number}] "
+                                           f"names {configuration['manifest']})")  # fmt: skip
+
+
+# --- Checks against the destination (still no write) -----------------------------------------
+
+
+def _same_file(path: Path, digest: str, size: int) -> bool | None:
+    """Whether `path` is a regular file with this content; None when there is nothing at `path`."""
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        return False  # a file where one of its directories belongs
+    return stat.S_ISREG(status.st_mode) and status.st_size == size and sha256_file(path) == digest
+
+
+def _check_jit_files(bundle: _Bundle, layout: CacheLayout) -> None:
+    """AITER loads modules from its JIT directory: a file there is never overwritten silently."""
+    for name in bundle.jit_files:
+        record = bundle.index["files"][name]
+        path = layout.root / name
+        if _same_file(path, record["sha256"], record["size"]) is False:
+            raise BundleError(name, f"a file the cache does not hold with other content ({path} differs: "
+                                    "remove it to take the bundle's)")  # fmt: skip
+
+
+def _check_free_space(bundle: _Bundle, root: Path) -> None:
+    needed = sum(member.size for member in bundle.members.values())
+    existing = next(parent for parent in (root, *root.parents) if parent.exists())
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        raise OSError(errno.ENOSPC, f"the bundle needs {needed:,} bytes, {free:,} are free", str(root))
+
+
+# --- Writing ---------------------------------------------------------------------------------
+
+
+StepKind = Literal["entry", "file", "directory"]
+
+
+@dataclass
+class _Journal:
+    """Every step taken, undone in reverse when a later one fails: what was installed (an entry
+    directory, a file, a directory created for one) and what it displaced, kept in staging."""
+
+    steps: list[tuple[StepKind, Path, Path | None]] = field(default_factory=list)
+
+    def add(self, kind: StepKind, installed: Path, displaced: Path | None = None) -> None:
+        self.steps.append((kind, installed, displaced))
+
+    def undo(self) -> None:
+        for kind, installed, displaced in reversed(self.steps):
+            with contextlib.suppress(OSError):
+                if kind == "entry":
+                    shutil.rmtree(installed)
+                elif kind == "file":
+                    installed.unlink()
+                else:
+                    installed.rmdir()
+            if displaced is not None:
+                with contextlib.suppress(OSError):
+                    os.rename(displaced, installed)
+
+
+@dataclass
+class _Counts:
+    entries_added: int = 0
+    entries_present: int = 0
+    entries_replaced: int = 0
+    manifests_added: int = 0
+    manifests_present: int = 0
+    manifests_replaced: int = 0
+    jit_files_added: int = 0
+    jit_files_present: int = 0
+
+
+def _install(
+    tar: tarfile.TarFile,
+    bundle: _Bundle,
+    archive: Path,
+    layout: CacheLayout,
+    lock_timeout_seconds: float,
+    lock_timeout_variable: str,
+) -> ImportReport:
+    counts = _Counts()
+    journal = _Journal()
+    layout.root.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(layout)
+    with staging_directory(layout) as staging:
+        try:
+            with _reading(archive):
+                _extract(tar, bundle, staging)
+            for entry in sorted(bundle.entries):
+                lock = layout.lock_path(str(_entry_key(entry)))
+                with hold_lock(lock, f"kernel entry {entry}", lock_timeout_seconds, lock_timeout_variable):
+                    _install_entry(bundle, entry, staging, layout, journal, counts)
+            for name in sorted(bundle.jit_files):
+                _install_jit_file(bundle, name, staging, layout, journal, counts)
+            for key in sorted(bundle.manifests):
+                _install_manifest(key, staging, layout, journal, counts)
+        except BaseException:
+            journal.undo()
+            raise
+    return ImportReport(str(archive), str(layout.root), len(bundle.index["configurations"]), **vars(counts))
+
+
+def _missing_directories(directory: Path) -> list[Path]:
+    """`directory` and its parents that do not exist yet, outermost first."""
+    missing = []
+    for path in (directory, *directory.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return list(reversed(missing))
+
+
+def _extract(tar: tarfile.TarFile, bundle: _Bundle, staging: Path) -> None:
+    """Every file into the staging directory, hashed again on the way (the archive may have
+    changed since it was read)."""
+    import hashlib
+
+    for name, member in bundle.members.items():
+        if name == BUNDLE_FILE:
+            continue
+        target = staging / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256()
+        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        with os.fdopen(descriptor, "wb") as output:
+            for block in _member_blocks(tar, member):
+                digest.update(block)
+                output.write(block)
+        if digest.hexdigest() != bundle.digests[name]:
+            raise BundleError(name, "the same content on a second read (the archive changed while importing)")
+
+
+EntryState = Literal["absent", "intact", "damaged"]
+
+
+def _entry_state(final: Path, bundle: _Bundle, entry: str) -> tuple[EntryState, str]:
+    """Whether the cache's entry is absent, intact (every file of the bundle's entry, same
+    content, its group file naming them), or damaged, and why."""
+    try:
+        status = final.lstat()
+    except FileNotFoundError:
+        return "absent", ""
+    if not stat.S_ISDIR(status.st_mode):
+        return "damaged", "not a directory"
+    group = bundle.groups.get(entry)
+    for file_name, name in bundle.entries[entry].items():
+        if group is not None and file_name == group[0]:
+            continue
+        record = bundle.index["files"][name]
+        same = _same_file(final / file_name, record["sha256"], record["size"])
+        if not same:
+            return "damaged", f"{file_name} is {'missing' if same is None else 'not the same file'}"
+    if group is not None:
+        found = group_children(final, group[0])
+        if found is None or set(found) != group[1]:
+            return "damaged", f"{group[0]} is missing or does not name the entry's files"
+    return "intact", ""
+
+
+def _install_entry(
+    bundle: _Bundle, entry: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts
+) -> None:
+    """Under the entry's compile lock: keep an intact entry, move a damaged one aside, rename the
+    staged one into place."""
+    staged = staging / Bucket.TRITON.value / entry
+    final = layout.triton_dir / entry
+    state, reason = _entry_state(final, bundle, entry)
+    if state == "intact":
+        counts.entries_present += 1
+        return
+    displaced = None
+    if state == "damaged":
+        logger.warning("replacing damaged kernel entry %s: %s", final, reason)
+        displaced = staging / "displaced" / Bucket.TRITON.value / entry
+        displaced.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(final, displaced)
+    if entry in bundle.groups:
+        _point_group_at(staged / bundle.groups[entry][0], final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(staged, final)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        # Written meanwhile by a process that takes no lock (a serving process's own compile):
+        # the entry is the same key's, so take it as it is when it is intact.
+        if _entry_state(final, bundle, entry)[0] != "intact":
+            raise
+        counts.entries_present += 1
+        if displaced is not None:
+            shutil.rmtree(displaced, ignore_errors=True)
+        return
+    journal.add("entry", final, displaced)
+    if displaced is None:
+        counts.entries_added += 1
+    else:
+        counts.entries_replaced += 1
+
+
+def _point_group_at(group: Path, final: Path) -> None:
+    """Rewrite the group file's absolute child paths for the entry's new home (Triton's own
+    cache manager opens them by absolute path)."""
+    document = json.loads(group.read_bytes())
+    children = document["child_paths"]
+    document["child_paths"] = {name: str(final / os.path.basename(path)) for name, path in children.items()}
+    write_atomic(group, json.dumps(document).encode())
+
+
+def _install_jit_file(
+    bundle: _Bundle, name: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts
+) -> None:
+    """Link the staged file into place, which never replaces a file: one written meanwhile is
+    accepted only with the same content."""
+    record = bundle.index["files"][name]
+    final = layout.root / name
+    for directory in _missing_directories(final.parent):
+        directory.mkdir()
+        journal.add("directory", directory)
+    try:
+        os.link(staging / name, final)
+    except FileExistsError:
+        if not _same_file(final, record["sha256"], record["size"]):
+            raise BundleError(name, f"a file the cache does not hold with other content ({final} differs: "
+                                    "remove it to take the bundle's)") from None  # fmt: skip
+        counts.jit_files_present += 1
+        return
+    journal.add("file", final)
+    counts.jit_files_added += 1
+
+
+def _manifest_state(path: Path, key: str) -> tuple[EntryState, str]:
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        return "absent", ""
+    if not stat.S_ISREG(status.st_mode):
+        return "damaged", "not a regular file"
+    if status.st_size > MAX_MANIFEST_BYTES:
+        return "damaged", f"larger than {MAX_MANIFEST_BYTES:,} bytes"
+    try:
+        parse_manifest(path.read_bytes(), key)
+    except ValueError as error:
+        return "damaged", str(error)
+    return "intact", ""
+
+
+def _install_manifest(key: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts) -> None:
+    """Never replace a valid manifest (it hashes to its name: it says the same); replace a
+    damaged one, kept in staging until the import succeeded."""
+    staged = staging / Bucket.MANIFESTS.value / f"{key}.json"
+    final = layout.manifest_path(key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    state, reason = _manifest_state(final, key)
+    if state == "absent":
+        try:
+            os.link(staged, final)  # never replaces: another import or warm may have written it
+        except FileExistsError:
+            state, reason = _manifest_state(final, key)
+        else:
+            journal.add("file", final)
+            counts.manifests_added += 1
+            return
+    if state == "intact":
+        counts.manifests_present += 1
+        return
+    logger.warning("replacing damaged manifest %s: %s", final, reason)
+    displaced = staging / "displaced" / Bucket.MANIFESTS.value / final.name
+    displaced.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(final, displaced)
+    os.rename(staged, final)
+    journal.add("file", final, displaced)
+    counts.manifests_replaced += 1

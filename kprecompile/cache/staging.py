@@ -1,0 +1,87 @@
+"""Staging directories inside a cache root, owned through a lock that dies with their process.
+
+An import unpacks into `<root>/.import-<id>/` (the same file system as the buckets, so that
+installing is a rename) while holding an OS lock on `locks-v1/import-<id>.lock`, taken before
+the directory exists and dropped after it is gone. A staging directory whose lock nobody holds
+(or whose lock file is gone) belongs to a process that was killed: the next import or warm
+removes it, instead of it filling the disk forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import stat
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from .layout import CacheLayout
+
+logger = logging.getLogger(__name__)
+
+STAGING_PREFIX = ".import-"
+
+
+def _owner_lock(layout: CacheLayout, staging_id: str) -> Path:
+    return layout.locks_dir / f"import-{staging_id}.lock"
+
+
+@contextlib.contextmanager
+def staging_directory(layout: CacheLayout) -> Iterator[Path]:
+    """A fresh staging directory in the writable root, removed when the block ends."""
+    staging_id = uuid.uuid4().hex
+    lock = _owner_lock(layout, staging_id)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        staging = layout.root / f"{STAGING_PREFIX}{staging_id}"
+        staging.mkdir()
+        try:
+            yield staging
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+    finally:
+        os.close(descriptor)
+
+
+def remove_stale_staging(layout: CacheLayout) -> int:
+    """Remove the staging directories of the writable root whose owner is gone; how many."""
+    removed = 0
+    try:
+        with os.scandir(layout.root) as items:
+            candidates = [item for item in items if item.name.startswith(STAGING_PREFIX)]
+    except OSError:
+        return 0
+    for item in candidates:
+        with contextlib.suppress(OSError):
+            if not stat.S_ISDIR(item.stat(follow_symlinks=False).st_mode):
+                continue
+        lock = _owner_lock(layout, item.name.removeprefix(STAGING_PREFIX))
+        try:
+            descriptor = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            descriptor = None  # its owner never locked (an older kprecompile) or already left
+        except OSError:
+            continue
+        try:
+            if descriptor is not None:
+                try:
+                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a running import
+            logger.warning("removing %s, left by an import that did not finish", item.path)
+            shutil.rmtree(item.path, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(lock)
+            removed += 1
+        finally:
+            if descriptor is not None:
+                os.close(descriptor)
+    return removed
