@@ -210,14 +210,6 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> s
     return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
 
 
-# Prebuilt attention; vLLM still runs its own Triton kernels around it on steps whose sequences
-# have cached context (merging the partial results), which no family plans yet.
-_PREBUILT = (
-    "{backend} runs AITER's prebuilt {kind} kernels; vLLM's Triton {around} on steps with cached context is not "
-    "planned yet"
-)
-
-
 _MERGE_0_19 = (
     "vLLM 0.19 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
     "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
@@ -273,6 +265,11 @@ def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoic
     return FamilyChoice(family, backend, reason)
 
 
+_AITER_FA_0_19 = (
+    "ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet: its cached-context path, sliding-window tables and "
+    "shuffled KV-cache writes are new"
+)
+
 _TRITON_ATTN_0_19 = (
     "TRITON_ATTN in vLLM 0.19 and newer is not traced yet: its KV cache is a view into one allocation for all "
     "layers and its metadata builder picks the 3D kernel from the capture sizes"
@@ -286,10 +283,11 @@ def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, 
         if line == "0.19":
             return (FamilyChoice("triton_attn", backend, _TRITON_ATTN_0_19),)
         return (_vllm_kernels("triton_attn", backend, release),)
-    # AITER's backends: unified attention is Triton, FA is prebuilt.
-    reason = None
-    if backend == "ROCM_AITER_FA":
-        around = "cp_mha_gather_cache and merge_attn_states"
-        reason = _PREBUILT.format(backend=backend, kind="CK/assembly attention", around=around)
-        reason += " (ROCM_AITER_UNIFIED_ATTN uses Triton for all of it)"
-    return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason))
+    # AITER's backends: unified attention is Triton; FA is prebuilt, with vLLM's own Triton kernels
+    # around its prefill on steps with cached context.
+    if backend != "ROCM_AITER_FA":
+        return (FamilyChoice("prefix_prefill", backend), FamilyChoice("paged_decode", backend))
+    reason = f"{backend} runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)"
+    context = (FamilyChoice("aiter_fa_context", backend, _AITER_FA_0_19) if line == "0.19"
+               else _vllm_kernels("aiter_fa_context", backend, release))  # fmt: skip
+    return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason), context)

@@ -56,7 +56,7 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     assert "pip install vllm==0.12.0" in decode.skip_reason
 
 
-def test_aiter_mla_backends_list_vllms_merge_around_their_prefill():
+def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
     """ROCM_AITER_MLA's prefill is AITER's, but with cached context vLLM merges the partial results
     with its own Triton kernel up to 0.18 (traced from the installed vLLM), and with its compiled
     operator from 0.19 (tests/test_vllm.py checks that against 0.33.0's own dispatcher)."""
@@ -67,6 +67,17 @@ def test_aiter_mla_backends_list_vllms_merge_around_their_prefill():
         [newer] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
                    if c.family == "mla_merge"]  # fmt: skip
         assert newer.skip_reason.startswith("vLLM 0.19 and newer merge prefill results with their compiled")
+    # ROCM_AITER_FA: AITER's attention is prebuilt, vLLM's gather and merge around it are not.
+    prefix, decode, context = select(LLAMA, "vllm-aiter", None, {}).choices
+    assert (
+        prefix.skip_reason
+        == decode.skip_reason
+        == ("ROCM_AITER_FA runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)")
+    )
+    assert context.family == "aiter_fa_context" and "pip install vllm==0.12.0" in context.skip_reason
+    [newer] = [c for c in select(LLAMA, "vllm-aiter", "ROCM_AITER_FA", {}, vllm_release="0.33.0").choices
+               if c.family == "aiter_fa_context"]  # fmt: skip
+    assert newer.skip_reason.startswith("ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet")
     # TRITON_MLA's merge belongs to its own family (its impl pads V for flash-attn).
     assert "mla_merge" not in [choice.family for choice in select(DEEPSEEK, "vllm", None, {}).choices]
 

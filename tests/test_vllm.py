@@ -445,6 +445,25 @@ def test_mla_merge_keys_and_coverage(kernel_probes, version):
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
+    """vLLM's gather and merge around ROCM_AITER_FA's prefill with cached context up to 0.18: the
+    gather's key is the launch path's; random request mixes through vLLM's own metadata builder
+    compile nothing outside the plan, and do outside a plan without the large KV caches."""
+    document = kernel_probes[version]["aiter_fa_context"]
+    if version.startswith("0.33"):
+        assert document["choice"][0] == "aiter_fa_context" and "not traced yet" in document["choice"][1]
+        return
+    assert document["choice"] == ["aiter_fa_context", None]
+    assert document["kernels"].count("merge_attn_states_kernel") == 2
+    assert set(document["kernels"]) == {"cp_mha_gather_cache_kernel", "merge_attn_states_kernel"}
+    keys = document["keys"]
+    assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
+    coverage = document["coverage"]
+    assert coverage["steps"] == 16 and coverage["kernels"] > 2
+    assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] > 0
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(kernel_probes, version):
     """A release whose backend moved (here: its metadata class renamed) loses that family only."""
     document = kernel_probes[version]["untraceable"]

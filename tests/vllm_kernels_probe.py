@@ -24,6 +24,10 @@ plan traces them from the installed vLLM. Prints one JSON document.
    prefills, token counts and context chunks, a plan without the two-chunk step as the negative
    control; from 0.19, the release's own merge dispatcher on each target: no Triton kernel on
    CDNA3 and newer (the reason the plan gives), Triton's on gfx90a.
+7. `aiter_fa_context` (vLLM's gather and merge around ROCM_AITER_FA's prefill with cached
+   context, up to 0.18): kernels, the gather's key against the launch path, a random sweep of
+   request mixes (extends, new tokens, cached contexts, KV storage classes) through the real
+   metadata builder, and a plan without the large KV caches as the negative control.
 """
 
 from __future__ import annotations
@@ -319,6 +323,46 @@ def merge_dispatch() -> dict[str, int]:
     return counts
 
 
+CONTEXT = FAMILIES["aiter_fa_context"]
+
+
+def aiter_fa_context(seed: int = 11) -> dict[str, object]:
+    model = load_model("llama-3.1-8b-instruct")
+    choices = select(model, "vllm-aiter", "ROCM_AITER_FA", environ={}, vllm_release=installed_release()).choices
+    [choice] = [choice for choice in choices if choice.family == "aiter_fa_context"]
+    document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
+    if choice.skip_reason:
+        return document
+    plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
+    document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")
+    serving = ServingParams(**SERVING)
+    shapes = CONTEXT.enumerate_shapes(model, serving)
+    call = functools.partial(CONTEXT.launch, shapes[2], GFX942)
+    traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
+    with tempfile.TemporaryDirectory() as cache:
+        launched = launch_path_keys(cache, GFX942, call, CONTEXT.traced_modules)
+    document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched}
+    rng = random.Random(seed)
+    model_len = serving.model_len(model)
+    swept_shapes = []
+    for _ in range(16):
+        extends = rng.choice([1, 2, 3, rng.randint(1, serving.max_num_seqs)])
+        queries = tuple(rng.randint(2, 64) for _ in range(extends))
+        contexts = tuple(rng.choice([1, rng.randint(1, 64), rng.randint(1, model_len - query)]) for query in queries)
+        swept_shapes.append(replace(shapes[0], query_lens=queries, context_lens=contexts,
+                                    kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])))  # fmt: skip
+    swept = trace_calls(CONTEXT.calls(tuple(swept_shapes), GFX942), GFX942, "aiter_fa_context",
+                        CONTEXT.traced_modules)  # fmt: skip
+    swept_keys = {job.key for job in swept.jobs}
+    small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
+    smaller_plan = {job.key for job in trace_calls(CONTEXT.calls(small, GFX942), GFX942, "aiter_fa_context",
+                                                   CONTEXT.traced_modules).jobs}  # fmt: skip
+    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys),
+                            "missing": len(swept_keys - {job.key for job in plan_jobs}),
+                            "missing_from_smaller_plan": len(swept_keys - smaller_plan)}  # fmt: skip
+    return document
+
+
 def untraceable() -> dict[str, object]:
     """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
     reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
@@ -345,5 +389,6 @@ def untraceable() -> dict[str, object]:
 if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
-                "mla_merge": mla_merge(), "untraceable": untraceable()}  # fmt: skip
+                "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
+                "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, get_args
 
 from . import (
+    aiter_fa_context,
     fp8_bmm,
     mla_decode,
     mla_merge,
@@ -28,6 +29,7 @@ from .family import FamilyName, KernelFamily
 FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
     family.name: family
     for family in (
+        aiter_fa_context.FAMILY,
         fp8_bmm.FAMILY,
         mla_decode.FAMILY,
         mla_merge.FAMILY,

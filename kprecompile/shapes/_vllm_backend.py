@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import VLLM_DISTRIBUTION, import_library_module
+from ..libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
@@ -62,6 +62,60 @@ def prebuilt_ops_skipped(names: tuple[str, ...]) -> Iterator[None]:
     finally:
         for name, op in saved.items():
             setattr(ops, name, op)
+
+
+def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: object) -> Any:
+    """The varlen flash attention vLLM's MLA prefill calls on ROCm (AITER's `flash_attn_varlen_func`
+    or flash-attn's), on meta tensors: the output as (tokens, heads, V's head size) in the query's
+    dtype and, when asked for, the log-sum-exp as (heads, tokens) float32, as both libraries
+    return them (AITER: `gen_mha_varlen_fwd_fake_tensor`)."""
+    import torch
+
+    out = kwargs.get("out")
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    if any(kwargs.get(flag) for flag in ("return_lse", "return_softmax_lse", "return_attn_probs")):
+        return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    return out
+
+
+@contextlib.contextmanager
+def aiter_attention_prebuilt() -> Iterator[None]:
+    """AITER's `flash_attn_varlen_func` (vLLM's AITER backends call it, or import it when built)
+    where the real `aiter` package is not initialized (a builder without ROCm: `libraries.py`)."""
+    package = import_library_module(AITER_PACKAGE)
+    if hasattr(package, "flash_attn_varlen_func"):
+        yield
+        return
+    package.flash_attn_varlen_func = prebuilt_varlen_attention
+    try:
+        yield
+    finally:
+        del package.flash_attn_varlen_func
+
+
+@contextlib.contextmanager
+def unpinned_host_memory() -> Iterator[None]:
+    """vLLM's metadata builders allocate their host tensors in pinned memory, which needs a GPU
+    runtime: on a builder without one, the same tensors unpinned (pinning changes how fast they
+    copy, not what they hold)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class Unpinned(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            kwargs = dict(kwargs or {})
+            if func is torch.Tensor.pin_memory:
+                return args[0]
+            if kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
+            return func(*args, **kwargs)
+
+    if torch.cuda.is_available():
+        yield
+        return
+    with Unpinned():
+        yield
 
 
 def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, element_type: Any, blocks: int) -> Any:

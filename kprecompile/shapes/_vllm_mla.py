@@ -6,53 +6,23 @@ the model length and the sequence limit): the impl is built under a `VllmConfig`
 `EngineArgs` make from the model's config.json and the serving parameters
 (`integrations/vllm/engine_config.py`). What the step calls besides vLLM's Triton kernels is
 prebuilt and does nothing while tracing: the prefill attention itself (AITER's CK flash
-attention or ROCm's flash-attn build; `prebuilt_varlen_attention` returns its outputs as they
-return them), the cache gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
+attention or ROCm's flash-attn build: `_vllm_backend.prebuilt_varlen_attention`), the cache
+gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import AITER_PACKAGE, import_library_module
+from ..libraries import import_library_module
 from ..serving import ServingParams
 from ..targets import Target
-from ._vllm_backend import prebuilt_ops_skipped, vllm_record
+from ._vllm_backend import aiter_attention_prebuilt, prebuilt_ops_skipped, prebuilt_varlen_attention, vllm_record
 
 COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
-
-
-def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: object) -> Any:
-    """The varlen flash attention vLLM's MLA prefill calls on ROCm (AITER's `flash_attn_varlen_func`
-    or flash-attn's), on meta tensors: the output as (tokens, heads, V's head size) in the query's
-    dtype and, when asked for, the log-sum-exp as (heads, tokens) float32, as both libraries
-    return them (AITER: `gen_mha_varlen_fwd_fake_tensor`)."""
-    import torch
-
-    out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    if any(kwargs.get(flag) for flag in ("return_lse", "return_softmax_lse", "return_attn_probs")):
-        return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    return out
-
-
-@contextlib.contextmanager
-def _aiter_attention_importable() -> Iterator[None]:
-    """`from aiter import flash_attn_varlen_func` (AITER's MLA impl does it when built) where the
-    real `aiter` package is not initialized (a builder without ROCm: `libraries.py`)."""
-    package = import_library_module(AITER_PACKAGE)
-    if hasattr(package, "flash_attn_varlen_func"):
-        yield
-        return
-    package.flash_attn_varlen_func = prebuilt_varlen_attention
-    try:
-        yield
-    finally:
-        del package.flash_attn_varlen_func
 
 
 def build_impl(module_name: str, backend_class: str, heads: int, config_json: str, serving: ServingParams,
@@ -66,7 +36,7 @@ def build_impl(module_name: str, backend_class: str, heads: int, config_json: st
     raw = json.loads(config_json)
     nope, rope, latent = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["kv_lora_rank"]
     refresh_switches()
-    with set_current_vllm_config(engine_config(config_json, serving, target)), _aiter_attention_importable():
+    with set_current_vllm_config(engine_config(config_json, serving, target)), aiter_attention_prebuilt():
         return getattr(module, backend_class).get_impl_cls()(
             heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, "auto", None, "decoder", None,
             q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=latent, qk_nope_head_dim=nope, qk_rope_head_dim=rope,

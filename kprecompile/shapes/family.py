@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 # Every family kprecompile knows; each has one module in this package and one registry line.
 FamilyName = Literal[
+    "aiter_fa_context",
     "fp8_bmm",
     "mla_decode",
     "mla_merge",

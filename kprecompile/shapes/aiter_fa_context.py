@@ -1,0 +1,210 @@
+"""vLLM's own Triton kernels around ROCM_AITER_FA's prefill with cached context: traced from the
+installed vLLM.
+
+ROCM_AITER_FA (vLLM's default GQA backend with AITER on, 0.11 to 0.18) runs AITER's prebuilt CK
+and assembly attention, but a prefill whose sequences have cached context (prefix caching,
+chunked prefill: vLLM calls them extends) also runs vLLM's own Triton kernels: the context is
+gathered from the paged KV cache chunk by chunk (`cp_mha_gather_cache_kernel`; with a sliding
+window, once over the window) and the partial results are merged (`merge_attn_states_kernel`,
+keeping the log-sum-exp between chunks). The gather takes the chunk's token count and its
+program count (`min(tokens, compute units)`) as integers, which Triton specializes (1, multiples
+of 16, other). The plan runs the backend's real metadata builder on a step's request mix (so the
+chunking and token counts are vLLM's own) and the impl's real `forward` on meta tensors; AITER's
+attention is prebuilt and skipped, and so is the KV-cache write (vLLM's compiled operator,
+skipped through the impl's own KV-sharing switch).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from ..libraries import VLLM_DISTRIBUTION, import_library_module
+from ..models import ModelConfig
+from ..serving import ServingParams
+from ..targets import Target
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
+from ._vllm_backend import aiter_attention_prebuilt, unpinned_host_memory, vllm_record
+from .family import KernelFamily
+
+BACKEND_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
+# Context tokens one chunk holds for all extends of a step (vLLM's `_CP_TOKENS_PER_ITER_ROCM`).
+CONTEXT_TOKENS_PER_CHUNK = 32 * 1024
+
+
+@dataclass(frozen=True)
+class ExtendStep:
+    """A step of prefills with cached context ("extends"): each request's new and cached tokens."""
+
+    q_heads: int
+    kv_heads: int
+    head_size: int
+    block_size: int
+    max_blocks_per_seq: int
+    sliding_window: int
+    dtype: str
+    kv_cache_fp8: bool
+    kv_cache_storage: StorageClass
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    config_json: str
+    serving: ServingParams
+
+
+def _context_mixes(model_len: int, max_extends: int) -> list[tuple[int, ...]]:
+    """Cached-context lengths of a step's extends. The gather is launched once per chunk with
+    slices of the builder's per-chunk tables, so its key depends on each chunk's token total
+    (1, a multiple of 16, other; the program count `min(total, compute units)` likewise) and on
+    where the chunk's slices start (the alignment of `chunk * (extends + 1)`, `chunk * extends`
+    and `chunk * largest total` elements: what the extend count is modulo 4, not its size). The
+    mixes: for each extend count, one long context whose last chunk (the 1st to 4th after the
+    first) holds a total of each integer class, beside short contexts of both parities."""
+    longest = model_len - 2  # an extend has at least 2 new tokens
+    # Up to 8 extends, and for each count modulo 4 the two smallest counts whose chunks are
+    # small enough for five of them within the model length.
+    enough = next((count for count in range(1, max_extends + 1)
+                   if 4 * (CONTEXT_TOKENS_PER_CHUNK // count) + 16 * 37 + 1 <= longest), max_extends)  # fmt: skip
+    counts = sorted({*range(1, 9), *range(enough, enough + 8)} & set(range(1, max_extends + 1)))
+    mixes: set[tuple[int, ...]] = set()
+    for count in counts:
+        chunk = CONTEXT_TOKENS_PER_CHUNK // count
+        for chunks_before in range(5):
+            for last in (1, 16, 17, 16 * 37 + 1):
+                long = chunks_before * chunk + last
+                for short in (1, 2):
+                    if long <= longest:
+                        mixes.add((long, *(short,) * (count - 1)))
+    return sorted(mixes)
+
+
+def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[ExtendStep, ...]:
+    if model.mla is not None:
+        return ()
+    model_len = serving.model_len(model)
+    if model_len < 3:
+        return ()
+    base = paged_kv_fields(model, serving)
+    max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
+    return tuple(
+        ExtendStep(
+            **base,
+            kv_cache_storage=storage,
+            query_lens=(2,) * len(contexts),
+            context_lens=contexts,
+            config_json=model.config_json,
+            serving=serving,
+        )  # fmt: skip
+        for storage in KV_CACHE_STORAGE_CLASSES
+        for contexts in _context_mixes(model_len, max_extends)
+    )
+
+
+def describe_shapes(shapes: tuple[ExtendStep, ...]) -> dict[str, object]:
+    return kv_cache_parameters(shapes[0], steps="prefills with cached context",
+                               contexts=len({shape.context_lens for shape in shapes}))  # fmt: skip
+
+
+def describe_call(shape: ExtendStep) -> str:
+    contexts = (
+        shape.context_lens if len(shape.context_lens) < 4 else f"{len(shape.context_lens)} × {shape.context_lens[0]}"
+    )
+    return f"forward(extends with context {contexts}, kv_cache {shape.kv_cache_storage})"
+
+
+def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+    if not target.is_rocm:
+        return "vLLM's ROCM_AITER_FA runs on ROCm only"
+    return None
+
+
+def _common_metadata(shape: ExtendStep) -> Any:
+    """vLLM's `CommonAttentionMetadata` for the step, as its model runner fills it: the host-side
+    tensors real (the builder computes the chunking from them), the device ones on meta."""
+    import torch
+
+    utils = import_library_module("vllm.v1.attention.backends.utils")
+    meta = torch.device("meta")
+    query_lens = torch.tensor(shape.query_lens, dtype=torch.int32)
+    context_lens = torch.tensor(shape.context_lens, dtype=torch.int32)
+    query_start_loc = torch.zeros(len(shape.query_lens) + 1, dtype=torch.int32)
+    torch.cumsum(query_lens, 0, out=query_start_loc[1:])
+    seq_lens = query_lens + context_lens
+    tokens = int(query_lens.sum())
+    return vllm_record(utils.CommonAttentionMetadata, {
+        "query_start_loc": query_start_loc.to(meta),
+        "query_start_loc_cpu": query_start_loc,
+        "seq_lens": seq_lens.to(meta),
+        "seq_lens_cpu": seq_lens,
+        "num_computed_tokens_cpu": context_lens,
+        "num_reqs": len(shape.query_lens),
+        "num_actual_tokens": tokens,
+        "max_query_len": max(shape.query_lens),
+        "max_seq_len": int(seq_lens.max()),
+        "block_table_tensor": torch.empty((len(shape.query_lens), shape.max_blocks_per_seq), dtype=torch.int32,
+                                          device=meta),
+        "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
+        "causal": True,
+    })  # fmt: skip
+
+
+def launch(shape: ExtendStep, target: Target) -> None:
+    # The backend's module imports `aiter` and calls its attention.
+    with aiter_attention_prebuilt():
+        _extend_step(shape, target)
+
+
+def _extend_step(shape: ExtendStep, target: Target) -> None:
+    import torch
+
+    from ..integrations.vllm.engine_config import engine_config
+    from ..integrations.vllm.platform import refresh_switches
+
+    module = import_library_module(BACKEND_MODULE)
+    interface = import_library_module("vllm.v1.kv_cache_interface")
+    set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    refresh_switches()
+    vllm_config = engine_config(shape.config_json, shape.serving, target)
+    spec = vllm_record(interface.FullAttentionSpec, {
+        "block_size": shape.block_size, "num_kv_heads": shape.kv_heads, "head_size": shape.head_size,
+        "dtype": dtype, "sliding_window": shape.sliding_window or None,
+    })  # fmt: skip
+    backend = module.AiterFlashAttentionBackend
+    with set_current_vllm_config(vllm_config):
+        builder = backend.get_builder_cls()(spec, ["layer"], vllm_config, meta)
+        with unpinned_host_memory():
+            metadata = builder.build(common_prefix_len=0, common_attn_metadata=_common_metadata(shape))
+        kv_cache_dtype = "fp8" if shape.kv_cache_fp8 else "auto"
+        impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
+                                      shape.sliding_window or None, kv_cache_dtype)  # fmt: skip
+    # The KV-cache write is vLLM's compiled operator: the impl's own switch for a layer that
+    # shares an earlier layer's cache skips it.
+    impl.kv_sharing_target_layer_name = "prebuilt"
+    element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
+    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
+    needed = shape.max_blocks_per_seq * len(shape.query_lens)
+    blocks = block_count(needed, per_block, shape.kv_cache_storage)
+    kv_cache = torch.empty(backend.get_kv_cache_shape(blocks, shape.block_size, shape.kv_heads, shape.head_size),
+                           dtype=element_type, device=meta)  # fmt: skip
+    tokens = sum(shape.query_lens)
+    query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
+    scale = torch.empty((), dtype=torch.float32, device=meta)
+    layer = SimpleNamespace(_k_scale=scale, _v_scale=scale, _q_scale=scale, _k_scale_float=1.0, _v_scale_float=1.0)
+    impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
+
+
+FAMILY = KernelFamily(
+    name="aiter_fa_context",
+    description="vLLM's cp_mha_gather_cache and merge_attn_states around ROCM_AITER_FA's prefill with cached context",
+    library=VLLM_DISTRIBUTION,
+    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    enumerate_shapes=enumerate_extends,
+    describe_shapes=describe_shapes,
+    describe_call=describe_call,
+    launch=launch,
+    limits=limits,
+)
