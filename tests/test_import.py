@@ -26,7 +26,7 @@ import pytest
 from kprecompile.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.bundle_import import ImportLimits
-from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.layout import CacheLayout, triton_entry_name
 from kprecompile.cache.staging import remove_stale_staging
 from kprecompile.cli import main
 
@@ -143,8 +143,6 @@ ENTRY = "triton-v1/" + "A" * 52  # a well-formed entry name (32 zero bytes) no b
 
 def drop_an_entry(index, files):
     """Every file of the first manifest's first kernel."""
-    from kprecompile.cache.layout import triton_entry_name
-
     entry = "triton-v1/" + triton_entry_name(a_manifest(files)[1]["jobs"][0]["key"])
     for name in [name for name in files if name.startswith(entry + "/")]:
         del files[name]
@@ -584,19 +582,31 @@ def start_together(commands: list[list[str]], delay_seconds: float = 8.0) -> lis
     ]
 
 
-def test_four_concurrent_imports_of_one_archive_all_succeed_and_add_each_kernel_once(baked, tmp_path):
+def test_four_concurrent_imports_of_one_archive_all_succeed_and_add_each_entry_once(baked, tmp_path):
+    """Renaming entries into place raced (ENOTEMPTY). 400 more entries (each with its group file,
+    which import rewrites and syncs before the rename) keep the four processes installing long
+    enough to overlap."""
     _, archive, document = baked
-    kernels = sum(c["kernels"] for c in document["configurations"])
+    index, files = unpack(archive)
+    extra_entries = 400
+    for number in range(extra_entries):
+        name = triton_entry_name(hashlib.sha256(str(number).encode()).hexdigest())
+        files[f"triton-v1/{name}/kernel.hsaco"] = b"kernel %d" % number
+        files[f"triton-v1/{name}/__grp__kernel.json"] = json.dumps(
+            {"child_paths": {"kernel.hsaco": "/b/kernel.hsaco"}}
+        ).encode()
+    many = pack(tmp_path / "many.tgz", index, files)
+    entries = sum(c["kernels"] for c in document["configurations"]) + extra_entries
     root = tmp_path / "cache"
-    processes = start_together([["import", archive, "--cache-dir", root, "--json"]] * 4)
+    processes = start_together([["import", many, "--cache-dir", root, "--json"]] * 4)
     reports = []
     for process in processes:
-        out, err = process.communicate(timeout=120)
+        out, err = process.communicate(timeout=300)
         assert process.returncode == 0, err
         assert "Traceback" not in err
         reports.append(json.loads(out))
-    assert sum(report["entries_added"] for report in reports) == kernels
-    assert sum(report["entries_present"] for report in reports) == 3 * kernels
+    assert sum(report["entries_added"] for report in reports) == entries
+    assert sum(report["entries_present"] for report in reports) == 3 * entries
     assert sum(report["entries_replaced"] for report in reports) == 0
     assert sum(report["manifests_added"] for report in reports) == 2
     assert not list(root.glob(".import-*"))
