@@ -144,7 +144,8 @@ CASES = [
     ("not-a-version", "deepseek-r1", ["--vllm-version", "latest"], {},
      "kprecompile: --vllm-version: got 'latest', expected a vLLM release, 0.11.2 or newer"),
     ("unknown-family", "llama-3.1-8b-instruct", ["--family", "fp8_bmm"], {},
-     "kprecompile: --family: got 'fp8_bmm', expected one of prefix_prefill, paged_decode for llama-3.1-8b-instruct"),
+     "kprecompile: --family: got 'fp8_bmm', expected one of prefix_prefill, paged_decode, aiter_fa_context "
+     "for llama-3.1-8b-instruct"),
     ("unknown-target", "deepseek-r1", ["--target", "gfx9999"], {},
      "kprecompile: --target: got 'gfx9999', expected one of gfx90a, gfx942, gfx950, sm80, sm89, sm90, sm100, or auto"),
     ("zero-jobs", "deepseek-r1", ["--jobs", "0"], {}, "kprecompile: --jobs: got 0, expected a positive integer"),
