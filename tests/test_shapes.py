@@ -28,16 +28,16 @@ def test_families_follow_the_attention_structure_not_the_model_name():
         serving = ServingParams(max_num_seqs=4)
         return [name for name, family in FAMILIES.items() if family.enumerate_shapes(model, serving)]
 
-    llama = ["prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"]
+    llama = ["aiter_fa_context", "prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"]
     assert families(load_model("llama-3.1-8b-instruct")) == llama
-    assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_prefill", "triton_mla"]
+    assert families(load_model("deepseek-r1")) == ["fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
     # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.
     unseen = model_from_dict(
         {"architectures": ["SomethingNewForCausalLM"], "num_attention_heads": 16, "kv_lora_rank": 256,
          "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "max_position_embeddings": 4096},
         name="unseen", source="test",
     )  # fmt: skip
-    assert families(unseen) == ["fp8_bmm", "mla_decode", "mla_prefill", "triton_mla"]
+    assert families(unseen) == ["fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
 
 
 def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():

@@ -194,7 +194,7 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, versi
 WARM_CASES = [
     *((version, "ROCM_ATTN", "mistral-7b-v0.1", 4) for version in SUPPORTED_RELEASES),
     ("0.12.0", "TRITON_ATTN", "mistral-7b-v0.1", 14),
-    ("0.12.0", "TRITON_MLA", "deepseek-v2-lite", 3),
+    ("0.12.0", "TRITON_MLA", "deepseek-v2-lite", 5),
 ]
 
 
@@ -340,8 +340,9 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert load["at_process_weights_after_loading"] == {"warm_joined": True, "triton_knob": str(cache / "triton-v1")}
     [not_warm, joined, loaded] = load["events"]
     assert "is not warm on gfx942: warming" in not_warm
-    # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1).
-    kernels = 2 if version.startswith("0.33") else 3
+    # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1) and
+    # vLLM's merge around the prefill with cached context (one sequence: one context chunk).
+    kernels = 2 if version.startswith("0.33") else 4
     assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
     # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
     assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
