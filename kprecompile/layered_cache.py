@@ -1,12 +1,16 @@
-"""A Triton cache manager over read-only baked layers and one writable cache.
+"""kprecompile's Triton cache manager: checked reads over read-only baked layers and one
+writable cache.
 
-Selected with `TRITON_CACHE_MANAGER=kprecompile.layered_cache:LayeredCacheManager` (which
-`kprecompile.activate(..., layers=...)` sets). Reads look in the writable cache
-(`TRITON_CACHE_DIR`) first, then in each layer's Triton bucket ($KPRECOMPILE_CACHE_LAYERS);
-writes (misses compiled while serving, launchers built on first use) go to the writable cache
-only, all-or-nothing, so a layer can sit on a read-only image layer. Triton's group files name
-an entry's files by their absolute path at bake time; here they are found by name in the
-entry's own directory, so a bundle works wherever it is unpacked.
+Every process `kprecompile.activate` points at the cache uses it
+(`TRITON_CACHE_MANAGER=kprecompile.layered_cache:LayeredCacheManager`). Reads look in the
+writable cache (`TRITON_CACHE_DIR`) first, then in each layer's Triton bucket
+($KPRECOMPILE_CACHE_LAYERS), and serve an entry only when its files are the ones a manifest
+recorded, or ones this process wrote (`cache/served.py`); writes (misses compiled while serving,
+launchers built on first use) go to the writable cache only, all-or-nothing, so a layer can sit
+on a read-only image layer. Triton's group files name an entry's files by their absolute path
+at write time; here they are found by name in the entry's own directory, in the writable cache
+as in layers, so `verify` and Triton always read the same files and a copied or moved cache
+serves from itself.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from triton.runtime.cache import CacheManager, FileCacheManager
 from . import settings
 from .cache.entries import group_children
 from .cache.files import write_atomic
-from .cache.layout import GROUP_PREFIX, Bucket
+from .cache.layout import GROUP_PREFIX, Bucket, CacheLayout
+from .cache.served import SERVED
 
 
 def layer_triton_dirs() -> list[str]:
@@ -38,23 +43,30 @@ class LayeredCacheManager(CacheManager):
         self.cache_dir = os.path.join(writable, key)
         # Search order: the writable entry, then each layer's.
         self._dirs = [self.cache_dir, *(os.path.join(layer, key) for layer in layer_triton_dirs())]
+        layout = CacheLayout.of(Path(writable).parent, settings.CACHE_LAYERS.read())
+        self._manifest_dirs = [layout.bucket(Bucket.MANIFESTS, root) for root in layout.roots]
 
     def get_file(self, filename: str) -> str | None:
+        """A single file: the launcher modules Triton builds on the GPU host, which no manifest
+        records: served from the writable cache only (never through a link), not from layers."""
         if self._delegate:
             return self._delegate.get_file(filename)
-        for directory in self._dirs:
-            path = os.path.join(directory, filename)
-            if os.path.exists(path):
-                return path
-        return None
+        path = os.path.join(self.cache_dir, filename)
+        return path if os.path.isfile(path) and not os.path.islink(path) else None
 
     def get_group(self, filename: str) -> dict[str, str] | None:
+        """A kernel's files, from the first root whose entry is what a manifest recorded (or
+        what this process wrote)."""
         if self._delegate:
             return self._delegate.get_group(filename)
         for directory in self._dirs:
             found = group_children(directory, f"{GROUP_PREFIX}{filename}")
-            if found is not None:
+            if found is None:
+                continue
+            problem = SERVED.problem(self.key, found, self._manifest_dirs)
+            if problem is None:
                 return found
+            SERVED.warn_once(directory, problem)
         return None
 
     def put_group(self, filename: str, group: dict[str, str]) -> str:
@@ -68,4 +80,5 @@ class LayeredCacheManager(CacheManager):
             return self._delegate.put(data, filename, binary)
         path = Path(self.cache_dir) / filename
         write_atomic(path, data if isinstance(data, bytes) else str(data).encode())
+        SERVED.wrote(path)
         return str(path)

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import settings
 from .cache.layout import CacheLayout
+from .cache.served import SERVED
 from .configuration import find_manifest
 from .engines import Selection, select
 from .errors import InputError, NotWarmError
@@ -42,16 +43,17 @@ def activate(
     """
     from triton import knobs
 
+    from .layered_cache import LayeredCacheManager
+
     layout = settings.cache_layout(cache_dir, layers)
     triton_dir = str(layout.triton_dir)
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     knobs.cache.dir = triton_dir
-    if layout.layers:
-        from .layered_cache import LayeredCacheManager
-
-        os.environ[settings.CACHE_LAYERS.name] = os.pathsep.join(str(layer) for layer in layout.layers)
-        os.environ["TRITON_CACHE_MANAGER"] = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
-        knobs.cache.manager_class = LayeredCacheManager
+    # kprecompile's manager, layers or not: entries found by name beside their group file, and
+    # served only as a manifest recorded them (`layered_cache.py`).
+    os.environ[settings.CACHE_LAYERS.name] = os.pathsep.join(str(layer) for layer in layout.layers)
+    os.environ["TRITON_CACHE_MANAGER"] = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
+    knobs.cache.manager_class = LayeredCacheManager
     aiter_dir = str(layout.aiter_jit_dir)
     if os.environ.get("AITER_JIT_DIR", aiter_dir) != aiter_dir:
         logger.info("AITER_JIT_DIR is set to %s: AITER's JIT builds stay there", os.environ["AITER_JIT_DIR"])
@@ -109,6 +111,7 @@ def preload(
     manifest = lookup.manifest
     if manifest is None:
         raise NotWarmError(model.name, target.name, str(layout.root))
+    SERVED.record(manifest)
     counter = _ListenerCounter()
     failures = []
     context = contextlib.nullcontext() if on_gpu else active_target(target)

@@ -66,6 +66,57 @@ def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_
     assert "kprecompile: 2 kernels compiled while serving" in stderr
 
 
+def _binary_of_first_job(cache_dir):
+    """The compiled binary of the manifest's first kernel, in the writable cache."""
+    layout = CacheLayout.of(cache_dir)
+    job = baked_manifest(layout, TARGETS["gfx942"]).manifest.jobs[0]
+    [binary] = [path for path in layout.triton_entry(job.key).iterdir() if path.suffix == ".hsaco"]
+    return binary
+
+
+def test_a_binary_altered_in_place_is_not_loaded_but_compiled_again(cache_copy):
+    """Same size, other bytes: `verify` without --deep cannot see it; the serving process checks
+    the sha256 of what it loads, compiles that kernel again, and says which entry it refused."""
+    cache_dir, kernels = cache_copy
+    binary = _binary_of_first_job(cache_dir)
+    data = bytearray(binary.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    binary.write_bytes(bytes(data))
+    result, stderr = serve(cache_dir)
+    assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
+    assert "not serving cache entry" in stderr and "checksums are not the ones recorded" in stderr
+    # The kernel compiled again replaced the altered file: the next process loads everything.
+    again, _ = serve(cache_dir)
+    assert again["preload"]["loaded"] == kernels and again["preload"]["compiled"] == 0
+
+
+def test_a_binary_replaced_by_a_link_is_not_loaded(cache_copy, tmp_path):
+    """Same bytes behind a symbolic link: never followed inside the cache."""
+    cache_dir, kernels = cache_copy
+    binary = _binary_of_first_job(cache_dir)
+    outside = tmp_path / "outside.hsaco"
+    outside.write_bytes(binary.read_bytes())
+    binary.unlink()
+    binary.symlink_to(outside)
+    result, stderr = serve(cache_dir)
+    assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
+
+
+def test_a_moved_cache_serves_from_itself(cache_copy, tmp_path):
+    """Triton's group files name their files by absolute path at compile time; the cache is
+    read by name beside them, so a cache moved elsewhere (the old place gone) loads every kernel."""
+    cache_dir, kernels = cache_copy
+    moved = tmp_path / "moved"
+    Path(cache_dir).rename(moved)
+    # The place the group files name (the session's bake) is gone too.
+    for group in moved.glob("triton-v1/*/__grp__*.json"):
+        document = json.loads(group.read_text())
+        document["child_paths"] = {name: f"/gone/{Path(path).name}" for name, path in document["child_paths"].items()}
+        group.write_text(json.dumps(document))
+    result, _ = serve(moved)
+    assert result["preload"]["loaded"] == kernels and result["preload"]["compiled"] == 0
+
+
 def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
     """In warn mode (the default) a compile while serving is logged with its kernel and
     specialization, and counted in the summary line."""

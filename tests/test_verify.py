@@ -299,6 +299,17 @@ MANIFEST_DAMAGE = {
     "path-like-file-name": _edit_first_artifact(lambda artifacts, name: artifacts.update({"../x": artifacts[name]})),
     "record-without-digest": _edit_first_artifact(lambda artifacts, name: artifacts[name].pop("sha256")),
     "negative-size": _edit_first_artifact(lambda artifacts, name: artifacts[name].update(size=-1)),
+    # Well-formed, but not what was written: only the whole-document checksum sees these.
+    "job-keys-swapped": lambda document: {
+        **document,
+        "jobs": [
+            {**document["jobs"][0], "key": document["jobs"][1]["key"]},
+            {**document["jobs"][1], "key": document["jobs"][0]["key"]},
+            *document["jobs"][2:],
+        ],
+    },
+    "a-job-dropped": lambda document: {**document, "jobs": document["jobs"][1:]},
+    "checksum-removed": lambda document: {name: value for name, value in document.items() if name != "checksum"},
 }
 
 

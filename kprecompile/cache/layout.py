@@ -6,9 +6,10 @@
       locks-v1/
         <key>.lock                 held while one process compiles (or imports) that key
         import-<id>.lock           held by the import that owns .import-<id>/
-      manifests-v5/
+      manifests-v6/
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
-                                   the jobs that configuration needs, file checksums; written last
+                                   the jobs that configuration needs, file checksums, and the
+                                   checksum of the whole document; written last
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
@@ -34,7 +35,7 @@ class Bucket(enum.Enum):
 
     TRITON = "triton-v1"
     LOCKS = "locks-v1"
-    MANIFESTS = "manifests-v5"
+    MANIFESTS = "manifests-v6"
     AITER_JIT = "aiter-jit-v1"
     TOOLCHAIN = "toolchain-v1"
 

@@ -4,12 +4,15 @@ A manifest is named by the hash of its parts, a named dict of everything that de
 kernels a configuration compiles and what their binaries are (the recipe is
 `kprecompile.configuration`'s; storage only checks that the parts hash to the name). It lists
 each job with its Triton key and the size and sha256 of each of its files, and the plan's
-family rows. "No valid manifest" means "not warm".
+family rows; its `checksum` (sha256 of the rest of the document, canonical JSON) covers all of
+it, so a changed job list or record reads as a damaged manifest. "No valid manifest" means
+"not warm".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import re
@@ -44,7 +47,13 @@ class Manifest:
             "families": list(self.families),
             "jobs": [{**job.as_dict(), "artifacts": self.artifacts.get(job.key, {})} for job in self.jobs],
         }
-        return json.dumps(document, indent=1).encode()
+        return json.dumps({**document, "checksum": document_checksum(document)}, indent=1).encode()
+
+
+def document_checksum(document: dict[str, Any]) -> str:
+    """sha256 of a manifest document without its checksum, as canonical JSON."""
+    body = {name: value for name, value in document.items() if name != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def manifest_key(parts: dict[str, Any]) -> str:
@@ -86,6 +95,8 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
     _check_document(document, key)
     if manifest_key(document["parts"]) != key:
         raise ValueError("its parts do not hash to its key")
+    if document.get("checksum") != document_checksum(document):
+        raise ValueError("its content does not match its checksum")
     return Manifest(
         key=key,
         parts=document["parts"],
@@ -116,6 +127,8 @@ def _check_document(document: Any, key: str) -> None:
         raise ValueError("families is not a list of objects")
     if not isinstance(jobs, list):
         raise ValueError("jobs is not a list")
+    if set(document) != {"schema", "key", "parts", "families", "jobs", "checksum"}:
+        raise ValueError("its fields are not schema, key, parts, families, jobs and checksum")
     for index, job in enumerate(jobs):
         if not isinstance(job, dict) or set(job) != _JOB_FIELDS | {"artifacts"}:
             raise ValueError(f"job {index} does not have the fields {sorted(_JOB_FIELDS | {'artifacts'})}")

@@ -1,0 +1,115 @@
+"""Which cache files a serving process loads: those a manifest records, checked, and its own.
+
+A cache entry is executable code. Before kprecompile's Triton cache manager hands Triton an
+entry's files, they are checked against what a manifest of the cache recorded when the entry
+was compiled (the same file names, each a regular file of the recorded size and sha256);
+files this process wrote itself (kernels compiled while serving) are served as written. An
+entry no manifest records, or whose files do not match, is not served: Triton compiles the
+kernel again into the writable cache. Checking costs one sha256 per kernel, once per process
+(Triton keeps what it loaded in memory).
+
+Manifests are read when needed: `preload` hands over the configuration's manifest; an entry
+of another configuration makes this read the manifests of every root once more (new files
+only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from .layout import triton_entry_name
+from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+
+logger = logging.getLogger(__name__)
+
+# {file name: (size, sha256)}: one entry's files as a manifest recorded them.
+Record = dict[str, tuple[int, str]]
+
+
+class ServedFiles:
+    def __init__(self) -> None:
+        self._records: dict[str, list[Record]] = {}
+        self._written: set[str] = set()
+        self._read_manifests: set[Path] = set()
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+
+    def record(self, manifest: Manifest) -> None:
+        """Serve the entries `manifest` records (as it recorded them)."""
+        with self._lock:
+            for job_key, files in manifest.artifacts.items():
+                record = {name: (int(file["size"]), str(file["sha256"])) for name, file in files.items()}
+                records = self._records.setdefault(triton_entry_name(job_key), [])
+                if record not in records:
+                    records.append(record)
+
+    def wrote(self, path: str | os.PathLike[str]) -> None:
+        """A file this process wrote into the writable cache."""
+        with self._lock:
+            self._written.add(os.fspath(path))
+
+    def problem(self, entry_name: str, files: dict[str, str], manifest_dirs: Iterable[Path]) -> str | None:
+        """Why the entry's `files` (Triton's names -> paths) must not be served, or None."""
+        if all(path in self._written for path in files.values()):
+            return None
+        records = self._records.get(entry_name) or self._read_new_manifests(manifest_dirs, entry_name)
+        if not records:
+            return "no manifest records it"
+        names = {os.path.basename(path): path for path in files.values()}
+        candidates = [record for record in records if set(record) == set(names)]
+        if not candidates:
+            return "its files are not the ones its manifest records"
+        digests = {}
+        for name, path in names.items():
+            try:
+                info = os.lstat(path)
+            except OSError as error:
+                return f"{name}: {error.strerror or error}"
+            if not stat.S_ISREG(info.st_mode):
+                return f"{name} is not a regular file"
+            if not any(record[name][0] == info.st_size for record in candidates):
+                return f"{name} has {info.st_size} bytes, not the {candidates[0][name][0]} recorded"
+            digests[name] = _sha256(path)
+        if any(all(record[name][1] == digests[name] for name in names) for record in candidates):
+            return None
+        return "its files' checksums are not the ones recorded"
+
+    def warn_once(self, entry: str, problem: str) -> None:
+        with self._lock:
+            if entry in self._warned:
+                return
+            self._warned.add(entry)
+        logger.warning("kprecompile: not serving cache entry %s (%s): compiling it again", entry, problem)
+
+    def _read_new_manifests(self, manifest_dirs: Iterable[Path], entry_name: str) -> list[Record]:
+        for directory in manifest_dirs:
+            try:
+                paths = [Path(item.path) for item in os.scandir(directory) if item.name.endswith(".json")]
+            except OSError:
+                continue
+            for path in paths:
+                if path in self._read_manifests:
+                    continue
+                self._read_manifests.add(path)
+                try:
+                    if os.lstat(path).st_size > MAX_MANIFEST_BYTES:
+                        continue
+                    self.record(parse_manifest(path.read_bytes(), path.stem))
+                except (OSError, ValueError):
+                    continue  # `verify` and `warm` report a bad manifest; here it just serves nothing
+        return self._records.get(entry_name, [])
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+# One per process: what the process's Triton cache managers serve.
+SERVED = ServedFiles()
