@@ -14,10 +14,13 @@ or compiled) and the device torch reports, the same answers the real modules giv
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import importlib.abc
 import importlib.util
 import sys
 import types
+from collections.abc import Iterator
 from types import ModuleType
 
 from .errors import LibraryUnavailableError
@@ -86,6 +89,38 @@ def _chip_info_standin() -> ModuleType:
     module.get_gfx = get_gfx
     module.get_cu_num = get_cu_num
     return module
+
+
+# AITER's JIT core asks the ROCm install for its version at import: without ROCm it raises
+# RuntimeError where the engines expect ImportError.
+_AITER_HIP_MODULE = f"{AITER_PACKAGE}.jit.core"
+
+
+class _AiterHipAbsent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == _AITER_HIP_MODULE:
+            raise ImportError(f"{_AITER_HIP_MODULE} needs a ROCm install, which this builder does not have", name=name)
+        return None
+
+
+@contextlib.contextmanager
+def aiter_hip_absent() -> Iterator[None]:
+    """On a builder without ROCm, AITER's HIP modules fail to import as ImportError, the way
+    vLLM's optional imports of them (`try: from aiter.ops.shuffle import ...` in its quark
+    config, imported by every quantized model's config) expect a missing AITER to fail; they
+    otherwise raise RuntimeError (`ROCm version file not found`) and stop vLLM's config. Only the
+    HIP side is absent: AITER's Triton kernels import as before (`_ensure_aiter_package`)."""
+    import torch
+
+    if torch.version.hip is not None or _AITER_HIP_MODULE in sys.modules:
+        yield
+        return
+    finder = _AiterHipAbsent()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def import_library_module(name: str) -> ModuleType:

@@ -35,7 +35,7 @@ def engine_config(config_json: str, serving: ServingParams, target: Target) -> A
 
 @functools.cache
 def _engine_config(config_json: str, serving: ServingParams, target: Target, flags: tuple) -> Any:
-    from ...libraries import import_library_module
+    from ...libraries import aiter_hip_absent, import_library_module
 
     EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806
 
@@ -68,7 +68,11 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     level = transformers_logger.level
     transformers_logger.setLevel(logging.ERROR)
     try:
-        return EngineArgs(**{name: value for name, value in arguments.items() if name in names}).create_engine_config()
+        # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops.
+        with aiter_hip_absent():
+            return EngineArgs(
+                **{name: value for name, value in arguments.items() if name in names}
+            ).create_engine_config()
     finally:
         transformers_logger.setLevel(level)
         if saved is None:
