@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from .environment import DEFAULT_ENGINE, ENGINES, registered_values
@@ -45,6 +45,7 @@ SELECTION_FLAGS = (
     "VLLM_ROCM_USE_AITER_MHA",
     "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
     "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
+    "VLLM_ROCM_USE_AITER_LINEAR",
 )
 BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
 # The "backend" of the aiter engine: AITER's Python API itself.
@@ -58,6 +59,12 @@ class FamilyChoice:
     backend: str
     # Why kprecompile does not compile this family under this selection, or None when it does.
     skip_reason: str | None = None
+    # (target, why not) where the engine takes another path on that target only.
+    skip_targets: tuple[tuple[str, str], ...] = ()
+
+    def skip_reason_on(self, target: str) -> str | None:
+        """Why the family is not compiled for `target` (besides `skip_reason`), or None."""
+        return dict(self.skip_targets).get(target)
 
 
 @dataclass(frozen=True)
@@ -156,6 +163,8 @@ def select(
         choices = _mla_choices(backend, flags, line, release)
     else:
         choices = _gqa_choices(backend, release, line)
+    if model.fp8_block_size is not None:
+        choices += (_block_fp8_linear(flags, line, release),)
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
@@ -263,6 +272,27 @@ def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoic
         reason = (f"{backend} runs vLLM's own Triton kernels, traced from the installed vLLM, which is {installed}: "
                   f"plan for --vllm-version {installed}, or install vllm=={release}")  # fmt: skip
     return FamilyChoice(family, backend, reason)
+
+
+def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> FamilyChoice:
+    """vLLM's block-FP8 linear layers on ROCm. With VLLM_ROCM_USE_AITER and
+    VLLM_ROCM_USE_AITER_LINEAR (on by default), up to 0.18 AITER's CK GEMM takes them only where
+    the platform's FP8 is e4m3fnuz (gfx942) and vLLM's Triton GEMM elsewhere; from 0.19 AITER's
+    blockscale GEMM takes them on every arch. Without AITER's linear path, vLLM's Triton GEMM."""
+    aiter_linear = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_LINEAR"]
+    choice = _vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release)
+    if not aiter_linear:
+        return choice
+    if line == "0.19":
+        reason = (
+            "vLLM 0.19 and newer run block-FP8 linear layers through AITER's blockscale GEMM with "
+            "VLLM_ROCM_USE_AITER_LINEAR=1 (AITER's Triton GEMM for its tuned shapes on gfx950, its CK "
+            "GEMM otherwise): not traced yet (with VLLM_ROCM_USE_AITER_LINEAR=0, vLLM's Triton GEMM: planned)"
+        )
+        return FamilyChoice("block_fp8_linear", "AITER blockscale GEMM", reason)
+    reason = (f"vLLM {release} runs block-FP8 linear layers on gfx942 through AITER's CK blockscale GEMM with "
+              "VLLM_ROCM_USE_AITER_LINEAR=1 (its rule needs e4m3fnuz): nothing to compile")  # fmt: skip
+    return replace(choice, skip_targets=(("gfx942", reason),))
 
 
 _AITER_FA_0_19 = (

@@ -49,6 +49,8 @@ class ModelConfig:
     sliding_window: int | None
     torch_dtype: str
     mla: MlaDims | None
+    # (block_n, block_k) of a block-FP8 checkpoint (quantization_config: fp8 with weight_block_size).
+    fp8_block_size: tuple[int, int] | None = None
     # The config as read, for engine code that builds its own configuration from it (vLLM's
     # VllmConfig, for the families traced through vLLM's backends); not part of the digest.
     config_json: str = field(default="{}", compare=False, repr=False)
@@ -117,7 +119,7 @@ def load_model(spec: str) -> ModelConfig:
 
 def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConfig:
     """A model from a config.json's fields (or an engine's parsed config as a dict)."""
-    fields = _FieldReader(raw, source)
+    fields = FieldReader(raw, source)
     if "num_attention_heads" not in raw:
         architectures = ", ".join(fields.string_list("architectures")) or "this model"
         raise ModelConfigError(
@@ -159,21 +161,43 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConf
         torch_dtype=_model_dtype(fields, raw),
         mla=mla,
     )
-    digest = hash_named_dict({**read, "mla": mla and asdict(mla)})
+    parts = {**read, "mla": mla and asdict(mla)}
+    fp8_block_size = _fp8_block_size(raw, source)
+    if fp8_block_size is not None:
+        # Only where present, so that the digests of other models stay as they were.
+        parts["fp8_block_size"] = list(fp8_block_size)
     config_json = json.dumps(raw, sort_keys=True)
-    return ModelConfig(name=name, source=source, digest=digest, config_json=config_json, **read)
+    return ModelConfig(name=name, source=source, digest=hash_named_dict(parts), config_json=config_json,
+                       fp8_block_size=fp8_block_size, **read)  # fmt: skip
 
 
-def _model_dtype(fields: _FieldReader, raw: dict[str, Any]) -> str:
+def _fp8_block_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
+    """(block_n, block_k) of a block-FP8 checkpoint, as vLLM's Fp8Config reads quantization_config."""
+    quantization = raw.get("quantization_config")
+    if not isinstance(quantization, dict) or quantization.get("quant_method") != "fp8":
+        return None
+    block = quantization.get("weight_block_size")
+    if block is None:
+        return None
+    if not (
+        isinstance(block, list)
+        and len(block) == 2
+        and all(isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 4096 for size in block)
+    ):
+        raise ModelConfigError("quantization_config.weight_block_size", block, "two positive integers", source)
+    return block[0], block[1]
+
+
+def _model_dtype(fields: FieldReader, raw: dict[str, Any]) -> str:
     """The weights' dtype as transformers reads it: `dtype` (transformers >= 4.56 writes it), else
     the older `torch_dtype`; an engine's parsed config may say `torch.bfloat16`."""
     field = "dtype" if raw.get("dtype") is not None else "torch_dtype"
     if isinstance(raw.get(field), str):
         raw = {**raw, field: raw[field].removeprefix("torch.")}
-    return _FieldReader(raw, fields.source).choice(field, ("bfloat16", "float16", "float32"), default="bfloat16")
+    return FieldReader(raw, fields.source).choice(field, ("bfloat16", "float16", "float32"), default="bfloat16")
 
 
-def _sliding_window(fields: _FieldReader, raw: dict[str, Any]) -> int | None:
+def _sliding_window(fields: FieldReader, raw: dict[str, Any]) -> int | None:
     """Mistral sets sliding_window; Qwen2/3 also carry one but apply it only with use_sliding_window."""
     if raw.get("use_sliding_window") is False:
         return None
@@ -195,7 +219,7 @@ _FIELD_LIMITS = {
 }
 
 
-class _FieldReader:
+class FieldReader:
     """Typed reads of config fields, each failing with the field, the value and what was expected."""
 
     _MISSING = object()

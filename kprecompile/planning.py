@@ -159,8 +159,9 @@ def plan(
     jobs: dict[str, CompileJob] = {}
     for target in targets:
         for choice in selection.choices:
-            if choice.skip_reason is not None:
-                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, choice.skip_reason, choice.backend))
+            skip_reason = choice.skip_reason or choice.skip_reason_on(target.name)
+            if skip_reason is not None:
+                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, skip_reason, choice.backend))
                 continue
             if choice.family not in shapes:
                 continue

@@ -33,7 +33,7 @@ def test_plan_json_schema(capsys):
     assert document["engine"]["attention_backend"] == "ROCM_AITER_MLA"
     assert document["serving"]["max_num_seqs"] == 1024 and document["serving"]["block_size"] == 16
     families = {family["family"]: family for family in document["families"]}
-    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge"]
+    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     # vLLM's merge around the prefill is traced from an installed vLLM (tests/test_vllm.py).
     assert families["mla_merge"]["skip_reason"].endswith("pip install vllm==0.12.0")
     bmm = families["fp8_bmm"]
@@ -63,7 +63,7 @@ def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
     )
     assert status == 0
     families = {family["family"]: family for family in json.loads(out)["families"]}
-    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge"]
+    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     aiters = [families[name] for name in ("fp8_bmm", "mla_decode", "mla_prefill")]
     assert all(family["skip_reason"] is None and family["kernels"] > 0 for family in aiters)
 
@@ -72,7 +72,7 @@ def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
     assert status == 0
     families = json.loads(out)["families"]
-    assert [family["kernels"] for family in families] == [0, 0, 0, 0]
+    assert [family["kernels"] for family in families] == [0, 0, 0, 0, 0]
     assert "ROCm targets only" in families[0]["skip_reason"] and "ROCm targets only" in families[1]["skip_reason"]
 
 

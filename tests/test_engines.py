@@ -51,7 +51,7 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     [newer] = select(LLAMA, "vllm", "TRITON_ATTN", {}, vllm_release="0.33.0").choices
     assert newer.family == "triton_attn" and newer.skip_reason.startswith("TRITON_ATTN in vLLM 0.19 and newer is not")
     # TRITON_MLA's decode is vLLM's own kernel too.
-    [bmm, decode] = select(DEEPSEEK, "vllm", None, {}).choices
+    [bmm, decode, _] = select(DEEPSEEK, "vllm", None, {}).choices
     assert (bmm.family, decode.family, decode.backend) == ("fp8_bmm", "triton_mla", "TRITON_MLA")
     assert "pip install vllm==0.12.0" in decode.skip_reason
 
@@ -61,7 +61,7 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
     with its own Triton kernel up to 0.18 (traced from the installed vLLM), and with its compiled
     operator from 0.19 (tests/test_vllm.py checks that against 0.33.0's own dispatcher)."""
     for backend in ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA"):
-        merge = select(DEEPSEEK, "vllm-aiter", backend, {}).choices[-1]
+        [merge] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}).choices if c.family == "mla_merge"]
         assert (merge.family, merge.backend) == ("mla_merge", backend)
         assert merge.skip_reason.endswith("traced from an installed vLLM: pip install vllm==0.12.0")
         [newer] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
@@ -80,6 +80,38 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
     assert newer.skip_reason.startswith("ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet")
     # TRITON_MLA's merge belongs to its own family (its impl pads V for flash-attn).
     assert "mla_merge" not in [choice.family for choice in select(DEEPSEEK, "vllm", None, {}).choices]
+
+
+@pytest.mark.parametrize(
+    "engine, environ, release, planned_on",
+    [
+        ("vllm", {}, "0.12.0", ("gfx942", "gfx950")),
+        ("vllm-aiter", {}, "0.12.0", ("gfx950",)),
+        ("vllm-aiter", {}, "0.11.2", ("gfx950",)),
+        ("vllm-aiter", {"VLLM_ROCM_USE_AITER_LINEAR": "0"}, "0.12.0", ("gfx942", "gfx950")),
+        ("vllm", {}, "0.33.0", ("gfx942", "gfx950")),
+        ("vllm-aiter", {}, "0.33.0", ()),
+        ("vllm-aiter", {"VLLM_ROCM_USE_AITER_LINEAR": "0"}, "0.33.0", ("gfx942", "gfx950")),
+    ],
+)
+def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ, release, planned_on):
+    """A block-FP8 model's linear layers: vLLM's Triton GEMM unless AITER's linear path takes them,
+    which up to 0.18 it does on e4m3fnuz (gfx942) only, from 0.19 everywhere (tests/test_vllm.py
+    checks this rule against each release's own choice). Without vLLM installed, listed with the
+    install command; a model without block-FP8 weights does not list it."""
+    [choice] = [c for c in select(DEEPSEEK, engine, None, environ, vllm_release=release).choices
+                if c.family == "block_fp8_linear"]  # fmt: skip
+    if planned_on:
+        assert choice.skip_reason.endswith(f"traced from an installed vLLM: pip install vllm=={release}")
+    else:
+        assert choice.skip_reason.startswith("vLLM 0.19 and newer run block-FP8 linear layers through AITER's")
+    on_targets = tuple(target for target in ("gfx942", "gfx950") if choice.skip_reason_on(target) is None)
+    assert on_targets == (planned_on or ("gfx942", "gfx950"))
+    if planned_on == ("gfx950",):
+        assert choice.skip_reason_on("gfx942").startswith(f"vLLM {release} runs block-FP8 linear layers on gfx942")
+    assert "block_fp8_linear" not in [
+        c.family for c in select(LLAMA, engine, None, environ, vllm_release=release).choices
+    ]
 
 
 def test_vllms_own_kernels_without_vllm_installed_say_what_to_install():

@@ -465,6 +465,37 @@ def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_block_fp8_linear_keys_and_coverage(kernel_probes, version):
+    """DeepSeek-R1's block-FP8 linear layers: the engine rule is the GEMM path vLLM's own linear
+    method chooses per target and AITER setting; planned keys are the launch path's (the group
+    quantization, eager, up to 0.18; the GEMM under the default config and an MI300X table); random
+    layers, token counts and devices compile nothing outside the plan, and do outside a plan
+    without the M multiples of 16 or (on gfx942) without the tuned devices."""
+    document = kernel_probes[version]["block_fp8_linear"]
+    choices, chose = document["choices"], document["vllm_chose"]
+    for setting, path in chose.items():
+        planned = choices[setting] is None
+        assert planned == (path in ("_run_triton", "TritonFp8BlockScaledMMKernel")), setting
+    assert choices["gfx950 aiter=0"] is None and choices["gfx942 aiter=0"] is None
+    if version.startswith("0.33"):
+        assert "not traced yet" in choices["gfx950 aiter=1"] and "not traced yet" in choices["gfx942 aiter=1"]
+    else:
+        assert choices["gfx950 aiter=1"] is None and "e4m3fnuz" in choices["gfx942 aiter=1"]
+    keys = document["keys"]
+    quantization = [] if version.startswith("0.33") else ["_per_token_group_quant_fp8"]
+    assert keys["eager quantization"]["kernels"] == [*quantization, "_w8a8_triton_block_scaled_mm"]
+    assert keys["eager quantization"]["traced"][:1] == keys["eager quantization"]["launched"]
+    for row in ("gemm default config", "gemm MI300X table"):
+        assert keys[row]["kernels"] == ["_w8a8_triton_block_scaled_mm"]
+        assert keys[row]["traced"] == keys[row]["launched"], row
+    coverage = document["coverage"]
+    for target in ("gfx942", "gfx950"):
+        assert coverage[target]["steps"] == 40 and coverage[target]["kernels"] >= 5, target
+        assert coverage[target]["missing"] == 0 and coverage[target]["missing_without_div16"] > 0, target
+    assert coverage["gfx942"]["missing_untuned_only"] > 0
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(kernel_probes, version):
     """A release whose backend moved (here: its metadata class renamed) loses that family only."""
     document = kernel_probes[version]["untraceable"]

@@ -28,6 +28,11 @@ plan traces them from the installed vLLM. Prints one JSON document.
    context, up to 0.18): kernels, the gather's key against the launch path, a random sweep of
    request mixes (extends, new tokens, cached contexts, KV storage classes) through the real
    metadata builder, and a plan without the large KV caches as the negative control.
+8. `block_fp8_linear` (vLLM's Triton block-FP8 GEMM and group quantization of DeepSeek-R1's linear
+   layers): the engine rule against the GEMM path vLLM's own linear method chooses per target and
+   AITER setting; keys against the launch path; a random sweep of layers, token counts and devices
+   against the plan; plans without the M multiples of 16, or without the tuned devices, as negative
+   controls.
 """
 
 from __future__ import annotations
@@ -363,6 +368,87 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     return document
 
 
+LINEAR = FAMILIES["block_fp8_linear"]
+GFX950 = TARGETS["gfx950"]
+LINEAR_SERVING = {**SERVING, "tensor_parallel_size": 8}
+
+
+def _linear_shapes(**serving: object):
+    return LINEAR.enumerate_shapes(load_model("deepseek-r1"), ServingParams(**{**LINEAR_SERVING, **serving}))
+
+
+def _linear_keys(shapes, target) -> set[str]:
+    return {job.key for job in trace_calls(LINEAR.calls(tuple(shapes), target), target, "block_fp8_linear",
+                                           LINEAR.traced_modules).jobs}  # fmt: skip
+
+
+def block_fp8_linear(seed: int = 12) -> dict[str, object]:
+    """DeepSeek-R1 (block FP8) at TP 8: the engine rule against vLLM's own choice of GEMM path per
+    target and AITER setting; the keys of a quantization (eager) and of GEMMs (graph mode, tuned and
+    default configs) against Triton's launch path; a random sweep of layers, token counts and
+    devices against the plan, and plans missing one M class or the tuned devices (negative controls)."""
+    from kprecompile.shapes.block_fp8_linear import DEVICE_NAMES, built_layer, chosen_path
+
+    model = load_model("deepseek-r1")
+    document: dict[str, object] = {"choices": {}, "vllm_chose": {}}
+    for engine, aiter in (("vllm", "0"), ("vllm-aiter", "1")):
+        [choice] = [c for c in select(model, engine, None, environ={}, vllm_release=installed_release()).choices
+                    if c.family == "block_fp8_linear"]  # fmt: skip
+        for target in (GFX942, GFX950):
+            document["choices"][f"{target.name} aiter={aiter}"] = choice.skip_reason or choice.skip_reason_on(
+                target.name
+            )
+            shape = next(s for s in _linear_shapes() if s.arch == target.name)
+            chose = []
+
+            def build(shape=shape, target=target, chose=chose):
+                with built_layer(shape, target) as (method, _):
+                    chose.append(chosen_path(method))
+
+            with environment(VLLM_ROCM_USE_AITER=aiter):
+                trace_calls([("build", build)], target, "block_fp8_linear", LINEAR.traced_modules)
+            document["vllm_chose"][f"{target.name} aiter={aiter}"] = chose[0]
+    if document["choices"]["gfx950 aiter=0"] is not None:
+        return document
+    eager = [s for s in _linear_shapes(enforce_eager=True) if s.arch == "gfx950" and s.m > 1 and s.m % 16]
+    graph = _linear_shapes()
+    tuned = next(s for s in graph if s.device_name == "AMD_Instinct_MI300X" and s.layer == "q_b_proj" and s.m > 1)
+    rng = random.Random(seed)
+    coverage = {}
+    for target in (GFX942, GFX950):
+        shapes = [s for s in graph if s.arch == target.name]
+        plan_keys = _linear_keys(shapes, target)
+        swept = []
+        for _ in range(40):
+            m = rng.choice([1, rng.randint(1, 64), rng.randint(1, LINEAR_SERVING["max_num_batched_tokens"])])
+            swept.append(replace(rng.choice(shapes), m=m, device_name=rng.choice(DEVICE_NAMES[target.name])))
+        swept_keys = _linear_keys(swept, target)
+        without_div16 = _linear_keys([s for s in shapes if s.m % 16], target)
+        untuned_only = _linear_keys([s for s in shapes if s.device_name not in ("AMD_Instinct_MI300X",
+                                     "AMD_Instinct_MI325X", "AMD_Instinct_MI325_OAM")], target)  # fmt: skip
+        coverage[target.name] = {"steps": len(swept), "kernels": len(swept_keys), "plan": len(plan_keys),
+                                 "missing": len(swept_keys - plan_keys),
+                                 "missing_without_div16": len(swept_keys - without_div16),
+                                 "missing_untuned_only": len(swept_keys - untuned_only)}  # fmt: skip
+    document["coverage"] = coverage
+    # Traced first, then compiled for real: a kernel compiled in this process is launched, not traced.
+    calls = {"eager quantization": (eager[0], GFX950),
+             "gemm default config": (next(s for s in graph if s.arch == "gfx950" and s.m == 1), GFX950),
+             "gemm MI300X table": (tuned, GFX942)}  # fmt: skip
+    rows = {}
+    for label, (shape, target) in calls.items():
+        traced = trace_calls([("call", functools.partial(LINEAR.launch, shape, target))], target, "block_fp8_linear",
+                             LINEAR.traced_modules)  # fmt: skip
+        rows[label] = {"traced": [job.key for job in traced.jobs],
+                       "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+    for label, (shape, target) in calls.items():
+        with tempfile.TemporaryDirectory() as cache:
+            rows[label]["launched"] = launch_path_keys(cache, target, functools.partial(LINEAR.launch, shape, target),
+                                                       LINEAR.traced_modules)  # fmt: skip
+    document["keys"] = rows
+    return document
+
+
 def untraceable() -> dict[str, object]:
     """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
     reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
@@ -390,5 +476,5 @@ if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
                 "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
-                "untraceable": untraceable()}  # fmt: skip
+                "block_fp8_linear": block_fp8_linear(), "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))

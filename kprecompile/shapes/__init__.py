@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from . import (
     aiter_fa_context,
+    block_fp8_linear,
     fp8_bmm,
     mla_decode,
     mla_merge,
@@ -30,6 +31,7 @@ FAMILIES: dict[FamilyName, KernelFamily[Any]] = {
     family.name: family
     for family in (
         aiter_fa_context.FAMILY,
+        block_fp8_linear.FAMILY,
         fp8_bmm.FAMILY,
         mla_decode.FAMILY,
         mla_merge.FAMILY,

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # Every family kprecompile knows; each has one module in this package and one registry line.
 FamilyName = Literal[
     "aiter_fa_context",
+    "block_fp8_linear",
     "fp8_bmm",
     "mla_decode",
     "mla_merge",
@@ -43,7 +44,8 @@ class KernelFamily(Generic[ShapeT]):
     name: FamilyName
     # The kernel and the engine's call, in a few words.
     description: str
-    # The distribution that ships the kernels, and the module prefixes the call imports.
+    # The distribution that ships the kernels (its import name), and the module prefixes the call
+    # imports afresh per target (none where its modules register operators at import).
     library: str
     traced_modules: tuple[str, ...]
     # Every shape the engine can hand the call for this model within the serving limits.
@@ -59,7 +61,8 @@ class KernelFamily(Generic[ShapeT]):
 
     def skip_reason(self, model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
         """Why this family is not compiled here: its limits, or its library is not installed."""
-        return self.limits(model, serving, target) or missing_library(self.library, self.traced_modules[0])
+        module = self.traced_modules[0] if self.traced_modules else self.library
+        return self.limits(model, serving, target) or missing_library(self.library, module)
 
     def calls(self, shapes: tuple[ShapeT, ...], target: Target) -> list[tuple[str, Callable[[], None]]]:
         """(label, call) pairs for tracing."""
