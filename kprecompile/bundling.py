@@ -82,8 +82,9 @@ def write_index(layout: CacheLayout, manifest_keys: Sequence[str]) -> BundleInde
             raise BundleError(f"{layout.manifests_dir.name}/{key}.json", "a readable manifest")
         parts = manifest.parts
         toolchains[parts["target"]] = parts["toolchain"]
-        configurations.append({"manifest": key, "target": parts["target"], "model_digest": parts["model_digest"],
-                               "serving": parts["serving"], "kernels": len(manifest.jobs)})  # fmt: skip
+        configurations.append({"manifest": key, "target": parts["target"], "model": manifest.model,
+                               "model_digest": parts["model_digest"], "serving": parts["serving"],
+                               "kernels": len(manifest.jobs)})  # fmt: skip
     return write_bundle_index(layout.root, configurations, toolchains, __version__)
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from . import settings
 from .cache.layout import CacheLayout
 from .cache.served import SERVED
+from .cache.usage import mark_used, using_if_possible
 from .configuration import find_manifest
 from .engines import Selection, select
 from .errors import InputError, NotWarmError
@@ -115,7 +116,7 @@ def preload(
     counter = _ListenerCounter()
     failures = []
     context = contextlib.nullcontext() if on_gpu else active_target(target)
-    with context, knobs.compilation.scope():
+    with using_if_possible(layout), context, knobs.compilation.scope():
         knobs.compilation.listener = counter.chained(knobs.compilation.listener)
         for job in manifest.jobs:
             try:
@@ -126,6 +127,8 @@ def preload(
             except Exception as error:  # one kernel never stops the others
                 failures.append(f"{job.kernel} [{job.describe_specialization()}]: {type(error).__name__}: {error}")
     _initialize_specializer()
+    if lookup.path.parent == layout.manifests_dir:  # never written: a layer's
+        mark_used(lookup.path)
     return PreloadReport(
         target=target.name,
         manifest=str(lookup.path),

@@ -19,6 +19,7 @@ from .cache.entries import has_entries, remove_entry
 from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from .cache.staging import remove_stale_staging
+from .cache.usage import tag_cache_dir, using
 from .compile import JobOutcome, job_lock
 from .configuration import ManifestLookup, find_manifest
 from .engines import Selection, select
@@ -144,8 +145,32 @@ def warm(
     if selection is None:
         selection = select(model)
     shapes = planned_shapes(model, serving, selection)
-    # What an import killed midway left (its staging directory) goes before anything else.
-    remove_stale_staging(layout)
+    # Held while warming: `cache prune` never deletes what this warm is writing (`cache/usage.py`).
+    with using(layout):
+        tag_cache_dir(layout)
+        # What an import killed midway left (its staging directory) goes before anything else.
+        remove_stale_staging(layout)
+        return _warm_locked(model, serving, targets, layout, selection, shapes, started,
+                            max_workers=max_workers, job_timeout_seconds=job_timeout_seconds, progress=progress,
+                            rank=rank, ranks=ranks)  # fmt: skip
+
+
+def _warm_locked(
+    model: ModelConfig,
+    serving: ServingParams,
+    targets: Sequence[Target],
+    layout: CacheLayout,
+    selection: Selection,
+    shapes: dict,
+    started: float,
+    *,
+    max_workers: int | None,
+    job_timeout_seconds: float,
+    progress: Progress | None,
+    rank: int,
+    ranks: int,
+) -> WarmReport:
+    """The warm itself, with the root's usage lock held."""
     families: list[FamilyPlan] = []
     outcomes: list[JobOutcome] = []
     manifests: list[str] = []
@@ -192,7 +217,8 @@ def warm(
             if all(outcome.status != "failed" for outcome in target_outcomes):
                 artifacts = record_artifacts(layout, target_plan.jobs)
                 rows = tuple(family.as_dict() for family in target_plan.families)
-                manifest = Manifest(lookup.key, lookup.parts, rows, target_plan.jobs, artifacts)
+                manifest = Manifest(lookup.key, lookup.parts, rows, target_plan.jobs, artifacts,
+                                    {"name": model.name, "source": model.source})  # fmt: skip
                 manifests.append(write_manifest(layout, manifest))
                 launchers += _build_launchers(model, serving, layout, target, selection)
     finally:

@@ -46,6 +46,7 @@ from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
 from .locks import hold_lock
 from .manifest import FILE_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .staging import remove_stale_staging, staging_directory
+from .usage import tag_cache_dir, using
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,12 @@ def import_archive(
         check_toolchains(bundle.index["toolchains"])
         _check_jit_files(bundle, layout)
         _check_free_space(bundle, layout.root)
-        return _install(tar, bundle, archive, layout, lock_timeout_seconds, lock_timeout_variable)
+        # Only now, with everything checked, anything is written: held while installing, so that
+        # `cache prune` never takes entries whose manifest is not installed yet (`usage.py`).
+        with using(layout):
+            report = _install(tar, bundle, archive, layout, lock_timeout_seconds, lock_timeout_variable)
+            tag_cache_dir(layout)
+            return report
 
 
 @dataclass

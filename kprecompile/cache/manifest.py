@@ -38,12 +38,16 @@ class Manifest:
     jobs: tuple[CompileJob, ...]
     # Per job key: {file name: {"sha256", "size"}} of its cache entry's files.
     artifacts: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    # The model as the user named it ({"name", "source"}: a preset, a path, a Hugging Face id),
+    # for `cache ls`; not part of the key (the same config.json under two names is one model).
+    model: dict[str, str] = field(default_factory=lambda: {"name": "", "source": ""})
 
     def to_json(self) -> bytes:
         document = {
             "schema": MANIFEST_SCHEMA,
             "key": self.key,
             "parts": self.parts,
+            "model": {"name": self.model.get("name", ""), "source": self.model.get("source", "")},
             "families": list(self.families),
             "jobs": [{**job.as_dict(), "artifacts": self.artifacts.get(job.key, {})} for job in self.jobs],
         }
@@ -103,6 +107,7 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
         families=tuple(dict(family) for family in document["families"]),
         jobs=tuple(CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in document["jobs"]),
         artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
+        model=dict(document["model"]),
     )
 
 
@@ -110,6 +115,8 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
 MAX_MANIFEST_BYTES = 256 << 20
 HEX64 = re.compile(r"[0-9a-f]{64}")
 _JOB_FIELDS = {field.name for field in dataclasses.fields(CompileJob)}
+# A model's name or source (a preset, a path, a Hugging Face id) is far shorter.
+MAX_MODEL_TEXT = 4096
 # Names of an entry's files as Triton writes them: plain names, no path.
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 
@@ -127,8 +134,15 @@ def _check_document(document: Any, key: str) -> None:
         raise ValueError("families is not a list of objects")
     if not isinstance(jobs, list):
         raise ValueError("jobs is not a list")
-    if set(document) != {"schema", "key", "parts", "families", "jobs", "checksum"}:
-        raise ValueError("its fields are not schema, key, parts, families, jobs and checksum")
+    if set(document) != {"schema", "key", "parts", "model", "families", "jobs", "checksum"}:
+        raise ValueError("its fields are not schema, key, parts, model, families, jobs and checksum")
+    model = document["model"]
+    if (
+        not isinstance(model, dict)
+        or set(model) != {"name", "source"}
+        or not all(isinstance(value, str) and len(value) <= MAX_MODEL_TEXT for value in model.values())
+    ):
+        raise ValueError("model is not a name and a source")
     for index, job in enumerate(jobs):
         if not isinstance(job, dict) or set(job) != _JOB_FIELDS | {"artifacts"}:
             raise ValueError(f"job {index} does not have the fields {sorted(_JOB_FIELDS | {'artifacts'})}")

@@ -28,6 +28,7 @@ COMMANDS = {
     "bake": "bake",
     "export": "export",
     "import": "import_archive",
+    "cache": "cache",
 }
 
 

@@ -1,0 +1,115 @@
+"""What a cache holds, configuration by configuration, read from its manifests (no torch, no
+Triton): the model as the user named it, the serving parameters, the engine's selection, the
+target and toolchain, the kernels, their size on disk, when the configuration was last served,
+and whether every kernel is there."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .layout import Bucket, CacheLayout, triton_entry_name
+from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+
+
+@dataclass(frozen=True)
+class Configuration:
+    key: str
+    path: Path
+    # False for a configuration of a read-only layer (listed, never deleted).
+    writable: bool
+    manifest: Manifest
+    # Kernel entries (Triton's directory names) and their recorded sizes in bytes.
+    entries: dict[str, int]
+    # The manifest's modification time: when it was written or last served.
+    last_used: float
+    # Every entry present with its recorded files.
+    complete: bool
+
+    @property
+    def model_name(self) -> str:
+        return self.manifest.model.get("name") or self.manifest.parts.get("model_digest", "")[:12]
+
+    @property
+    def target(self) -> str:
+        return str(self.manifest.parts.get("target", ""))
+
+    @property
+    def size(self) -> int:
+        return sum(self.entries.values())
+
+    def as_dict(self, current_toolchain: bool | None) -> dict[str, Any]:
+        parts = self.manifest.parts
+        engine = parts.get("engine", {})
+        return {
+            "manifest": self.key,
+            "path": str(self.path),
+            "writable": self.writable,
+            "model": self.model_name,
+            "model_source": self.manifest.model.get("source", ""),
+            "serving": parts.get("serving", {}),
+            "vllm_release": engine.get("vllm_release"),
+            "attention_backend": engine.get("attention_backend"),
+            "target": self.target,
+            "toolchain": parts.get("toolchain", {}),
+            "toolchain_current": current_toolchain,
+            "kernels": len(self.manifest.jobs),
+            "bytes": self.size,
+            "last_used": self.last_used,
+            "status": "warm" if self.complete else "incomplete",
+        }
+
+
+def configurations(layout: CacheLayout) -> list[Configuration]:
+    """Every readable manifest of every root (the writable one first), as configurations."""
+    found = []
+    for root in layout.roots:
+        directory = layout.bucket(Bucket.MANIFESTS, root)
+        for path in _manifest_files(directory):
+            try:
+                info = os.lstat(path)
+                if info.st_size > MAX_MANIFEST_BYTES:
+                    continue
+                manifest = parse_manifest(path.read_bytes(), path.stem)
+            except (OSError, ValueError):
+                continue  # `verify` names a bad manifest; `prune` removes it
+            entries = {triton_entry_name(job_key): sum(int(file["size"]) for file in files.values())
+                       for job_key, files in manifest.artifacts.items()}  # fmt: skip
+            complete = all(_entry_complete(layout, job_key, files) for job_key, files in manifest.artifacts.items())
+            found.append(Configuration(manifest.key, path, root == layout.root, manifest, entries, info.st_mtime,
+                                       complete))  # fmt: skip
+    return found
+
+
+def _manifest_files(directory: Path) -> list[Path]:
+    try:
+        with os.scandir(directory) as items:
+            return sorted(Path(item.path) for item in items if item.name.endswith(".json") and item.is_file())
+    except OSError:
+        return []
+
+
+def _entry_complete(layout: CacheLayout, job_key: str, recorded: dict[str, dict[str, Any]]) -> bool:
+    """The entry's recorded files are in some root with their recorded sizes (verify's quick
+    check)."""
+    for entry in layout.triton_entries(job_key):
+        try:
+            if recorded and all(os.lstat(entry / name).st_size == file["size"] for name, file in recorded.items()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def directory_size(path: Path) -> int:
+    """Bytes of the regular files under `path` (links not followed)."""
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(directory, name)).st_size
+            except OSError:
+                continue
+    return total

@@ -1,0 +1,231 @@
+"""`kprecompile cache dir | ls | rm | prune`: see and manage what the cache holds, as `uv cache`
+and `hf cache` do for theirs."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+
+import click
+
+from .. import settings
+from ..cache.inventory import Configuration, configurations, directory_size
+from ..cache.pruning import DeletionPlan, execute, plan_prune, plan_rm
+from ..cache.usage import using
+from ..errors import InputError
+from . import options
+from .output import Output, plural
+
+SCHEMA_VERSION = 1
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30,
+          "ti": 2**40}  # fmt: skip
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+
+
+@click.group(name="cache")
+def command() -> None:
+    """See and manage what the cache holds (dir, ls, rm, prune)."""
+
+
+@command.command(name="dir")
+@options.cache_dir_option
+@options.json_option
+def cache_dir(cache_dir, json_output) -> None:
+    """Print the cache root."""
+    output = Output(json_output)
+    layout = settings.cache_layout(cache_dir)
+    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root),
+                     "layers": [str(layer) for layer in layout.layers]})  # fmt: skip
+    output.data(str(layout.root))
+
+
+@command.command(name="ls")
+@options.cache_dir_option
+@options.json_option
+def cache_ls(cache_dir, json_output) -> None:
+    """List each configuration: model, serving parameters, engine, target, toolchain, kernels,
+    size, last served and status, then totals."""
+    output = Output(json_output)
+    layout = settings.cache_layout(cache_dir)
+    found = configurations(layout)
+    current = _current_toolchains(layout, found)
+    documents = [configuration.as_dict(current.get(configuration.key)) for configuration in found]
+    unique = {name: size for configuration in found for name, size in configuration.entries.items()}
+    root_bytes = directory_size(layout.root)
+    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root),
+                     "configurations": documents, "kernels": len(unique), "kernel_bytes": sum(unique.values()),
+                     "cache_bytes": root_bytes})  # fmt: skip
+    if not found:
+        output.data(f"no configurations in {layout.root} ({human_size(root_bytes)})")
+        return
+    rows = [["MODEL", "TARGET", "ENGINE", "SERVING", "TOOLCHAIN", "KERNELS", "SIZE", "LAST SERVED", "STATUS"]]
+    for configuration, document in zip(found, documents, strict=True):
+        toolchain = {True: "current", False: "other", None: "unknown"}[document["toolchain_current"]]
+        rows.append([
+            document["model"] + ("" if configuration.writable else " (layer)"),
+            document["target"],
+            _engine_in_short(document),
+            _serving_in_short(document["serving"]),
+            toolchain,
+            f"{document['kernels']:,}",
+            human_size(document["bytes"]),
+            _ago(document["last_used"]),
+            document["status"],
+        ])  # fmt: skip
+    output.table(rows)
+    output.data(f"{plural(len(found), 'configuration')}, {plural(len(unique), 'kernel')} "
+                f"({human_size(sum(unique.values()))}); {layout.root}: {human_size(root_bytes)}")  # fmt: skip
+
+
+@command.command(name="rm")
+@click.argument("manifests", nargs=-1, metavar="[MANIFEST]...")
+@click.option("--model", "model_names", multiple=True, metavar="NAME", help="Configurations of this model.")
+@click.option("--target", "target_names", multiple=True, metavar="TARGET", help="Configurations for this target.")
+@click.option("--all", "everything", is_flag=True, help="Every configuration of the writable cache.")
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@options.cache_dir_option
+@options.json_option
+def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_dir, json_output) -> None:
+    """Remove configurations (by manifest key or prefix, model, target) and the kernels no other
+    configuration uses."""
+    if not (manifests or model_names or target_names or everything):
+        raise InputError("cache rm", "nothing", "a MANIFEST key, --model, --target or --all")
+    output = Output(json_output)
+    layout = settings.cache_layout(cache_dir)
+
+    def chosen(configuration: Configuration) -> bool:
+        return configuration.writable and (
+            everything
+            or (
+                (not manifests or any(configuration.key.startswith(prefix) for prefix in manifests))
+                and (not model_names or configuration.model_name.lower() in {m.lower() for m in model_names})
+                and (not target_names or configuration.target in target_names)
+            )
+        )
+
+    with _deleting(layout, dry_run):
+        selected = [configuration for configuration in configurations(layout) if chosen(configuration)]
+        if not selected:
+            raise InputError("cache rm", " ".join([*manifests, *model_names, *target_names]) or "--all",
+                             "configurations of the writable cache (see kprecompile cache ls)")  # fmt: skip
+        plan = plan_rm(layout, selected)
+        _report(output, plan, dry_run, layout)
+
+
+@command.command(name="prune")
+@click.option(
+    "--max-size",
+    default=None,
+    metavar="SIZE",
+    help="Then evict the least recently served configurations until the cache fits (10G, 500MB, 2GiB).",
+)
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
+@options.cache_dir_option
+@options.json_option
+def cache_prune(max_size, dry_run, cache_dir, json_output) -> None:
+    """Remove what this toolchain can never serve (other toolchains, other layout versions),
+    kernels no configuration references, free locks and dead imports' staging."""
+    limit = parse_size(max_size) if max_size is not None else None
+    output = Output(json_output)
+    layout = settings.cache_layout(cache_dir)
+    with _deleting(layout, dry_run):
+        found = configurations(layout)
+        current = _current_toolchains(layout, found)
+        plan = plan_prune(layout, lambda configuration: current.get(configuration.key) is not False, limit)
+        _report(output, plan, dry_run, layout)
+
+
+class _deleting:  # noqa: N801
+    """The exclusive usage lock, except for a dry run (which deletes nothing)."""
+
+    def __init__(self, layout, dry_run: bool):
+        self._context = None if dry_run or not layout.root.exists() else using(layout, exclusive=True)
+
+    def __enter__(self):
+        if self._context is not None:
+            self._context.__enter__()
+
+    def __exit__(self, *exc):
+        if self._context is not None:
+            return self._context.__exit__(*exc)
+        return None
+
+
+def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
+    if not dry_run:
+        execute(layout, plan)
+    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root), "dry_run": dry_run,
+                     "removals": [removal.as_dict() for removal in plan.removals], "bytes": plan.bytes})  # fmt: skip
+    verb = "Would remove" if dry_run else "Removed"
+    for removal in plan.removals:
+        output.data(f"  {removal.kind:<13} {human_size(removal.bytes):>9}  {removal.path}  ({removal.reason})")
+    nouns = (("configuration", "configuration", "configurations"), ("entry", "kernel entry", "kernel entries"),
+             ("bucket", "old bucket", "old buckets"), ("manifest", "unreadable manifest", "unreadable manifests"),
+             ("lock", "lock file", "lock files"), ("staging", "staging directory", "staging directories"))  # fmt: skip
+    counts = [plural(plan.count(kind), one, many) for kind, one, many in nouns if plan.count(kind)]
+    if not counts:
+        output.data("Nothing to remove")
+        return
+    output.data(f"{verb} {', '.join(counts)} ({human_size(plan.bytes)})")
+
+
+def _current_toolchains(layout, found: list[Configuration]) -> dict[str, bool | None]:
+    """Per manifest key: built by this process's toolchain for its target (None: a target this
+    kprecompile does not know)."""
+    from ..targets import TARGETS
+    from ..toolchain import current_toolchain
+
+    by_target: dict[str, dict | None] = {}
+    answers: dict[str, bool | None] = {}
+    for configuration in found:
+        target = configuration.target
+        if target not in by_target:
+            by_target[target] = (current_toolchain(layout, TARGETS[target], remember=False).as_dict()
+                                 if target in TARGETS else None)  # fmt: skip
+        expected = by_target[target]
+        answers[configuration.key] = (
+            None if expected is None else configuration.manifest.parts.get("toolchain") == expected
+        )
+    return answers
+
+
+def parse_size(text: str) -> int:
+    """`10G`, `500MB`, `2GiB`, `1.5T` or a byte count; SI units are powers of 1000, `Ki`-style of 1024."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise InputError("--max-size", text, "a size such as 10G, 500MB, 2GiB or a number of bytes")
+    return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+
+
+def human_size(size: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def _engine_in_short(document: dict) -> str:
+    release = document["vllm_release"]
+    return f"vLLM {release} {document['attention_backend']}" if release else "aiter"
+
+
+def _serving_in_short(serving: dict) -> str:
+    parts = [f"tp{serving.get('tensor_parallel_size', 1)}", f"seqs {serving.get('max_num_seqs')}",
+             f"len {serving.get('max_model_len')}"]  # fmt: skip
+    if serving.get("kv_cache_dtype") not in (None, "auto"):
+        parts.append(f"kv {serving['kv_cache_dtype']}")
+    if serving.get("num_speculative_tokens"):
+        parts.append(f"spec {serving['num_speculative_tokens']}")
+    return ", ".join(parts)
+
+
+def _ago(timestamp: float) -> str:
+    seconds = max(0, time.time() - timestamp)
+    if seconds < 120:
+        return "just now"
+    if seconds < 7200:
+        return f"{seconds // 60:.0f} min ago"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600:.0f} h ago"
+    return datetime.datetime.fromtimestamp(timestamp).strftime("%Y-%m-%d")

@@ -1,0 +1,192 @@
+"""`kprecompile cache dir | ls | rm | prune` on real warmed caches (AITER's FP8 BMM, gfx942)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
+from kprecompile.cache.usage import CACHEDIR_TAG, using
+from kprecompile.cli import main
+
+SMALL = ["--model", "deepseek-v2-lite", "--family", "fp8_bmm", "--target", "gfx942"]
+# m = 1..3 and 1..17: the second adds the kernels of m >= 16 (a specialized integer class).
+FEW, MORE = ["--max-num-seqs", "3"], ["--max-num-seqs", "17"]
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, captured.err
+
+
+def run_json(capsys, *argv):
+    status, out, err = run(capsys, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def two_configurations(tmp_path_factory):
+    """A cache warmed for two configurations sharing some kernels, copied per test."""
+    cache = tmp_path_factory.mktemp("cache-commands") / "cache"
+    for serving in (FEW, MORE):
+        with pytest.raises(SystemExit) as exited:
+            main(["warm", *SMALL, *serving, "--cache-dir", str(cache)])
+        assert exited.value.code == 0
+    return cache
+
+
+@pytest.fixture
+def cache(two_configurations, tmp_path):
+    copy = tmp_path / "cache"
+    shutil.copytree(two_configurations, copy)
+    return copy
+
+
+def verified(capsys, cache, serving) -> int:
+    return run(capsys, "verify", *SMALL, *serving, "--cache-dir", str(cache))[0]
+
+
+def test_dir_ls_and_the_cachedir_tag(capsys, cache):
+    assert run(capsys, "cache", "dir", "--cache-dir", str(cache))[1].strip() == str(cache)
+    assert run_json(capsys, "cache", "dir", "--cache-dir", str(cache)) == {
+        "schema_version": 1, "cache_dir": str(cache), "layers": []}  # fmt: skip
+    assert (cache / CACHEDIR_TAG).read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
+    listing = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    assert listing["schema_version"] == 1
+    configurations = listing["configurations"]
+    assert sorted(c["serving"]["max_num_seqs"] for c in configurations) == [3, 17]
+    for configuration in configurations:
+        assert configuration["model"] == "deepseek-v2-lite" and configuration["model_source"].startswith("preset")
+        assert configuration["target"] == "gfx942" and configuration["toolchain_current"] is True
+        assert configuration["status"] == "warm" and configuration["kernels"] > 0 and configuration["bytes"] > 0
+    few, more = sorted(configurations, key=lambda c: c["serving"]["max_num_seqs"])
+    # The shared kernels are counted once in the totals.
+    assert few["kernels"] < more["kernels"] and listing["kernels"] == more["kernels"]
+    _, text, _ = run(capsys, "cache", "ls", "--cache-dir", str(cache))
+    assert "deepseek-v2-lite  gfx942" in text and "2 configurations" in text
+
+
+def test_rm_removes_a_configuration_and_only_the_kernels_no_other_one_uses(capsys, cache):
+    layout = CacheLayout.of(cache)
+    entries = set(os.listdir(layout.triton_dir))
+    few = next(c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+               if c["serving"]["max_num_seqs"] == 17)  # fmt: skip
+    dry = run_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache), "--dry-run")
+    assert dry["dry_run"] and set(os.listdir(layout.triton_dir)) == entries
+    assert verified(capsys, cache, MORE) == 0
+    done = run_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache))
+    assert done["removals"] == dry["removals"]
+    kinds = [removal["kind"] for removal in done["removals"]]
+    assert kinds.count("configuration") == 1 and kinds.count("entry") > 0
+    # The configuration is gone, its own kernels with it; the other one is still warm.
+    assert verified(capsys, cache, MORE) == 1 and verified(capsys, cache, FEW) == 0
+    removed = {Path(removal["path"]).name for removal in done["removals"] if removal["kind"] == "entry"}
+    assert set(os.listdir(layout.triton_dir)) == entries - removed
+
+
+def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can(capsys, cache):
+    layout = CacheLayout.of(cache)
+    [current] = [c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+                 if c["serving"]["max_num_seqs"] == 3]  # fmt: skip
+    # A configuration another Triton built (a valid manifest, another toolchain in its parts).
+    manifest = read_manifest(layout, current["manifest"])
+    parts = {**manifest.parts, "toolchain": {**manifest.parts["toolchain"], "triton_key": "0" * 64}}
+    foreign = Manifest(manifest_key(parts), parts, manifest.families, manifest.jobs, manifest.artifacts, manifest.model)
+    write_manifest(layout, foreign)
+    # An old layout version, an old kernel nothing references, free locks, a dead import's staging.
+    (cache / "manifests-v5").mkdir()
+    (cache / "manifests-v5" / "x.json").write_text("{}")
+    orphan = layout.triton_dir / "ORPHAN"
+    orphan.mkdir()
+    (orphan / "__grp__k.json").write_text("{}")
+    os.utime(orphan / "__grp__k.json", (0, 0))
+    fresh = layout.triton_dir / "FRESH"
+    fresh.mkdir()
+    (fresh / "__grp__k.json").write_text("{}")
+    launcher = layout.triton_dir / "LAUNCHER"
+    launcher.mkdir()
+    (launcher / "__triton_launcher.so").write_bytes(b"\x7fELF")
+    os.utime(launcher / "__triton_launcher.so", (0, 0))
+    (cache / ".import-dead").mkdir()
+    locks_before = len(os.listdir(layout.locks_dir))
+    plan = run_json(capsys, "cache", "prune", "--cache-dir", str(cache))
+    removed = {(removal["kind"], Path(removal["path"]).name) for removal in plan["removals"]}
+    assert ("configuration", f"{foreign.key}.json") in removed
+    assert ("bucket", "manifests-v5") in removed and ("entry", "ORPHAN") in removed
+    assert ("staging", ".import-dead") in removed
+    assert sum(kind == "lock" for kind, _ in removed) == locks_before - 1  # all but the usage lock
+    # Kept: both current configurations, a kernel written moments ago, a launcher module.
+    assert not (cache / "manifests-v5").exists() and not orphan.exists() and not (cache / ".import-dead").exists()
+    assert fresh.exists() and launcher.exists()
+    assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 0
+    assert run_json(capsys, "cache", "prune", "--cache-dir", str(cache))["removals"] == []
+
+
+def test_prune_max_size_evicts_the_least_recently_served(capsys, cache):
+    listing = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    few, more = sorted(listing["configurations"], key=lambda c: c["serving"]["max_num_seqs"])
+    os.utime(more["path"], (time.time() - 86400, time.time() - 86400))  # served a day ago
+    limit = listing["cache_bytes"] - 1
+    plan = run_json(capsys, "cache", "prune", "--max-size", str(limit), "--cache-dir", str(cache))
+    evicted = [removal for removal in plan["removals"] if removal["kind"] == "configuration"]
+    assert [Path(removal["path"]).stem for removal in evicted] == [more["manifest"]]
+    assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 1
+    after = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    assert after["cache_bytes"] <= limit
+
+
+def _warm_in_progress(cache: str, seconds: float, started) -> None:
+    """What a warm does under the usage lock: an old entry it found in the cache lies
+    unreferenced until its manifest is written (here: it is taken away again before the lock is
+    released, so a prune that waited never sees it)."""
+    layout = CacheLayout.of(cache)
+    with using(layout):
+        entry = layout.triton_dir / "IN-USE"
+        entry.mkdir()
+        (entry / "__grp__k.json").write_text("{}")
+        os.utime(entry / "__grp__k.json", (0, 0))
+        started.set()
+        time.sleep(seconds)
+        shutil.rmtree(entry)
+
+
+def test_prune_waits_for_a_warm_in_progress(capsys, cache):
+    """A warm holds the root's usage lock while its entries are not yet referenced: a prune
+    started meanwhile waits for it, and deletes nothing the warm was using."""
+    context = multiprocessing.get_context("spawn")
+    started = context.Event()
+    warm = context.Process(target=_warm_in_progress, args=(str(cache), 3.0, started))
+    warm.start()
+    assert started.wait(60)
+    plan = run_json(capsys, "cache", "prune", "--cache-dir", str(cache))
+    warm.join()
+    assert warm.exitcode == 0
+    assert [removal for removal in plan["removals"] if removal["kind"] in ("configuration", "entry")] == []
+    assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["cache", "rm"], "kprecompile: cache rm: got 'nothing', expected a MANIFEST key, --model, --target or --all"),
+        (["cache", "rm", "--model", "nope"], "kprecompile: cache rm: got 'nope', expected configurations of the "
+         "writable cache (see kprecompile cache ls)"),
+        (["cache", "prune", "--max-size", "lots"], "kprecompile: --max-size: got 'lots', expected a size such as "
+         "10G, 500MB, 2GiB or a number of bytes"),
+    ],
+)  # fmt: skip
+def test_bad_cache_commands_are_one_line_and_exit_2(capsys, cache, argv, expected):
+    entries = sorted(os.listdir(CacheLayout.of(cache).triton_dir))
+    status, out, err = run(capsys, *argv, "--cache-dir", str(cache))
+    assert (status, out, err) == (2, "", expected + "\n")
+    assert sorted(os.listdir(CacheLayout.of(cache).triton_dir)) == entries
