@@ -61,16 +61,29 @@ TARGETS: dict[str, Target] = {
 }
 
 
+# The products users name, for the target each one is.
+PRODUCTS = {
+    "mi210": "gfx90a", "mi250": "gfx90a", "mi250x": "gfx90a",
+    "mi300a": "gfx942", "mi300x": "gfx942", "mi325x": "gfx942",
+    "mi350x": "gfx950", "mi355x": "gfx950",
+    "a100": "sm80", "l40s": "sm89", "l4": "sm89", "h100": "sm90", "h200": "sm90", "h20": "sm90",
+    "b200": "sm100", "gb200": "sm100",
+}  # fmt: skip
+
+
 def _expected_targets() -> str:
-    return "one of " + ", ".join(TARGETS) + f", or {AUTO}"
+    return "one of " + ", ".join(TARGETS) + f", a product ({', '.join(PRODUCTS)}), or {AUTO}"
 
 
 def resolve_target(name: str, field: str = "--target") -> Target:
-    """Turn a target name (or `auto`) into a Target; unknown names are an input error."""
-    if name == AUTO:
+    """Turn a target name, a product name (mi300x, h200) or `auto` into a Target, any case;
+    unknown names are an input error."""
+    key = name.strip().lower()
+    if key == AUTO:
         return detect_local_target(field)
+    key = PRODUCTS.get(key, key)
     try:
-        return TARGETS[name]
+        return TARGETS[key]
     except KeyError:
         raise InputError(field, name, _expected_targets()) from None
 

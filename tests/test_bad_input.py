@@ -104,7 +104,7 @@ CASES = [
      "llama-3.1-8b-instruct"),
     ("zero-tp", "deepseek-r1", ["--tp", "0"], {}, "kprecompile: --tp: got 0, expected a positive integer"),
     ("text-tp", "deepseek-r1", ["--tp", "abc"], {},
-     "kprecompile: Invalid value for '--tp': 'abc' is not a valid integer."),
+     "kprecompile: Invalid value for '-tp' / '--tp' / '--tensor-parallel-size': 'abc' is not a valid integer."),
     ("negative-batched-tokens", "deepseek-r1", ["--max-num-batched-tokens", "-1"], {},
      "kprecompile: --max-num-batched-tokens: got -1, expected a positive integer"),
     ("zero-seqs", "deepseek-r1", ["--max-num-seqs", "0"], {},
@@ -114,7 +114,8 @@ CASES = [
     ("unknown-kv-dtype", "deepseek-r1", ["--kv-cache-dtype", "fp4"], {},
      "kprecompile: --kv-cache-dtype: got 'fp4', expected one of auto, fp8, fp8_e4m3"),
     ("unknown-dtype-option", "deepseek-r1", ["--dtype", "float64"], {},
-     "kprecompile: --dtype: got 'float64', expected one of auto, bfloat16, float16"),
+     "kprecompile: --dtype: got 'float64', expected auto, bfloat16, float16 or half (serving in float32 is not "
+     "planned)"),
     ("text-capture-size", "deepseek-r1", ["--cudagraph-capture-sizes", "1,x"], {},
      "kprecompile: --cudagraph-capture-sizes: got '1,x', expected a comma-separated list of positive integers"),
     ("zero-capture-size", "deepseek-r1", ["--cudagraph-capture-sizes", "0,8"], {},
@@ -130,6 +131,20 @@ CASES = [
     ("fewer-tokens-than-seqs", "deepseek-r1", ["--max-num-seqs", "256", "--max-num-batched-tokens", "128"], {},
      "kprecompile: --max-num-batched-tokens: got 128, expected at least --max-num-seqs = 256 (vLLM refuses fewer)"),
     ("huge-tp", "deepseek-r1", ["--tp", "4096"], {}, "kprecompile: --tp: got 4096, expected at most 1,024"),
+    # vLLM's spellings, and what they cannot say.
+    ("float32-dtype", "deepseek-r1", ["--dtype", "float32"], {},
+     "kprecompile: --dtype: got 'float32', expected auto, bfloat16, float16 or half (serving in float32 is not "
+     "planned)"),
+    ("speculative-config-not-json", "deepseek-r1", ["--speculative-config", "{mtp"], {},
+     "kprecompile: --speculative-config: got '{{mtp', expected a JSON object such as "
+     "'{{\"method\": \"mtp\", \"num_speculative_tokens\": 1}}'"),
+    ("speculative-config-without-tokens", "deepseek-r1", ["--speculative-config", '{"method": "mtp"}'], {},
+     "kprecompile: --speculative-config: got '{{\"method\": \"mtp\"}}', expected a JSON object with an integer "
+     "num_speculative_tokens"),
+    ("speculative-tokens-disagree", "deepseek-r1",
+     ["--speculative-config", '{"num_speculative_tokens": 2}', "--num_speculative_tokens", "3"], {},
+     "kprecompile: --num-speculative-tokens: got 3, expected the same as --speculative-config's "
+     "num_speculative_tokens (2), or left out"),
     # Engine selection.
     ("unknown-engine", "deepseek-r1", ["--engine", "sglang"], {},
      "kprecompile: --engine: got 'sglang', expected one of vllm-aiter, vllm, aiter"),
@@ -147,7 +162,9 @@ CASES = [
      "kprecompile: --family: got 'fp8_bmm', expected one of prefix_prefill, paged_decode, aiter_fa_context "
      "for llama-3.1-8b-instruct"),
     ("unknown-target", "deepseek-r1", ["--target", "gfx9999"], {},
-     "kprecompile: --target: got 'gfx9999', expected one of gfx90a, gfx942, gfx950, sm80, sm89, sm90, sm100, or auto"),
+     "kprecompile: --target: got 'gfx9999', expected one of gfx90a, gfx942, gfx950, sm80, sm89, sm90, sm100, a "
+     "product (mi210, mi250, mi250x, mi300a, mi300x, mi325x, mi350x, mi355x, a100, l40s, l4, h100, h200, h20, b200, "
+     "gb200), or auto"),
     ("zero-jobs", "deepseek-r1", ["--jobs", "0"], {}, "kprecompile: --jobs: got 0, expected a positive integer"),
     ("negative-timeout", "deepseek-r1", ["--job-timeout", "-1"], {},
      "kprecompile: --job-timeout: got -1.0, expected a positive number of seconds"),

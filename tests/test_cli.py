@@ -193,3 +193,23 @@ def test_activate_is_part_of_the_public_api():
     import kprecompile
 
     assert "activate" in kprecompile.__all__ and callable(kprecompile.activate)
+
+
+def test_a_vllm_serve_line_is_understood(capsys):
+    """vLLM's spellings (-tp, --tensor-parallel-size, underscores, --dtype half, --speculative-config)
+    and product names as targets plan exactly what kprecompile's own spellings do."""
+    vllm = ["plan", "--model", "deepseek-r1", "-tp", "8", "--max_num_seqs=64", "--dtype", "half", "--target", "MI300X",
+            "--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}', "--json"]  # fmt: skip
+    own = ["plan", "--model", "deepseek-r1", "--tp", "8", "--max-num-seqs", "64", "--dtype", "float16",
+           "--target", "gfx942", "--num-speculative-tokens", "1", "--json"]  # fmt: skip
+    documents = []
+    for argv in (vllm, own):
+        status, out, err = run(capsys, *argv)
+        assert status == 0, err
+        document = json.loads(out)
+        documents.append({name: document[name] for name in ("serving", "targets", "families", "kernels")})
+    assert documents[0] == documents[1]
+    assert documents[0]["serving"]["num_speculative_tokens"] == 1 and documents[0]["targets"] == ["gfx942"]
+    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target", "h200",
+                         "--family", "fp8_bmm", "--json")  # fmt: skip
+    assert status == 0 and json.loads(out)["targets"] == ["sm90"]

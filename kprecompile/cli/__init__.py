@@ -54,10 +54,20 @@ def cli(verbose: int) -> None:
         setting.read()
 
 
+def vllm_spelling(argument: str) -> str:
+    """`--max_num_seqs=8` -> `--max-num-seqs=8`: option names as `vllm serve` takes them, with
+    underscores or dashes (values are left alone)."""
+    if not argument.startswith("--"):
+        return argument
+    name, equals, value = argument.partition("=")
+    return name.replace("_", "-") + equals + value
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, no traceback for a user mistake."""
+    arguments = [vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)]
     try:
-        status = cli.main(args=argv, prog_name="kprecompile", standalone_mode=False)
+        status = cli.main(args=arguments, prog_name="kprecompile", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         status = exit_.exit_code
     except click.exceptions.Abort:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ _SERVING_OPTIONS = (
     "num_speculative_tokens",
 )
 _SELECTION_OPTIONS = (
+    "speculative_config",
     "model_spec",
     "target_names",
     "cudagraph_capture_sizes",
@@ -53,8 +55,8 @@ def selection_options(multiple_models: bool = False) -> Decorator:
         click.option("--model", "model_spec", required=True, multiple=multiple_models, metavar="MODEL",
                      help="Preset name, path to a config.json, or a directory holding one"
                      + ("; repeatable." if multiple_models else ".")),
-        click.option("--tp", "tensor_parallel_size", type=int, default=1, show_default=True,
-                     help="Tensor-parallel size: attention heads are split across this many ranks."),
+        click.option("-tp", "--tp", "--tensor-parallel-size", "tensor_parallel_size", type=int, default=1,
+                     show_default=True, help="Tensor-parallel size: attention heads are split across this many ranks."),
         click.option("--target", "target_names", multiple=True, default=("auto",), show_default=True,
                      metavar="TARGET", help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable."),
         click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True,
@@ -67,12 +69,15 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                      help="KV-cache tokens per block."),
         click.option("--kv-cache-dtype", default="auto", show_default=True,
                      help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8)."),
-        click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16 or float16."),
+        click.option("--dtype", default="auto", show_default=True, callback=_dtype,
+                     help="auto, bfloat16, float16 or half (vLLM's spellings)."),
         click.option("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
                      help="Token counts graphs are captured for [default: vLLM's rule from --max-num-seqs]."),
         click.option("--enforce-eager", is_flag=True, help="The engine runs without CUDA/HIP graphs."),
         click.option("--num-speculative-tokens", type=int, default=0, show_default=True,
                      help="Draft tokens per step (MTP / speculative decoding)."),
+        click.option("--speculative-config", "speculative_config", default=None, metavar="JSON",
+                     help="vLLM's speculative config; its num_speculative_tokens is used."),
         click.option("--engine", default=DEFAULT_ENGINE, show_default=True,
                      help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
                      "vLLM's own defaults, aiter AITER's API called directly."),
@@ -90,6 +95,33 @@ def selection_options(multiple_models: bool = False) -> Decorator:
 
 
 json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
+
+# vLLM's own spellings of --dtype.
+_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def _dtype(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if value.lower() not in _DTYPES:
+        raise InputError("--dtype", value, "auto, bfloat16, float16 or half (serving in float32 is not planned)")
+    return _DTYPES[value.lower()]
+
+
+def speculative_tokens(config: str | None, num_speculative_tokens: int) -> int:
+    """Draft tokens per step from vLLM's `--speculative-config` JSON, or --num-speculative-tokens."""
+    if config is None:
+        return num_speculative_tokens
+    try:
+        document = json.loads(config)
+    except (ValueError, RecursionError):
+        raise InputError("--speculative-config", config[:80], "a JSON object such as "
+                         '\'{"method": "mtp", "num_speculative_tokens": 1}\'') from None  # fmt: skip
+    tokens = document.get("num_speculative_tokens") if isinstance(document, dict) else None
+    if isinstance(tokens, bool) or not isinstance(tokens, int):
+        raise InputError("--speculative-config", config[:80], "a JSON object with an integer num_speculative_tokens")
+    if num_speculative_tokens not in (0, tokens):
+        expected = f"the same as --speculative-config's num_speculative_tokens ({tokens}), or left out"
+        raise InputError("--num-speculative-tokens", num_speculative_tokens, expected)
+    return tokens
 
 
 def _cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -112,8 +144,11 @@ def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tupl
     """Resolve the selection options (popped from `options`) into checked requests; where vLLM's
     own selector is asked, its answers are remembered in `layout`'s cache."""
     selection = {name: options.pop(name) for name in _SELECTION_OPTIONS}
+    chosen = {name: options.pop(name) for name in _SERVING_OPTIONS}
+    chosen["num_speculative_tokens"] = speculative_tokens(selection["speculative_config"],
+                                                          chosen["num_speculative_tokens"])  # fmt: skip
     serving = ServingParams(
-        **{name: options.pop(name) for name in _SERVING_OPTIONS},
+        **chosen,
         cudagraph_capture_sizes=parse_capture_sizes(selection["cudagraph_capture_sizes"]),
     )
     specs = selection["model_spec"]
