@@ -50,6 +50,7 @@ def resolve_requests(
     families: Sequence[str] = (),
     vllm_release: str | None = None,
     layout: CacheLayout | None = None,
+    revision: str | None = None,
 ) -> tuple[Request, ...]:
     """One request per model (each named once); every input is checked here, before any work.
 
@@ -60,7 +61,7 @@ def resolve_requests(
     targets = resolve_targets(target_names)
     requests = []
     for spec in dict.fromkeys(model_specs):
-        model = load_model(spec)
+        model = load_model(spec, revision)
         selector = installed_selector(model, serving, targets, layout) if engine != "aiter" else None
         selection = select(model, engine, attention_backend, families=families, vllm_release=vllm_release,
                            block_size=serving.block_size, selector=selector)  # fmt: skip

@@ -7,6 +7,7 @@ malformed config fails here with the field's name instead of deep inside a kerne
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -77,30 +78,62 @@ def list_presets() -> list[str]:
 
 
 def _expected_model() -> str:
-    return "a preset name (" + ", ".join(list_presets()) + "), a path to a config.json, or a directory holding one"
+    return ("a preset name (" + ", ".join(list_presets()) + "), a path to a config.json or a directory holding "
+            "one, or a Hugging Face model id in the local Hugging Face cache")  # fmt: skip
 
 
-def _locate(spec: str) -> tuple[str, bytes, str]:
-    """Return (display name, file bytes, source path) for a preset name or a path."""
-    path = Path(spec)
+# A Hugging Face repo id: `org/name` (letters, digits, `-`, `_`, `.`).
+_REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+_GGUF_MAGIC = b"GGUF"
+
+
+def _locate(spec: str, revision: str | None = None) -> tuple[str, bytes, str]:
+    """Return (display name, file bytes, source) for a path, a preset name (any case) or a
+    Hugging Face model id resolved offline from the local Hugging Face cache."""
+    path = Path(spec).expanduser()
     if path.is_dir():
         path = path / CONFIG_FILENAME
         if not path.is_file():
             raise InputError("--model", spec, f"a directory holding {CONFIG_FILENAME}; it has none")
     if path.is_file():
         try:
-            return spec, path.read_bytes(), str(path)
+            data = path.read_bytes()
         except OSError as error:
             raise InputError("--model", spec, f"a readable file ({error.strerror})") from None
-    if spec in list_presets():
-        preset = resources.files(_PRESETS_PACKAGE) / f"{spec}.json"
-        return spec, preset.read_bytes(), f"preset {spec}"
+        if path.suffix.lower() == ".gguf" or data[:4] == _GGUF_MAGIC:
+            raise InputError("--model", spec, "a config.json: GGUF files are not supported (give the original "
+                             "model's config.json or its Hugging Face id)")  # fmt: skip
+        return spec, data, str(path)
+    presets = {name.lower(): name for name in list_presets()}
+    if spec.lower() in presets:
+        preset = presets[spec.lower()]
+        return preset, (resources.files(_PRESETS_PACKAGE) / f"{preset}.json").read_bytes(), f"preset {preset}"
+    if _REPO_ID.fullmatch(spec):
+        return _from_hugging_face_cache(spec, revision)
     raise InputError("--model", spec, _expected_model())
 
 
-def load_model(spec: str) -> ModelConfig:
-    """Read a model config from a preset name, a config.json path, or a directory."""
-    name, data, source = _locate(spec)
+def _from_hugging_face_cache(repo_id: str, revision: str | None) -> tuple[str, bytes, str]:
+    """The model's config.json from the local Hugging Face cache ($HF_HUB_CACHE, $HF_HOME), offline."""
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+    except ImportError:
+        raise InputError("--model", repo_id, "a preset or a path (pip install huggingface_hub to name models by their "
+                         "Hugging Face id)") from None  # fmt: skip
+    found = try_to_load_from_cache(repo_id, CONFIG_FILENAME, revision=revision)
+    if not isinstance(found, str):
+        at = f" at revision {revision}" if revision else ""
+        fetch = f"hf download {repo_id} {CONFIG_FILENAME}" + (f" --revision {revision}" if revision else "")
+        raise InputError("--model", repo_id, f"a model whose {CONFIG_FILENAME}{at} is in the local Hugging Face cache "
+                         f"({constants.HF_HUB_CACHE}); fetch it with `{fetch}`")  # fmt: skip
+    name = repo_id if not revision else f"{repo_id}@{revision}"
+    return name, Path(found).read_bytes(), f"huggingface {name} ({found})"
+
+
+def load_model(spec: str, revision: str | None = None) -> ModelConfig:
+    """Read a model config from a preset name, a config.json path or a directory holding one, or
+    a Hugging Face model id (`revision`: a branch, tag or commit) in the local Hugging Face cache."""
+    name, data, source = _locate(spec, revision)
     try:
         raw = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
@@ -119,6 +152,11 @@ def load_model(spec: str) -> ModelConfig:
 
 def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConfig:
     """A model from a config.json's fields (or an engine's parsed config as a dict)."""
+    if "num_attention_heads" not in raw and isinstance(raw.get("text_config"), dict):
+        # A multimodal model: its language model's config, as transformers' get_text_config()
+        # reads it (what the engine's attention kernels see).
+        outer = {name: raw[name] for name in ("architectures", "quantization_config") if name in raw}
+        raw = {**raw["text_config"], **outer}
     fields = FieldReader(raw, source)
     if "num_attention_heads" not in raw:
         architectures = ", ".join(fields.string_list("architectures")) or "this model"

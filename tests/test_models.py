@@ -1,9 +1,12 @@
 import json
+from importlib import resources
 
 import pytest
 
 from kprecompile.errors import InputError, ModelConfigError
 from kprecompile.models import list_presets, load_model
+
+PRESETS = resources.files("kprecompile.presets")
 
 SHARED_PRESETS = {
     "deepseek-r1",
@@ -89,3 +92,75 @@ def test_unknown_model_lists_the_presets():
 def test_directory_without_config(tmp_path):
     with pytest.raises(InputError, match=r"expected a directory holding config.json; it has none"):
         load_model(str(tmp_path))
+
+
+def _hugging_face_cache(hub, repo_id, config, revision="main", commit="0123456789abcdef0123456789abcdef01234567"):
+    """A model's config.json laid out as huggingface_hub's downloads leave it."""
+    repo = hub / f"models--{repo_id.replace('/', '--')}"
+    (repo / "snapshots" / commit).mkdir(parents=True)
+    (repo / "snapshots" / commit / "config.json").write_text(json.dumps(config))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return commit
+
+
+def _plan(env, *argv):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "kprecompile", "plan", *argv, "--target", "gfx942", "--json"],
+                          env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("variable", ["HF_HOME", "HF_HUB_CACHE"])
+def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp_path, variable):
+    config = json.loads(PRESETS.joinpath("deepseek-v2-lite.json").read_text())  # fmt: skip
+    hub = tmp_path / "hub"
+    _hugging_face_cache(hub, "deepseek-ai/DeepSeek-V2-Lite", config)
+    commit = _hugging_face_cache(hub, "deepseek-ai/DeepSeek-V2-Lite", {**config, "num_attention_heads": 8},
+                                 revision="smaller", commit="f" * 40)  # fmt: skip
+    env = {variable: str(hub if variable == "HF_HUB_CACHE" else tmp_path), "HF_HUB_OFFLINE": "1"}
+    by_id = _plan(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
+    by_preset = _plan(env, "--model", "DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
+    assert by_id.returncode == 0, by_id.stderr
+    assert json.loads(by_id.stdout)["families"] == json.loads(by_preset.stdout)["families"]
+    assert json.loads(by_id.stdout)["model"] == "deepseek-ai/DeepSeek-V2-Lite"
+    for revision in ("smaller", commit):
+        other = _plan(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--revision", revision, "--family", "fp8_bmm",
+                      "--max-num-seqs", "4")  # fmt: skip
+        assert json.loads(other.stdout)["families"][0]["parameters"]["heads_per_rank"] == 8
+
+
+def test_a_hugging_face_id_not_in_the_cache_names_the_command_that_fetches_it(tmp_path):
+    result = _plan({"HF_HUB_CACHE": str(tmp_path)}, "--model", "Qwen/Qwen3-8B")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "kprecompile: --model: got 'Qwen/Qwen3-8B', expected a model whose config.json is in the local Hugging Face "
+        f"cache ({tmp_path}); fetch it with `hf download Qwen/Qwen3-8B config.json`\n"
+    )
+
+
+def test_home_relative_paths_and_preset_names_in_any_case(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(PRESETS.joinpath("qwen3-8b.json").read_text())
+    assert load_model("~/m").digest == load_model("Qwen3-8B").digest == load_model("qwen3-8b").digest
+
+
+def test_a_multimodal_config_is_read_through_its_text_config(tmp_path):
+    """transformers' get_text_config(): the language model's fields under text_config."""
+    text = json.loads(PRESETS.joinpath("llama-3.1-8b-instruct.json").read_text())  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"], "text_config": text,
+                                "vision_config": {"hidden_size": 1024}}))  # fmt: skip
+    model = load_model(str(path))
+    assert (model.num_attention_heads, model.num_key_value_heads, model.head_dim) == (32, 8, 128)
+    assert model.architectures == ("LlavaForConditionalGeneration",)
+
+
+def test_a_gguf_file_is_refused_in_one_line(tmp_path):
+    gguf = tmp_path / "model.Q4_K_M.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + b"\x00" * 64)
+    with pytest.raises(InputError, match="GGUF files are not supported"):
+        load_model(str(gguf))

@@ -30,6 +30,7 @@ _SERVING_OPTIONS = (
 )
 _SELECTION_OPTIONS = (
     "speculative_config",
+    "revision",
     "model_spec",
     "target_names",
     "cudagraph_capture_sizes",
@@ -53,8 +54,10 @@ def selection_options(multiple_models: bool = False) -> Decorator:
     """The model, serving parameters, engine selection and targets (bake takes several models)."""
     return combined([
         click.option("--model", "model_spec", required=True, multiple=multiple_models, metavar="MODEL",
-                     help="Preset name, path to a config.json, or a directory holding one"
-                     + ("; repeatable." if multiple_models else ".")),
+                     help="Preset name, path to a config.json or a directory holding one, or a Hugging Face id "
+                     "(org/name) in the local Hugging Face cache" + ("; repeatable." if multiple_models else ".")),
+        click.option("--revision", default=None, metavar="REV",
+                     help="Branch, tag or commit of a Hugging Face --model [default: main]."),
         click.option("-tp", "--tp", "--tensor-parallel-size", "tensor_parallel_size", type=int, default=1,
                      show_default=True, help="Tensor-parallel size: attention heads are split across this many ranks."),
         click.option("--target", "target_names", multiple=True, default=("auto",), show_default=True,
@@ -161,6 +164,7 @@ def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tupl
         families=selection["families"],
         vllm_release=selection["vllm_version"],
         layout=layout,
+        revision=selection["revision"],
     )
 
 
