@@ -224,10 +224,6 @@ _MERGE_0_19 = (
     "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
 )
 
-_TRITON_MLA_0_19 = (
-    "TRITON_MLA in vLLM 0.19 and newer is not traced yet: its decode entry point, KV-split rule and workspace are new"
-)
-
 
 def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str) -> tuple[FamilyChoice, ...]:
     choices = []
@@ -237,10 +233,7 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str)
         reason = "vLLM runs AITER's FP8 BMM only with VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_FP8BMM=1"
         choices.append(FamilyChoice("fp8_bmm", "torch bmm", reason))
     if backend == "TRITON_MLA":
-        if line == "0.19":
-            choices.append(FamilyChoice("triton_mla", backend, _TRITON_MLA_0_19))
-        else:
-            choices.append(_vllm_kernels("triton_mla", backend, release))
+        choices.append(_vllm_kernels("triton_mla", backend, release))
         return tuple(choices)
     # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then until 0.19
     # a Triton stage-2 reduce, from 0.19 AITER's persistent HIP reduce.

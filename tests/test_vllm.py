@@ -405,22 +405,24 @@ def test_failures_inside_vllm_are_one_warning_and_never_stop_the_server(tmp_path
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_triton_mla_decode_keys_and_coverage(kernel_probes, version):
-    """TRITON_MLA's decode up to 0.18 (built as vLLM builds it, from a VllmConfig): the grouped
-    stage 1 per KV storage class and one stage-2 reduce; from 0.19 not planned, with why."""
+    """TRITON_MLA's decode (built as vLLM builds it, from a VllmConfig): the grouped stage 1 per KV
+    storage class and a stage-2 reduce, for 4 KV splits up to 0.18 (and its prefill merges), for
+    each power-of-2 split count vLLM 0.19+ derives from the context (5 up to 8192 tokens; its
+    prefill merges with the compiled operator)."""
     document = kernel_probes[version]["triton_mla"]
-    if version.startswith("0.33"):
-        assert document["choice"][0] == "triton_mla" and "not traced yet" in document["choice"][1]
-        return
     assert document["choice"] == ["triton_mla", None]
-    assert (
-        document["kernels"]
-        == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + ["merge_attn_states_kernel"] * 2
-    )
+    if version.startswith("0.33"):
+        assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 10 + ["_fwd_kernel_stage2"] * 5
+    else:
+        assert (
+            document["kernels"]
+            == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + ["merge_attn_states_kernel"] * 2
+        )
     keys = document["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
     coverage = document["coverage"]
-    assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1
+    assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] >= 1
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)

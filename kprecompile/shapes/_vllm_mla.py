@@ -26,7 +26,7 @@ COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
 
 
 def build_impl(module_name: str, backend_class: str, heads: int, config_json: str, serving: ServingParams,
-               target: Target) -> Any:  # fmt: skip
+               target: Target, kv_cache_dtype: str = "auto") -> Any:  # fmt: skip
     """The backend's MLA impl for one layer, built as vLLM's attention layer builds it."""
     from ..integrations.vllm.engine_config import engine_config
     from ..integrations.vllm.platform import refresh_switches
@@ -38,7 +38,7 @@ def build_impl(module_name: str, backend_class: str, heads: int, config_json: st
     refresh_switches()
     with set_current_vllm_config(engine_config(config_json, serving, target)), aiter_attention_prebuilt():
         return getattr(module, backend_class).get_impl_cls()(
-            heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, "auto", None, "decoder", None,
+            heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, kv_cache_dtype, None, "decoder", None,
             q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=latent, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
             qk_head_dim=nope + rope, v_head_dim=raw["v_head_dim"], kv_b_proj=None,
         )  # fmt: skip

@@ -1,18 +1,20 @@
 """vLLM's TRITON_MLA backend: its own Triton decode attention, and its merge of prefill results
 on steps with cached context, traced from the installed vLLM.
 
-MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults up to 0.18 on ROCm). Each
-decode step, the backend's `_forward_decode` runs vLLM's `decode_attention_fwd` over the latent
-KV cache: the grouped stage-1 kernel (`_fwd_grouped_kernel_stage1`, a fixed number of KV
-splits) and the stage-2 reduce (`_fwd_kernel_stage2`). The plan builds the backend's impl as
-vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's `EngineArgs` from the
-model's config.json and the serving parameters) and calls `_forward_decode` on meta tensors.
-Its kernels specialize on the model and the KV cache's storage class, not on the batch size.
-The prefill runs flash attention (ROCm's flash-attn build, prebuilt); a prefill with cached
-context merges partial results with vLLM's Triton `merge_attn_states` (`_vllm_mla.py`: the
-impl's real `_forward_prefill`, with V padded to the QK head size as the impl pads it for
-flash-attn). From vLLM 0.19 the decode entry point, its KV-split rule and its workspace are new:
-not traced yet (`engines.py` says so).
+MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults on ROCm). Each decode step
+runs vLLM's `decode_attention_fwd` over the latent KV cache: the grouped stage-1 kernel
+(`_fwd_grouped_kernel_stage1`) and the stage-2 reduce (`_fwd_kernel_stage2`), both with the
+number of KV splits as a constexpr. Up to 0.18 the impl's `_forward_decode` uses 4 splits; from
+0.19 its `forward_mqa` derives them from the step's longest context (the power of 2 of context /
+512, capped at twice the compute units) and takes an FP8 KV cache. The plan builds the
+backend's impl as vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's
+`EngineArgs` from the model's config.json and the serving parameters) and calls it on meta
+tensors. The kernels specialize on the model, the split count and the KV cache's type and
+storage class, not on the batch size. The prefill runs flash attention (ROCm's flash-attn
+build, prebuilt); up to 0.18 a prefill with cached context merges partial results with vLLM's
+Triton `merge_attn_states` (`_vllm_mla.py`: the impl's real `_forward_prefill`, with V padded
+to the QK head size as the impl pads it for flash-attn); from 0.19 CDNA3 and newer merge with
+vLLM's compiled operator.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from ..libraries import VLLM_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
+from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
@@ -45,6 +48,7 @@ class TritonMlaShape:
     max_seq_len: int
     dtype: str
     kv_cache_storage: StorageClass
+    kv_cache_fp8: bool
     # 0 for a decode step; else a prefill step of `batch` tokens whose cached context (up to
     # `max_seq_len`) is attended in this many chunks of the prefill workspace.
     context_chunks: int
@@ -71,12 +75,13 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
             max_seq_len=seq_len,
             dtype=serving.activation_dtype(model),
             kv_cache_storage=storage,
+            kv_cache_fp8=serving.kv_cache_is_fp8,
             context_chunks=0,
             config_json=model.config_json,
             serving=serving,
         )
         for storage in KV_CACHE_STORAGE_CLASSES
-        for seq_len in sorted({min(512, model_len), model_len})
+        for seq_len in _decode_contexts(model_len)
         for batch in batches
     )
     prefills = tuple(
@@ -87,13 +92,25 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
     return decodes + prefills
 
 
+def _decode_contexts(model_len: int) -> list[int]:
+    """Longest contexts of decode steps: up to 0.18 a short and the longest one (a fixed 4 KV
+    splits); from 0.19 the split count is the power of 2 of context / 512 (capped by the compute
+    units) and a constexpr, so one context per power of 2 up to the model length."""
+    contexts = {model_len}
+    length = 512
+    while length < model_len:
+        contexts.add(length)
+        length *= 2
+    return sorted(contexts)
+
+
 def describe_shapes(shapes: tuple[TritonMlaShape, ...]) -> dict[str, object]:
     first = shapes[0]
     batches = ",".join(str(batch) for batch in sorted({s.batch for s in shapes if not s.context_chunks}))
     chunks = ",".join(str(chunks) for chunks in sorted({s.context_chunks for s in shapes if s.context_chunks}))
     return {"heads_per_rank": first.heads, "latent": f"{first.kv_lora_rank}+{first.qk_rope_head_dim}",
             "block_size": first.block_size, "batches": batches, "prefill_context_chunks": chunks,
-            "kv_cache": first.dtype}  # fmt: skip
+            "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype}  # fmt: skip
 
 
 def describe_call(shape: TritonMlaShape) -> str:
@@ -105,7 +122,8 @@ def describe_call(shape: TritonMlaShape) -> str:
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if not target.is_rocm:
         return "vLLM's own kernels are traced under its ROCm platform; CUDA targets are not planned yet"
-    if serving.kv_cache_is_fp8:
+    release = installed_release()
+    if serving.kv_cache_is_fp8 and (release is None or line_of(release) != "0.19"):
         return "vLLM's TRITON_MLA refuses an FP8 KV cache up to 0.18"
     return None
 
@@ -119,7 +137,15 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
 
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
-    impl = build_impl(BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target)
+    kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
+    impl = build_impl(BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target,
+                      kv_cache_dtype)  # fmt: skip
+    if hasattr(impl, "forward_mqa"):
+        # 0.19 and newer: on CDNA3 and newer the prefill merges with vLLM's compiled operator
+        # (nothing to compile; gfx90a's Triton merge is not planned).
+        if not shape.context_chunks:
+            _decode_step_0_19(impl, shape, target)
+        return
     if shape.context_chunks:
         chunk = min(context_chunk_limit(impl, shape.serving), shape.max_seq_len - 1)
         if shape.context_chunks > 1 and shape.max_seq_len - 1 <= chunk:
@@ -152,6 +178,30 @@ def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
     metadata = SimpleNamespace(decode=_decode_metadata(common, block_table, seq_lens))
     layer = SimpleNamespace(_k_scale=torch.empty((), dtype=torch.float32, device=meta), _k_scale_float=1.0)
     impl._forward_decode(query, kv_cache, metadata, layer)
+
+
+def _decode_step_0_19(impl: Any, shape: TritonMlaShape, target: Target) -> None:
+    """A decode step through the impl's `forward_mqa` (0.19 and newer): its KV-split count from
+    the step's longest context and the GPU's compute units, its FP8 KV cache dequantized in the
+    kernel."""
+    import torch
+
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    head_size = shape.kv_lora_rank + shape.qk_rope_head_dim
+    element_type = target.fp8_dtype if shape.kv_cache_fp8 else dtype
+    element = torch.empty((), dtype=element_type, device=meta).element_size()
+    needed = -(-shape.max_seq_len // shape.block_size) * shape.batch
+    blocks = block_count(needed, shape.block_size * head_size * element, shape.kv_cache_storage)
+    kv_cache = torch.empty((blocks, shape.block_size, head_size), dtype=element_type, device=meta)
+    query = (torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
+             torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta))  # fmt: skip
+    decode = SimpleNamespace(block_table=torch.empty((shape.batch, shape.max_blocks_per_seq), dtype=torch.int32,
+                                                     device=meta),
+                             seq_lens=torch.empty(shape.batch, dtype=torch.int32, device=meta))  # fmt: skip
+    metadata = SimpleNamespace(decode=decode, max_seq_len=shape.max_seq_len, causal=True)
+    layer = SimpleNamespace(_k_scale=torch.empty((), dtype=torch.float32, device=meta), _k_scale_float=1.0)
+    impl.forward_mqa(query, kv_cache, metadata, layer)
 
 
 FAMILY = KernelFamily(
