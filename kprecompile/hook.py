@@ -21,7 +21,7 @@ from .errors import NotWarmError
 from .models import ModelConfig
 from .monitor import JitMonitor
 from .pool import default_worker_count
-from .progress import ProgressBar
+from .progress import ProgressBar, ProgressLines
 from .runtime import PreloadReport, activate, preload
 from .serving import ServingParams
 from .targets import Target, detect_local_target
@@ -79,7 +79,7 @@ def prepare(
             layout,
             selection=selection,
             max_workers=workers,
-            progress=ProgressBar() if rank == 0 and sys.stderr.isatty() else None,
+            progress=(ProgressBar() if sys.stderr.isatty() else ProgressLines()) if rank == 0 else None,
             rank=rank,
             ranks=ranks,
         )

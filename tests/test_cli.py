@@ -213,3 +213,47 @@ def test_a_vllm_serve_line_is_understood(capsys):
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target", "h200",
                          "--family", "fp8_bmm", "--json")  # fmt: skip
     assert status == 0 and json.loads(out)["targets"] == ["sm90"]
+
+
+def test_unattended_warm_prints_plain_progress_lines_and_ctrl_c_exits_130(tmp_path):
+    """stderr not a terminal (CI, docker build): plain lines naming the model and target; Ctrl-C
+    stops at once with 130 and leaves no manifest."""
+    import signal
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "kprecompile", "warm", "--model", "deepseek-r1", "--tp", "8", "--family", "fp8_bmm",
+            "--target", "gfx942", "--cache-dir", str(tmp_path)]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first, second = process.stderr.readline(), process.stderr.readline()
+    process.send_signal(signal.SIGINT)
+    _, rest = process.communicate(timeout=300)
+    assert first == "kprecompile: deepseek-r1 on gfx942: 134 kernels\n"
+    assert second.startswith("kprecompile: deepseek-r1 on gfx942: ") and "/134 kernels (" in second
+    assert process.returncode == 130 and rest.strip().endswith("kprecompile: interrupted")
+    assert not list(tmp_path.glob("manifests-v*/*.json"))
+
+
+def test_progress_lines_come_every_tenth_and_at_the_end():
+    import io
+
+    from kprecompile.progress import ProgressLines
+
+    stream = io.StringIO()
+    progress = ProgressLines(stream=stream, interval_seconds=3600)
+    progress.start("m on gfx942", 95, 0)
+    for _ in range(95):
+        progress.advance()
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "kprecompile: m on gfx942: 95 kernels" and lines[-1].startswith(
+        "kprecompile: m on gfx942: 95/95"
+    )
+    assert len(lines) == 1 + 10 + 1  # the start, every 9 kernels (10%), the end
+
+
+def test_every_json_document_says_its_schema_version(capsys, tmp_path):
+    for argv in (["plan", "--model", "deepseek-r1", "--family", "fp8_bmm", "--target", "gfx942", "--max-num-seqs", "2"],
+                 ["env"], ["cache", "dir", "--cache-dir", str(tmp_path)]):  # fmt: skip
+        status, out, _ = run(capsys, *argv, "--json")
+        assert status == 0 and json.loads(out)["schema_version"] == 1

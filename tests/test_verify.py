@@ -225,7 +225,16 @@ def test_verify_command_exit_status_and_json(baked_layout, capsys):
     status, out = run(capsys, *argv, "--json")
     document = json.loads(out)
     assert status == 0 and document["warm"] is True
-    assert set(document) == {"model", "warm", "targets", "manifest_key_parts", "deep", "seconds", "cache_dir"}
+    assert set(document) == {
+        "schema_version",
+        "model",
+        "warm",
+        "targets",
+        "manifest_key_parts",
+        "deep",
+        "seconds",
+        "cache_dir",
+    }
     assert document["targets"][0]["status"] == "warm"
     assert {"toolchain", "environment", "engine", "serving", "model_digest"} <= set(document["manifest_key_parts"])
 

@@ -70,9 +70,17 @@ def main(argv: list[str] | None = None) -> None:
         status = cli.main(args=arguments, prog_name="kprecompile", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         status = exit_.exit_code
-    except click.exceptions.Abort:
-        click.echo("kprecompile: aborted", err=True)
-        status = ExitStatus.FAILURE
+    except click.exceptions.Abort as abort:
+        if isinstance(abort.__context__, KeyboardInterrupt) or isinstance(abort.__cause__, KeyboardInterrupt):
+            # Ctrl-C: the shell's convention, 128 + SIGINT.
+            click.echo("kprecompile: interrupted", err=True)
+            status = ExitStatus.INTERRUPTED
+        else:
+            click.echo("kprecompile: aborted", err=True)
+            status = ExitStatus.FAILURE
+    except KeyboardInterrupt:
+        click.echo("kprecompile: interrupted", err=True)
+        status = ExitStatus.INTERRUPTED
     except click.ClickException as error:
         click.echo(f"kprecompile: {error.format_message()}", err=True)
         status = ExitStatus.USAGE

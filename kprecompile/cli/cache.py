@@ -17,7 +17,6 @@ from ..errors import InputError
 from . import options
 from .output import Output, plural
 
-SCHEMA_VERSION = 1
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30,
           "ti": 2**40}  # fmt: skip
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
@@ -35,7 +34,7 @@ def cache_dir(cache_dir, json_output) -> None:
     """Print the cache root."""
     output = Output(json_output)
     layout = settings.cache_layout(cache_dir)
-    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root),
+    output.document({"cache_dir": str(layout.root),
                      "layers": [str(layer) for layer in layout.layers]})  # fmt: skip
     output.data(str(layout.root))
 
@@ -53,7 +52,7 @@ def cache_ls(cache_dir, json_output) -> None:
     documents = [configuration.as_dict(current.get(configuration.key)) for configuration in found]
     unique = {name: size for configuration in found for name, size in configuration.entries.items()}
     root_bytes = directory_size(layout.root)
-    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root),
+    output.document({"cache_dir": str(layout.root),
                      "configurations": documents, "kernels": len(unique), "kernel_bytes": sum(unique.values()),
                      "cache_bytes": root_bytes})  # fmt: skip
     if not found:
@@ -155,7 +154,7 @@ class _deleting:  # noqa: N801
 def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
     if not dry_run:
         execute(layout, plan)
-    output.document({"schema_version": SCHEMA_VERSION, "cache_dir": str(layout.root), "dry_run": dry_run,
+    output.document({"cache_dir": str(layout.root), "dry_run": dry_run,
                      "removals": [removal.as_dict() for removal in plan.removals], "bytes": plan.bytes})  # fmt: skip
     verb = "Would remove" if dry_run else "Removed"
     for removal in plan.removals:

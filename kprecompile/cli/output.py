@@ -17,10 +17,14 @@ from typing import Any
 
 import click
 
-from ..progress import Progress, ProgressBar
+from ..progress import Progress, ProgressBar, ProgressLines
 from ..wording import plural
 
 __all__ = ["ExitStatus", "Output", "megabytes", "plural"]
+
+
+# The version of every --json document's schema: bumped when a field changes meaning or goes.
+SCHEMA_VERSION = 1
 
 
 def megabytes(size_bytes: int) -> str:
@@ -37,8 +41,10 @@ class Output:
             click.echo(line)
 
     def document(self, document: Any) -> None:
-        """The --json document."""
+        """The --json document, with the version of its schema first."""
         if self.json_output:
+            if isinstance(document, dict):
+                document = {"schema_version": SCHEMA_VERSION, **document}
             click.echo(json.dumps(document, indent=2))
 
     def table(self, rows: Sequence[Sequence[str]]) -> None:
@@ -52,8 +58,10 @@ class Output:
             self.data("  ".join([*cells, row[columns]]).rstrip())
 
     def progress(self) -> Progress | None:
-        """A progress bar on a terminal; none with --json or when stderr is not a terminal."""
-        return ProgressBar() if sys.stderr.isatty() and not self.json_output else None
+        """A progress bar on a terminal, plain progress lines elsewhere, nothing with --json."""
+        if self.json_output:
+            return None
+        return ProgressBar() if sys.stderr.isatty() else ProgressLines()
 
 
 class ExitStatus(enum.IntEnum):
@@ -62,3 +70,5 @@ class ExitStatus(enum.IntEnum):
     FAILURE = 1
     # A usage or input error.
     USAGE = 2
+    # Ctrl-C (128 + SIGINT).
+    INTERRUPTED = 130
