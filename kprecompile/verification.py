@@ -106,12 +106,13 @@ def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, 
 
 
 def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:
-    """What differs between this process and the closest manifest of the same configuration."""
-    candidates = [
-        document
-        for document in read_all_manifest_parts(layout)
-        if all(document["parts"].get(name) == parts.get(name) for name in SAME_CONFIGURATION)
-    ]
+    """What differs between this process and the closest manifest in the cache: of the same
+    configuration (model, serving parameters, target) if there is one, else of the same model
+    (another --max-num-seqs, --family, target, ...)."""
+    documents = [document for document in read_all_manifest_parts(layout)
+                 if document["parts"].get("schema") == parts.get("schema")]  # fmt: skip
+    same = [d for d in documents if all(d["parts"].get(name) == parts.get(name) for name in SAME_CONFIGURATION)]
+    candidates = same or [d for d in documents if d["parts"].get("model_digest") == parts.get("model_digest")]
     if not candidates:
         return ()
     # The candidate with the fewest differing parts explains best.
@@ -120,7 +121,21 @@ def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:
 
 
 def _describe(baked: dict[str, Any], here: dict[str, Any]) -> list[str]:
-    lines = toolchain_differences(baked.get("toolchain", {}), here.get("toolchain", {}))
+    lines = []
+    if baked.get("target") != here.get("target"):
+        lines.append(f"target: {baked.get('target')} at warm, {here.get('target')} here")
+    baked_serving, here_serving = baked.get("serving", {}), here.get("serving", {})
+    for name in sorted(set(baked_serving) | set(here_serving)):
+        if baked_serving.get(name) != here_serving.get(name):
+            option = "--" + name.replace("_", "-")
+            lines.append(f"serving: {option} was {_shown(baked_serving.get(name))} at warm, "
+                         f"{_shown(here_serving.get(name))} here")  # fmt: skip
+    baked_planned = baked.get("engine", {}).get("planned")
+    here_planned = here.get("engine", {}).get("planned")
+    if baked_planned != here_planned:
+        lines.append(f"engine: families {', '.join(baked_planned or []) or 'none'} at warm, "
+                     f"{', '.join(here_planned or []) or 'none'} here")  # fmt: skip
+    lines += toolchain_differences(baked.get("toolchain", {}), here.get("toolchain", {}))
     baked_backend = baked.get("engine", {}).get("attention_backend")
     here_backend = here.get("engine", {}).get("attention_backend")
     if baked_backend != here_backend:

@@ -383,3 +383,19 @@ def test_a_damaged_entry_in_a_read_only_layer_is_compiled_anew_not_laundered(war
     [served] = [path for path in compiled_files(layout, job.key) if path.suffix == ".hsaco"]
     assert served.is_relative_to(layout.root) and served.read_bytes() != bytes(data)
     assert verdict(layout, deep=True).status == "warm"
+
+
+def test_a_miss_names_the_closest_configuration_each_difference_and_the_warm_command(baked_layout, capsys):
+    """The cache holds the same model warmed another way: verify says how it differs, option by
+    option, and prints the warm that makes this one warm."""
+    argv = ["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max_num_seqs", "5", "--family", "fp8_bmm",
+            "--cache-dir", str(baked_layout.root)]  # fmt: skip
+    status, out = run(capsys, *argv)
+    assert status == 1
+    assert "serving: --max-num-seqs was 3 at warm, 5 here" in out
+    [families] = [line for line in out.splitlines() if line.strip().startswith("engine: families ")]
+    assert " at warm, fp8_bmm here (manifest " in families and "mla_decode" in families
+    assert out.rstrip().endswith(
+        f"to make it warm: kprecompile warm --model deepseek-v2-lite --target gfx942 --max-num-seqs 5 --family fp8_bmm "
+        f"--cache-dir {baked_layout.root}"
+    )

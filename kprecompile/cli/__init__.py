@@ -54,6 +54,14 @@ def cli(verbose: int) -> None:
         setting.read()
 
 
+# The arguments of the running command, as parsed (what `verify` turns into the warm to run).
+_INVOCATION: list[str] = []
+
+
+def invocation() -> list[str]:
+    return list(_INVOCATION)
+
+
 def vllm_spelling(argument: str) -> str:
     """`--max_num_seqs=8` -> `--max-num-seqs=8`: option names as `vllm serve` takes them, with
     underscores or dashes (values are left alone)."""
@@ -66,6 +74,7 @@ def vllm_spelling(argument: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, no traceback for a user mistake."""
     arguments = [vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)]
+    _INVOCATION[:] = arguments
     try:
         status = cli.main(args=arguments, prog_name="kprecompile", standalone_mode=False)
     except click.exceptions.Exit as exit_:

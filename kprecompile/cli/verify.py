@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 import click
 
 from .. import settings
@@ -48,4 +50,15 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
             for reason in verdict.reasons:
                 output.data(f"  {reason}")
     if not report.warm:
+        output.data(f"to make it warm: {warm_command()}")
         raise SystemExit(ExitStatus.FAILURE)
+
+
+def warm_command() -> str:
+    """This command line as the `kprecompile warm` that makes the configuration warm."""
+    from . import invocation
+
+    words = invocation()
+    if "verify" in words:
+        words = words[words.index("verify") + 1 :]
+    return shlex.join(["kprecompile", "warm", *(word for word in words if word not in ("--deep", "--json"))])
