@@ -257,3 +257,15 @@ def test_every_json_document_says_its_schema_version(capsys, tmp_path):
                  ["env"], ["cache", "dir", "--cache-dir", str(tmp_path)]):  # fmt: skip
         status, out, _ = run(capsys, *argv, "--json")
         assert status == 0 and json.loads(out)["schema_version"] == 1
+
+
+def test_a_cache_dir_that_cannot_be_written_is_one_line_up_front(capsys):
+    """Found out once before any work, not once per kernel (sysfs refuses new directories, even
+    to root)."""
+    status, out, err = run(capsys, "warm", "--model", "deepseek-r1", "--target", "gfx942", "--family", "fp8_bmm",
+                           "--cache-dir", "/sys/kprecompile-cache")  # fmt: skip
+    assert (status, out) == (2, "")
+    assert (
+        err == "kprecompile: --cache-dir: got '/sys/kprecompile-cache', expected a directory this user can write "
+        "(Operation not permitted)\n"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from ..errors import InputError
@@ -42,3 +43,15 @@ def _check_directory(path: Path, role: str, *, follow: bool) -> None:
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         mode = oct(stat.S_IMODE(status.st_mode))
         raise InputError(role, str(path), f"a directory only its owner can write, not mode {mode} (chmod go-w {path})")
+
+
+def check_writable(layout: CacheLayout, field: str = "--cache-dir") -> None:
+    """The writable root is a directory this user can write, made if missing: found out once,
+    up front (after the other inputs are checked), instead of once per kernel when the first
+    write fails."""
+    try:
+        layout.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=layout.root, prefix=".kprecompile-probe-"):
+            pass
+    except OSError as error:
+        raise InputError(field, str(layout.root), f"a directory this user can write ({error.strerror})") from None

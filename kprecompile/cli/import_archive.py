@@ -8,6 +8,7 @@ import click
 
 from .. import settings
 from ..bundling import import_bundle
+from ..cache.trust import check_writable
 from . import options
 from .output import Output, plural
 
@@ -19,7 +20,9 @@ from .output import Output, plural
 def command(archive, cache_dir, json_output) -> None:
     """Add a bundle archive to the cache after validating all of it; all or nothing."""
     output = Output(json_output)
-    report = import_bundle(archive, settings.cache_layout(cache_dir, layers=()))
+    layout = settings.cache_layout(cache_dir, layers=())
+    check_writable(layout)
+    report = import_bundle(archive, layout)
     output.document(asdict(report))
     output.data(
         f"{archive}: {plural(report.configurations, 'configuration')}; {plural(report.entries_added, 'kernel')} "

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import click
 
 from .. import settings
+from ..cache.trust import check_writable
 from ..warming import KernelFailure, warm
 from . import options
 from .output import ExitStatus, Output, plural
@@ -31,6 +32,7 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) 
     check_worker_options(max_workers, job_timeout_seconds)
     layout = settings.cache_layout(cache_dir)
     request = options.request(chosen, layout)
+    check_writable(layout)
     report = warm(
         request.model,
         request.serving,
