@@ -473,8 +473,11 @@ def untraceable() -> dict[str, object]:
 
 
 if __name__ == "__main__":
+    # block_fp8_linear first: it imports vLLM's model modules (some register operators at import)
+    # outside any family's per-target re-import of vLLM's attention ops (see the report).
+    linear = block_fp8_linear()
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
                 "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
-                "block_fp8_linear": block_fp8_linear(), "untraceable": untraceable()}  # fmt: skip
+                "block_fp8_linear": linear, "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))
