@@ -269,3 +269,14 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line_up_front(capsys):
         err == "kprecompile: --cache-dir: got '/sys/kprecompile-cache', expected a directory this user can write "
         "(Operation not permitted)\n"
     )
+
+
+def test_doctor_reports_each_part_and_what_works(capsys, tmp_path):
+    status, out, _ = run(capsys, "doctor", "--cache-dir", str(tmp_path), "--json")
+    document = json.loads(out)
+    checks = {check["name"]: check for check in document["checks"]}
+    assert status == 0 and document["ok"] is True
+    assert list(checks) == ["python", "torch", "triton", "amd-aiter", "gpu", "vllm", "cache"]
+    assert checks["triton"]["verdict"] == "ok" and checks["triton"]["value"] == "3.6.0"
+    assert checks["amd-aiter"]["verdict"] == "ok" and checks["gpu"]["value"] == "none visible"
+    assert checks["cache"]["value"] == str(tmp_path)
