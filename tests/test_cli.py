@@ -280,3 +280,13 @@ def test_doctor_reports_each_part_and_what_works(capsys, tmp_path):
     assert checks["triton"]["verdict"] == "ok" and checks["triton"]["value"] == "3.6.0"
     assert checks["amd-aiter"]["verdict"] == "ok" and checks["gpu"]["value"] == "none visible"
     assert checks["cache"]["value"] == str(tmp_path)
+
+
+def test_sizes_and_counts_read_as_people_write_them():
+    from kprecompile.wording import human_size, plural
+
+    assert [human_size(size) for size in (0, 940, 243_400, 159_012_345, 2_500_000_000)] == [
+        "0 B", "940 B", "243.4 kB", "159.0 MB", "2.5 GB"]  # fmt: skip
+    assert [plural(count, "configuration") for count in (1, 2, 1158)] == [
+        "1 configuration", "2 configurations", "1,158 configurations"]  # fmt: skip
+    assert plural(2, "kernel entry", "kernel entries") == "2 kernel entries"

@@ -6,7 +6,7 @@ import click
 
 from ..bundling import bake
 from . import options
-from .output import ExitStatus, Output, megabytes, plural
+from .output import ExitStatus, Output, human_size, plural
 from .warm import show_failures
 from .workers import check_worker_options, worker_options
 
@@ -29,11 +29,10 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, **chose
         output.data(f"bundle {report.out} not written: {plural(report.failed, 'kernel')} failed to compile")
         raise SystemExit(ExitStatus.FAILURE)
     for configuration in report.configurations:
-        output.data(
-            f"{configuration['target']}: {plural(configuration['kernels'], 'kernel')} "
-            f"(manifest {configuration['manifest']})"
-        )
-    size = f"{megabytes(report.bytes)} in {plural(report.files, 'file')}"
+        kernels = plural(configuration["kernels"], "kernel")
+        output.data(f"{configuration['model']['name']} on {configuration['target']}: {kernels} "
+                    f"(manifest {configuration['manifest']})")  # fmt: skip
+    size = f"{human_size(report.bytes)} in {plural(report.files, 'file')}"
     if report.archive_bytes is not None:
-        size += f"; {report.archive} {megabytes(report.archive_bytes)}"
+        size += f"; {report.archive} {human_size(report.archive_bytes)}"
     output.data(f"bundle {report.out}: {size}, in {report.seconds:.1f} s")

@@ -14,6 +14,7 @@ from ..cache.inventory import Configuration, configurations, directory_size
 from ..cache.pruning import DeletionPlan, execute, plan_prune, plan_rm
 from ..cache.usage import using
 from ..errors import InputError
+from ..wording import human_size
 from . import options
 from .output import Output, plural
 
@@ -195,13 +196,6 @@ def parse_size(text: str) -> int:
     if match is None:
         raise InputError("--max-size", text, "a size such as 10G, 500MB, 2GiB or a number of bytes")
     return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
-
-
-def human_size(size: int) -> str:
-    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
 
 
 def _engine_in_short(document: dict) -> str:

@@ -18,17 +18,13 @@ from typing import Any
 import click
 
 from ..progress import Progress, ProgressBar, ProgressLines
-from ..wording import plural
+from ..wording import human_size, plural
 
-__all__ = ["ExitStatus", "Output", "megabytes", "plural"]
+__all__ = ["ExitStatus", "Output", "human_size", "plural"]
 
 
 # The version of every --json document's schema: bumped when a field changes meaning or goes.
 SCHEMA_VERSION = 1
-
-
-def megabytes(size_bytes: int) -> str:
-    return f"{size_bytes / 1e6:.1f} MB" if size_bytes < 10e6 else f"{size_bytes / 1e6:.0f} MB"
 
 
 class Output:
