@@ -25,10 +25,16 @@ def test_the_runtime_requirements_accept_an_images_own_toolchain():
     requirements = _requirements()
     for name, version in IMAGE.items():
         assert requirements[name].specifier.contains(version, prereleases=True), (name, version)
-    # The exact versions live in the test extra only.
+    # The exact versions live in the test extra only, and the ranges admit them as pip reads a
+    # range (development releases only where the range names one).
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     pinned = [Requirement(text) for text in project["optional-dependencies"]["test"] if "==" in text]
     assert {requirement.name for requirement in pinned} == {"triton", "amd-aiter"}
+    from pip._vendor.packaging.requirements import Requirement as PipRequirement  # the rule pip applies
+
+    for pin in pinned:
+        [version] = [spec.version for spec in pin.specifier]
+        assert PipRequirement(str(requirements[pin.name])).specifier.contains(version), (pin.name, version)
 
 
 def _fake_installed(site: Path, name: str, version: str) -> None:
