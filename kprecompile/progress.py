@@ -23,9 +23,15 @@ class Progress(Protocol):
 
     def finish(self) -> None: ...
 
+    def status(self, label: str, text: str) -> None:
+        """What runs now where there is nothing to count yet (importing, tracing)."""
+
 
 class NoProgress:
     def start(self, label: str, total: int, done: int) -> None:
+        pass
+
+    def status(self, label: str, text: str) -> None:
         pass
 
     def advance(self, count: int = 1) -> None:
@@ -52,6 +58,11 @@ class ProgressBar:
         # Log records (warnings, -v details) are written above the bar, not into it.
         self._logging = logging_redirect_tqdm()
         self._logging.__enter__()
+
+    def status(self, label: str, text: str) -> None:
+        from tqdm import tqdm
+
+        tqdm.write(f"{label}: {text}", file=sys.stderr)
 
     def advance(self, count: int = 1) -> None:
         if self._bar is not None:
@@ -81,6 +92,10 @@ class ProgressLines:
         self._label, self._total, self._done, self._reported = label, total, done, done
         self._started = self._last = time.monotonic()
         self._line(f"{done:,} of {total:,} {self.unit} already in the cache" if done else f"{total:,} {self.unit}")
+
+    def status(self, label: str, text: str) -> None:
+        self._label = label
+        self._line(text)
 
     def advance(self, count: int = 1) -> None:
         if not self._total:

@@ -201,6 +201,8 @@ def _warm_locked(
                     # A cold cache: everything will compile, so start every worker now, while
                     # this process traces. Otherwise the plan decides how many are needed.
                     pool.start()
+            if progress is not None:
+                progress.status(f"{model.name} on {target.name}", "tracing the engine's calls")
             target_plan = plan(model, serving, [target], selection, shapes, layout)
             trace_seconds += target_plan.trace_seconds
             compile_started = time.perf_counter()

@@ -225,9 +225,11 @@ def test_unattended_warm_prints_plain_progress_lines_and_ctrl_c_exits_130(tmp_pa
     argv = [sys.executable, "-m", "kprecompile", "warm", "--model", "deepseek-r1", "--tp", "8", "--family", "fp8_bmm",
             "--target", "gfx942", "--cache-dir", str(tmp_path)]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    first, second = process.stderr.readline(), process.stderr.readline()
+    status, first, second = process.stderr.readline(), process.stderr.readline(), process.stderr.readline()
     process.send_signal(signal.SIGINT)
     _, rest = process.communicate(timeout=300)
+    # Alive during the silent seconds too: what runs before there is anything to count.
+    assert status == "kprecompile: deepseek-r1 on gfx942: tracing the engine's calls\n"
     assert first == "kprecompile: deepseek-r1 on gfx942: 134 kernels\n"
     assert second.startswith("kprecompile: deepseek-r1 on gfx942: ") and "/134 kernels (" in second
     assert process.returncode == 130 and rest.strip().endswith("kprecompile: interrupted")
@@ -290,3 +292,9 @@ def test_sizes_and_counts_read_as_people_write_them():
     assert [plural(count, "configuration") for count in (1, 2, 1158)] == [
         "1 configuration", "2 configurations", "1,158 configurations"]  # fmt: skip
     assert plural(2, "kernel entry", "kernel entries") == "2 kernel entries"
+
+
+def test_help_names_the_environment_variable_of_each_option_that_has_one(capsys):
+    status, out, _ = run(capsys, "warm", "--help")
+    text = " ".join(out.split())
+    assert status == 0 and "[env: KPRECOMPILE_CACHE_DIR;" in text and "[env: VLLM_ATTENTION_BACKEND;" in text

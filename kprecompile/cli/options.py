@@ -91,7 +91,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                      help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
                      "[default: all the engine runs]."),
         click.option("--attention-backend", default=None,
-                     help="The engine's attention backend [default: VLLM_ATTENTION_BACKEND, else chosen from the "
+                     help="The engine's attention backend [env: VLLM_ATTENTION_BACKEND; default: chosen from the "
                      "flags]."),
         json_option,
     ])  # fmt: skip
@@ -139,7 +139,7 @@ cache_dir_option = click.option(
     type=click.Path(file_okay=False),
     default=None,
     callback=_cache_dir,
-    help="Cache root [default: $KPRECOMPILE_CACHE_DIR or the user cache directory].",
+    help="Cache root [env: KPRECOMPILE_CACHE_DIR; default: the user cache directory].",
 )
 
 
