@@ -1,7 +1,7 @@
 """What a cache holds, configuration by configuration, read from its manifests (no torch, no
 Triton): the model as the user named it, the serving parameters, the engine's selection, the
 target and toolchain, the kernels, their size on disk, when the configuration was last served,
-and whether every kernel is there."""
+and whether every kernel is there (`verify`'s quick check)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .entries import entry_problem
 from .layout import Bucket, CacheLayout, triton_entry_name
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 
@@ -77,7 +78,8 @@ def configurations(layout: CacheLayout) -> list[Configuration]:
                 continue  # `verify` names a bad manifest; `prune` removes it
             entries = {triton_entry_name(job_key): sum(int(file["size"]) for file in files.values())
                        for job_key, files in manifest.artifacts.items()}  # fmt: skip
-            complete = all(_entry_complete(layout, job_key, files) for job_key, files in manifest.artifacts.items())
+            complete = not any(entry_problem(layout, job_key, files, deep=False)
+                               for job_key, files in manifest.artifacts.items())  # fmt: skip
             found.append(Configuration(manifest.key, path, root == layout.root, manifest, entries, info.st_mtime,
                                        complete))  # fmt: skip
     return found
@@ -89,18 +91,6 @@ def _manifest_files(directory: Path) -> list[Path]:
             return sorted(Path(item.path) for item in items if item.name.endswith(".json") and item.is_file())
     except OSError:
         return []
-
-
-def _entry_complete(layout: CacheLayout, job_key: str, recorded: dict[str, dict[str, Any]]) -> bool:
-    """The entry's recorded files are in some root with their recorded sizes (verify's quick
-    check)."""
-    for entry in layout.triton_entries(job_key):
-        try:
-            if recorded and all(os.lstat(entry / name).st_size == file["size"] for name, file in recorded.items()):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def directory_size(path: Path) -> int:

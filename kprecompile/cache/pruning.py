@@ -19,7 +19,6 @@ are not kernels of any configuration and are left alone.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from typing import Literal
 
 from .inventory import Configuration, configurations, directory_size
 from .layout import GROUP_PREFIX, Bucket, CacheLayout
-from .staging import STAGING_PREFIX
+from .staging import dead_staging, is_held
 from .usage import USAGE_LOCK
 
 # A kernel entry written this recently may belong to a serving process compiling a miss.
@@ -190,7 +189,7 @@ def _free_locks(layout: CacheLayout) -> list[Removal]:
                 continue
             if item.name.startswith("import-"):
                 continue  # an import's ownership lock: `_dead_staging` decides
-            if _held(item.path):
+            if is_held(item.path):
                 continue
             removals.append(Removal("lock", item.path, 0, "held by no process"))
     return removals
@@ -198,17 +197,12 @@ def _free_locks(layout: CacheLayout) -> list[Removal]:
 
 def _dead_staging(layout: CacheLayout) -> list[Removal]:
     removals = []
-    with contextlib.suppress(OSError), os.scandir(layout.root) as items:
-        for item in items:
-            if not item.name.startswith(STAGING_PREFIX) or not item.is_dir(follow_symlinks=False):
-                continue
-            owner = layout.locks_dir / f"import-{item.name.removeprefix(STAGING_PREFIX)}.lock"
-            if owner.exists() and _held(str(owner)):
-                continue
-            removals.append(Removal("staging", item.path, directory_size(Path(item.path)),
-                                    "left by an import that did not finish"))  # fmt: skip
-            if owner.exists():
-                removals.append(Removal("lock", str(owner), 0, "held by no process"))
+    for staging, lock in dead_staging(layout):
+        removals.append(
+            Removal("staging", str(staging), directory_size(staging), "left by an import that did not finish")
+        )
+        if lock.exists():
+            removals.append(Removal("lock", str(lock), 0, "held by no process"))
     return removals
 
 
@@ -228,20 +222,6 @@ def _evictions(
         freed = sum(size_ for name, size_ in configuration.entries.items() if name not in still_used)
         size -= freed + (configuration.path.stat().st_size if configuration.path.exists() else 0)
     return evicted
-
-
-def _held(path: str) -> bool:
-    try:
-        descriptor = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(descriptor)
-    return False
 
 
 __all__ = ["DeletionPlan", "Removal", "execute", "plan_prune", "plan_rm"]

@@ -15,7 +15,6 @@ only).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import stat
@@ -23,6 +22,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from .files import sha256_file
 from .layout import triton_entry_name
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 
@@ -75,7 +75,7 @@ class ServedFiles:
                 return f"{name} is not a regular file"
             if not any(record[name][0] == info.st_size for record in candidates):
                 return f"{name} has {info.st_size} bytes, not the {candidates[0][name][0]} recorded"
-            digests[name] = _sha256(path)
+            digests[name] = sha256_file(path)
         if any(all(record[name][1] == digests[name] for name in names) for record in candidates):
             return None
         return "its files' checksums are not the ones recorded"
@@ -104,11 +104,6 @@ class ServedFiles:
                 except (OSError, ValueError):
                     continue  # `verify` and `warm` report a bad manifest; here it just serves nothing
         return self._records.get(entry_name, [])
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
 
 
 # One per process: what the process's Triton cache managers serve.

@@ -51,37 +51,46 @@ def staging_directory(layout: CacheLayout) -> Iterator[Path]:
         os.close(descriptor)
 
 
-def remove_stale_staging(layout: CacheLayout) -> int:
-    """Remove the staging directories of the writable root whose owner is gone; how many."""
-    removed = 0
+def is_held(lock: str | os.PathLike[str]) -> bool:
+    """Whether a process holds the OS lock on this file now (a missing file is not held)."""
+    try:
+        descriptor = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(descriptor)
+    return False
+
+
+def dead_staging(layout: CacheLayout) -> list[tuple[Path, Path]]:
+    """(staging directory, its owner's lock file) of each import in the writable root whose owner
+    is gone: its lock free, or never taken (an older kprecompile)."""
     try:
         with os.scandir(layout.root) as items:
             candidates = [item for item in items if item.name.startswith(STAGING_PREFIX)]
     except OSError:
-        return 0
+        return []
+    dead = []
     for item in candidates:
         with contextlib.suppress(OSError):
             if not stat.S_ISDIR(item.stat(follow_symlinks=False).st_mode):
                 continue
         lock = _owner_lock(layout, item.name.removeprefix(STAGING_PREFIX))
-        try:
-            descriptor = os.open(lock, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            descriptor = None  # its owner never locked (an older kprecompile) or already left
-        except OSError:
-            continue
-        try:
-            if descriptor is not None:
-                try:
-                    fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    continue  # a running import
-            logger.warning("removing %s, left by an import that did not finish", item.path)
-            shutil.rmtree(item.path, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                os.unlink(lock)
-            removed += 1
-        finally:
-            if descriptor is not None:
-                os.close(descriptor)
-    return removed
+        if not is_held(lock):
+            dead.append((Path(item.path), lock))
+    return dead
+
+
+def remove_stale_staging(layout: CacheLayout) -> int:
+    """Remove the staging directories of the writable root whose owner is gone; how many."""
+    dead = dead_staging(layout)
+    for staging, lock in dead:
+        logger.warning("removing %s, left by an import that did not finish", staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+    return len(dead)
