@@ -26,6 +26,10 @@ from ..targets import Target
 from ._paged_kv import PagedAttentionShape, block_count
 from .family import FamilyName, KernelFamily
 
+# vLLM's attention kernels (moved under v1/ in later releases): imported anew per traced target
+# with the backend that calls them, since they read the platform at import.
+VLLM_ATTENTION_OPS = ("vllm.attention.ops", "vllm.v1.attention.ops")
+
 
 @dataclass(frozen=True)
 class VllmBackend:
@@ -207,7 +211,7 @@ def vllm_backend_family(
         # The backend and its kernels, which read the platform at import (not `vllm._custom_ops`,
         # see `prebuilt_ops_skipped`, nor `vllm._aiter_ops`, which registers torch operators at
         # import: its switches are read again for each step).
-        traced_modules=(backend.module, "vllm.attention.ops", "vllm.v1.attention.ops"),
+        traced_modules=(backend.module, *VLLM_ATTENTION_OPS),
         enumerate_shapes=enumerate_shapes,
         describe_shapes=describe_shapes,
         describe_call=describe_call,

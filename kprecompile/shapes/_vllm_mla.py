@@ -44,7 +44,7 @@ def build_impl(module_name: str, backend_class: str, heads: int, config_json: st
         )  # fmt: skip
 
 
-def context_chunk_limit(impl: Any, serving: ServingParams) -> int:
+def _context_chunk_limit(impl: Any, serving: ServingParams) -> int:
     """The fewest context tokens one chunk holds: vLLM's builder splits the prefill workspace
     evenly over the prefills with context (at most one per sequence), rounded down to blocks."""
     prefills = min(serving.max_num_seqs, serving.max_num_batched_tokens)
@@ -52,11 +52,15 @@ def context_chunk_limit(impl: Any, serving: ServingParams) -> int:
     return max(per_prefill // serving.block_size * serving.block_size, serving.block_size)
 
 
-def prefill_with_context(impl: Any, *, tokens: int, prefills: int, context_chunks: int, chunk_tokens: int,
-                         block_size: int, max_blocks_per_seq: int, dtype: str) -> None:  # fmt: skip
+def prefill_with_context(impl: Any, serving: ServingParams, *, tokens: int, prefills: int, context_chunks: int,
+                         longest_context: int, max_blocks_per_seq: int, dtype: str) -> None:  # fmt: skip
     """One prefill step whose sequences have cached context, through the impl's real
     `_forward_prefill`: new tokens' attention, the context in `context_chunks` chunks (merged
-    chunk by chunk), and the final merge, with the metadata vLLM's builder makes for it."""
+    chunk by chunk), and the final merge, with the metadata vLLM's builder makes for it. Nothing
+    where the engine never makes several chunks (its workspace holds every context it can have)."""
+    chunk_tokens = min(_context_chunk_limit(impl, serving), longest_context)
+    if context_chunks > 1 and longest_context <= chunk_tokens:
+        return
     import torch
 
     common = import_library_module(COMMON_MODULE)
@@ -95,7 +99,7 @@ def prefill_with_context(impl: Any, *, tokens: int, prefills: int, context_chunk
         "q": torch.empty((tokens, heads, impl.qk_nope_head_dim + rope), dtype=torch_dtype, device=meta),
         "kv_c_normed": torch.empty((tokens, latent), dtype=torch_dtype, device=meta),
         "k_pe": torch.empty((tokens, 1, rope), dtype=torch_dtype, device=meta),
-        "kv_c_and_k_pe_cache": torch.empty((blocks, block_size, head_size), dtype=torch_dtype, device=meta),
+        "kv_c_and_k_pe_cache": torch.empty((blocks, serving.block_size, head_size), dtype=torch_dtype, device=meta),
         "attn_metadata": metadata,
         "k_scale": torch.empty((), dtype=torch.float32, device=meta),
     }

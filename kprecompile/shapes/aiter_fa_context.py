@@ -25,7 +25,7 @@ from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
-from ._vllm_backend import aiter_attention_prebuilt, unpinned_host_memory, vllm_record
+from ._vllm_backend import VLLM_ATTENTION_OPS, aiter_attention_prebuilt, unpinned_host_memory, vllm_record
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
@@ -201,7 +201,7 @@ FAMILY = KernelFamily(
     name="aiter_fa_context",
     description="vLLM's cp_mha_gather_cache and merge_attn_states around ROCM_AITER_FA's prefill with cached context",
     library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_extends,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

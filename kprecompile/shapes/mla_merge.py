@@ -21,7 +21,8 @@ from ..libraries import VLLM_DISTRIBUTION
 from ..models import ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
-from ._vllm_mla import build_impl, context_chunk_limit, prefill_with_context
+from ._vllm_backend import VLLM_ATTENTION_OPS
+from ._vllm_mla import build_impl, prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
@@ -32,7 +33,6 @@ BACKEND_CLASS = "AiterMLABackend"
 class MlaMergeShape:
     heads: int
     v_head_dim: int
-    block_size: int
     max_blocks_per_seq: int
     prefills: int
     tokens: int
@@ -57,7 +57,6 @@ def enumerate_mla_merge(model: ModelConfig, serving: ServingParams) -> tuple[Mla
         MlaMergeShape(
             heads=serving.heads_per_rank(model),
             v_head_dim=model.mla.v_head_dim,
-            block_size=serving.block_size,
             max_blocks_per_seq=-(-model_len // serving.block_size),
             prefills=prefills,
             tokens=max(prefills, min(serving.max_num_batched_tokens, 512)),
@@ -91,11 +90,9 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
 
 def launch(shape: MlaMergeShape, target: Target) -> None:
     impl = build_impl(BACKEND_MODULE, BACKEND_CLASS, shape.heads, shape.config_json, shape.serving, target)
-    chunk = min(context_chunk_limit(impl, shape.serving), shape.longest_context)
-    if shape.context_chunks > 1 and shape.longest_context <= chunk:
-        return  # the workspace holds every context the engine can have: one chunk only
-    prefill_with_context(impl, tokens=shape.tokens, prefills=shape.prefills, context_chunks=shape.context_chunks,
-                         chunk_tokens=chunk, block_size=shape.block_size, max_blocks_per_seq=shape.max_blocks_per_seq,
+    prefill_with_context(impl, shape.serving, tokens=shape.tokens, prefills=shape.prefills,
+                         context_chunks=shape.context_chunks, longest_context=shape.longest_context,
+                         max_blocks_per_seq=shape.max_blocks_per_seq,
                          dtype=shape.dtype)  # fmt: skip
 
 
@@ -103,7 +100,7 @@ FAMILY = KernelFamily(
     name="mla_merge",
     description="vLLM's merge_attn_states around AITER's MLA prefill on steps with cached context",
     library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_mla_merge,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

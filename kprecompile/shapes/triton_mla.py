@@ -30,8 +30,8 @@ from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
-from ._vllm_backend import vllm_record
-from ._vllm_mla import COMMON_MODULE, build_impl, context_chunk_limit, prefill_with_context
+from ._vllm_backend import VLLM_ATTENTION_OPS, vllm_record
+from ._vllm_mla import COMMON_MODULE, build_impl, prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -147,12 +147,10 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
             _decode_step_0_19(impl, shape, target)
         return
     if shape.context_chunks:
-        chunk = min(context_chunk_limit(impl, shape.serving), shape.max_seq_len - 1)
-        if shape.context_chunks > 1 and shape.max_seq_len - 1 <= chunk:
-            return  # the workspace holds every context the engine can have: one chunk only
-        prefill_with_context(impl, tokens=shape.batch, prefills=min(shape.batch, 2),
-                             context_chunks=shape.context_chunks, chunk_tokens=chunk, block_size=shape.block_size,
-                             max_blocks_per_seq=shape.max_blocks_per_seq, dtype=shape.dtype)  # fmt: skip
+        prefill_with_context(impl, shape.serving, tokens=shape.batch, prefills=min(shape.batch, 2),
+                             context_chunks=shape.context_chunks, longest_context=shape.max_seq_len - 1,
+                             max_blocks_per_seq=shape.max_blocks_per_seq,
+                             dtype=shape.dtype)  # fmt: skip
         return
     _decode_step(impl, shape)
 
@@ -208,7 +206,7 @@ FAMILY = KernelFamily(
     name="triton_mla",
     description="vLLM's TRITON_MLA: its Triton decode attention (grouped stage 1, stage-2 reduce) and prefill merge",
     library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND_MODULE, "vllm.attention.ops", "vllm.v1.attention.ops"),
+    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_triton_mla,
     describe_shapes=describe_shapes,
     describe_call=describe_call,
