@@ -20,7 +20,7 @@ from .environment import DEFAULT_ENGINE, engine_environment
 from .errors import TracingError
 from .libraries import VLLM_DISTRIBUTION
 from .models import ModelConfig
-from .releases import TESTED_RELEASES
+from .releases import DEFAULT_RELEASE, TESTED_RELEASES
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
 from .targets import Target
@@ -62,6 +62,9 @@ class Plan:
     # Tracing alone, and the library imports and toolchain key before it.
     trace_seconds: float
     import_seconds: float = 0.0
+    # The serving parameters as the engine resolves them for this model (`dtype` "auto" and an
+    # unset `max_model_len` replaced by their values): what the cache keys and the JSON shows.
+    resolved_serving: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def kernels(self) -> int:
@@ -71,7 +74,7 @@ class Plan:
         """The JSON document of `kprecompile plan --json`."""
         return {
             "model": self.model,
-            "serving": self.serving.as_dict(),
+            "serving": {**self.resolved_serving, "enforce_eager": self.serving.enforce_eager},
             "engine": self.selection.as_dict(),
             "targets": list(self.targets),
             "families": [family.as_dict() for family in self.families],
@@ -187,4 +190,5 @@ def plan(
         jobs=tuple(jobs.values()),
         trace_seconds=time.perf_counter() - started,
         import_seconds=import_seconds,
+        resolved_serving=serving.resolved(model, selection.vllm_release or DEFAULT_RELEASE),
     )

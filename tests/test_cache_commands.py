@@ -94,6 +94,14 @@ def test_rm_removes_a_configuration_and_only_the_kernels_no_other_one_uses(capsy
     assert set(os.listdir(layout.triton_dir)) == entries - removed
 
 
+def test_rm_by_target_takes_product_names_in_any_case(capsys, cache):
+    everything = run_json(capsys, "cache", "rm", "--all", "--dry-run", "--cache-dir", str(cache))
+    by_product = run_json(capsys, "cache", "rm", "--target", "MI300X", "--dry-run", "--cache-dir", str(cache))
+    assert by_product["removals"] == everything["removals"] and everything["removals"]
+    status, _, err = run(capsys, "cache", "rm", "--target", "mi355x", "--dry-run", "--cache-dir", str(cache))
+    assert status == 2 and "configurations of the writable cache" in err
+
+
 def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can(capsys, cache):
     layout = CacheLayout.of(cache)
     [current] = [c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]

@@ -32,6 +32,9 @@ def test_plan_json_schema(capsys):
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_MLA"
     assert document["serving"]["max_num_seqs"] == 1024 and document["serving"]["block_size"] == 16
+    # The values the engine resolves, not "auto" and null: R1's config length and dtype.
+    assert (document["serving"]["max_model_len"], document["serving"]["dtype"]) == (163840, "bfloat16")
+    assert document["serving"]["cudagraph_capture_sizes"][:3] == [1, 2, 4]
     families = {family["family"]: family for family in document["families"]}
     assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     # vLLM's merge around the prefill is traced from an installed vLLM (tests/test_vllm.py).

@@ -14,6 +14,7 @@ from ..cache.inventory import Configuration, configurations, directory_size
 from ..cache.pruning import DeletionPlan, execute, plan_prune, plan_rm
 from ..cache.usage import using
 from ..errors import InputError
+from ..targets import resolve_target
 from ..wording import human_size
 from . import options
 from .output import Output, plural
@@ -93,6 +94,8 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
         raise InputError("cache rm", "nothing", "a MANIFEST key, --model, --target or --all")
     output = Output(json_output)
     layout = settings.cache_layout(cache_dir)
+    # Product names and any case, as everywhere else (mi300x is gfx942).
+    targets = {resolve_target(name).name for name in target_names}
 
     def chosen(configuration: Configuration) -> bool:
         return configuration.writable and (
@@ -100,7 +103,7 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
             or (
                 (not manifests or any(configuration.key.startswith(prefix) for prefix in manifests))
                 and (not model_names or configuration.model_name.lower() in {m.lower() for m in model_names})
-                and (not target_names or configuration.target in target_names)
+                and (not targets or configuration.target in targets)
             )
         )
 
