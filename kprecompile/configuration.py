@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
+from .cache.keys import hash_named_dict
 from .cache.layout import MANIFEST_SCHEMA, CacheLayout
 from .cache.manifest import Manifest, locate_manifest, manifest_key, read_manifest
 from .engines import Selection
@@ -27,6 +28,10 @@ from .toolchain import Toolchain, current_toolchain
 
 # The parts that must be equal for another manifest to be "this configuration, elsewhere".
 SAME_CONFIGURATION = ("schema", "model_digest", "serving", "target")
+# A journal is shared by every toolchain and kprecompile version serving a configuration: what
+# one recorded, a builder with another Triton build or release still sees (and says it cannot
+# replay when the toolchain differs).
+_NOT_IN_JOURNAL_KEY = ("schema", "kprecompile", "toolchain")
 
 
 def configuration_parts(
@@ -57,6 +62,16 @@ def configuration_parts(
     }
 
 
+def journal_key(parts: dict[str, Any]) -> str:
+    """The key of the journal of the configuration with manifest `parts` (see cache/journal.py)."""
+    return hash_named_dict({name: value for name, value in parts.items() if name not in _NOT_IN_JOURNAL_KEY})
+
+
+def toolchain_digest(parts: dict[str, Any]) -> str:
+    """One hash for the toolchain part: a record is replayed only under the toolchain that made it."""
+    return hash_named_dict(parts["toolchain"])
+
+
 @dataclass(frozen=True)
 class ManifestLookup:
     """A configuration's manifest key and parts, and its manifest when the cache has one."""
@@ -66,6 +81,14 @@ class ManifestLookup:
     manifest: Manifest | None
     # Where the manifest was found, or where the writable cache keeps it once written.
     path: Path
+
+    @property
+    def journal_key(self) -> str:
+        return journal_key(self.parts)
+
+    @property
+    def toolchain_digest(self) -> str:
+        return toolchain_digest(self.parts)
 
 
 def find_manifest(

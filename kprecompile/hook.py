@@ -4,7 +4,8 @@
 warm, warms what is missing (ranks on one host share the work through the cache's file locks,
 each starting at its own share of the kernels, each with its share of the CPUs, only rank 0
 showing progress), loads every planned kernel into the process (with launchers on the GPU),
-and starts the JIT monitor.
+and starts the JIT monitor, which records what still compiles in the configuration's journal
+for the next warm.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .models import ModelConfig
 from .monitor import JitMonitor
 from .pool import default_worker_count
 from .progress import ProgressBar, ProgressLines
-from .runtime import PreloadReport, activate, preload
+from .runtime import PreloadReport, activate, journal_sink, preload
 from .serving import ServingParams
 from .targets import Target, detect_local_target
 from .verification import verify
@@ -95,6 +96,7 @@ def prepare(
     if monitor:
         _MONITOR = _MONITOR or JitMonitor()
         _MONITOR.install()
+        _MONITOR.record_to(journal_sink(model, serving, layout, target, selection))
     return PrepareReport(rank, target.name, was_warm, warm_report, preload_report, time.perf_counter() - started)
 
 

@@ -3,19 +3,34 @@
 Counts compiles through Triton's compilation listener (`cache_hit` false), naming each kernel
 and specialization, and follows `KPRECOMPILE_STRICT`: `off` counts only, `warn` (default) logs
 each, `error` raises in the launching call. At exit it prints one summary line.
+
+Given the configuration it serves (`record_to`), it also records each compile in that
+configuration's journal (`cache/journal.py`) with what compiling it again needs: Triton's
+specialization data, which its `jit_post_compile_hook` hands over right after a JITFunction
+launch compiled (the listener alone does not have it). Both hooks run only when something
+compiles, never on a launch that finds its kernel, so recording costs the request path nothing.
+Kernels compiled outside a JITFunction launch (Inductor's, through `triton.compile`) are
+recorded by name only: they cannot be compiled again by name.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
+import socket
 import sys
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import settings
+from .cache import journal
 from .errors import InputError, UnplannedCompileError
 from .wording import plural
+
+if TYPE_CHECKING:
+    from .cache.layout import CacheLayout
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +42,51 @@ class JitCompile:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Sighting:
+    """A kernel this process compiled, before it is known which configuration it serves."""
+
+    triton_key: str
+    kernel: str
+    seconds: float
+    seen: float
+    source_hash: str | None = None
+    specialization: str | None = None
+
+
+@dataclass(frozen=True)
+class JournalSink:
+    """Where a serving process records its compiles: its configuration's journal."""
+
+    layout: CacheLayout
+    key: str
+    target: str
+    toolchain: str
+    # The manifest key of the configuration served (its manifest may not exist yet).
+    manifest: str | None
+    model: str
+
+    def record(self, sighting: Sighting) -> journal.Record:
+        return journal.Record(
+            triton_key=sighting.triton_key,
+            kernel=sighting.kernel,
+            target=self.target,
+            toolchain=self.toolchain,
+            source_hash=sighting.source_hash,
+            specialization=sighting.specialization,
+            manifest=self.manifest,
+            model=self.model,
+            first_seen=sighting.seen,
+            last_seen=sighting.seen,
+            count=1,
+            seconds=sighting.seconds,
+            host=_HOST,
+        )
+
+
+_HOST = socket.gethostname()[:255]
+
+
 class JitMonitor:
     """Watches for kernels compiled in this process after it was prepared."""
 
@@ -36,7 +96,13 @@ class JitMonitor:
             raise InputError(settings.STRICT.name, self.mode, settings.STRICT.expected)
         self.compiles: list[JitCompile] = []
         self.cache_hits = 0
-        self._previous = None
+        self.sink: JournalSink | None = None
+        # Compiles inside a JITFunction launch, waiting for their specialization data (by Triton
+        # key); sightings waiting for `record_to`; kernels recorded with their specialization.
+        self._pending: dict[str, tuple[JitCompile, Sighting]] = {}
+        self._unsent: list[Sighting] = []
+        self._recorded: set[str] = set()
+        self._previous = self._previous_post_compile = None
         self._installed = False
 
     def install(self) -> JitMonitor:
@@ -45,8 +111,10 @@ class JitMonitor:
 
         if not self._installed:
             self._previous = knobs.compilation.listener
+            self._previous_post_compile = knobs.runtime.jit_post_compile_hook
             knobs.compilation.listener = self._listen
-            atexit.register(self._print_summary)
+            knobs.runtime.jit_post_compile_hook = self._post_compile
+            atexit.register(self._at_exit)
             self._installed = True
         return self
 
@@ -55,8 +123,15 @@ class JitMonitor:
 
         if self._installed:
             knobs.compilation.listener = self._previous
-            atexit.unregister(self._print_summary)
+            knobs.runtime.jit_post_compile_hook = self._previous_post_compile
+            atexit.unregister(self._at_exit)
             self._installed = False
+
+    def record_to(self, sink: JournalSink) -> None:
+        """Record every compile in `sink`'s journal, those seen so far included."""
+        self.sink = sink
+        unsent, self._unsent = self._unsent, []
+        self._write([sink.record(sighting) for sighting in unsent])
 
     def _listen(self, *, src, metadata, metadata_group, times, cache_hit):
         if self._previous is not None:
@@ -66,10 +141,64 @@ class JitMonitor:
             return
         event = JitCompile(_kernel_name(src, metadata), _specialization(src), _seconds(times))
         self.compiles.append(event)
+        sighting = Sighting(str(metadata.get("hash", "")), event.kernel, event.seconds, time.time())
+        if _inside_jit_launch():
+            # The post-compile hook follows in this thread, with the specialization data.
+            self._pending[sighting.triton_key] = (event, sighting)
+            return
+        self._record(sighting)
+        self._report(event)
+
+    def _post_compile(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+        if self._previous_post_compile is not None:
+            self._previous_post_compile(
+                key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
+                already_compiled=already_compiled,
+            )  # fmt: skip
+        if not self._pending:
+            return
+        jit_function = fn.jit_function
+        kernel = jit_function.device_caches[compile["device"]][0].get(key)
+        waiting = self._pending.pop(getattr(kernel, "hash", None), None)
+        if waiting is None:
+            return
+        event, sighting = waiting
+        self._record(dataclasses.replace(sighting, source_hash=jit_function.cache_key,
+                                         specialization=compile["specialization_data"]))  # fmt: skip
+        self._report(event)
+
+    def _report(self, event: JitCompile) -> None:
         if self.mode == "warn":
             logger.warning("JIT compile while serving: %s [%s]", event.kernel, event.specialization)
         elif self.mode == "error":
             raise UnplannedCompileError(event.kernel, event.specialization, settings.STRICT.name)
+
+    def _record(self, sighting: Sighting) -> None:
+        if sighting.triton_key in self._recorded or not journal.HEX64.fullmatch(sighting.triton_key):
+            return
+        if sighting.specialization is not None:
+            self._recorded.add(sighting.triton_key)
+        if self.sink is None:
+            if len(self._unsent) < journal.MAX_RECORDS:
+                self._unsent.append(sighting)
+            return
+        self._write([self.sink.record(sighting)])
+
+    def _write(self, records: list[journal.Record]) -> None:
+        if not records or self.sink is None:
+            return
+        try:
+            journal.append(self.sink.layout, self.sink.key, records)
+        except Exception as error:  # recording never stops a server
+            logger.warning("kprecompile: %s not recorded in the journal (%s: %s)",
+                           plural(len(records), "compile"), type(error).__name__, error)  # fmt: skip
+
+    def _at_exit(self) -> None:
+        # A compile whose launch never reached the post-compile hook is still worth a name.
+        pending, self._pending = self._pending, {}
+        for _, sighting in pending.values():
+            self._record(sighting)
+        self._print_summary()
 
     def summary(self) -> str:
         compiled = plural(len(self.compiles), "kernel")
@@ -100,6 +229,22 @@ def _specialization(src: Any) -> str:
         name = names[index] if isinstance(index, int) and index < len(names) else str(path)
         parts.append(f"{name}={value}")
     return ", ".join(parts)
+
+
+def _inside_jit_launch() -> bool:
+    """Whether this compile runs inside `JITFunction._do_compile` (a launch, a warmup, a preload),
+    which calls the post-compile hook next."""
+    from triton.runtime.jit import JITFunction
+
+    code = JITFunction._do_compile.__code__
+    frame = sys._getframe(1)
+    for _ in range(16):
+        if frame is None:
+            return False
+        if frame.f_code is code:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _seconds(times: Any) -> float:

@@ -28,6 +28,7 @@ from .configuration import find_manifest
 from .engines import Selection, select
 from .errors import InputError, NotWarmError
 from .models import ModelConfig
+from .monitor import JournalSink
 from .serving import ServingParams
 from .targets import Target
 
@@ -61,6 +62,15 @@ def activate(
     else:
         os.environ["AITER_JIT_DIR"] = aiter_dir
     return layout
+
+
+def journal_sink(
+    model: ModelConfig, serving: ServingParams, layout: CacheLayout, target: Target, selection: Selection
+) -> JournalSink:
+    """Where this process records what it compiles while serving this configuration (pass it to
+    `JitMonitor.record_to`): the configuration's journal, which the next warm compiles."""
+    lookup = find_manifest(model, serving, selection, target, layout, remember=False)
+    return JournalSink(layout, lookup.journal_key, target.name, lookup.toolchain_digest, lookup.key, model.name)
 
 
 @dataclass(frozen=True)

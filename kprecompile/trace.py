@@ -55,34 +55,65 @@ def trace_calls(
     `triton_key` is Triton's `triton_key()` when the caller has it remembered.
     """
     started = time.perf_counter()
-    captured: dict[str, tuple[object, str]] = {}
-    backend_options = _OptionsParser(target)
-
-    def record(*, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
-        data = compile["specialization_data"]
-        if data not in captured:
-            jit_function = fn.jit_function
-            captured[data] = (jit_function, _cache_key(jit_function, compile, data, backend_options, triton_key))
-        return True
-
     count = 0
-    from triton import knobs
-
-    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
-        knobs.runtime.jit_cache_hook = record
+    with capturing(target, fresh_modules, triton_key) as capture:
         for label, call in calls:
             try:
                 call()
             except Exception as error:
                 raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
             count += 1
-
-    jobs: dict[str, CompileJob] = {}
-    for data, (jit_function, key) in captured.items():
-        jobs.setdefault(key, CompileJob(family, target.name, _import_path(jit_function), key, data))
+    jobs = capture.jobs(family)
     seconds = time.perf_counter() - started
     logger.info("traced %s on %s: %d calls, %d kernels in %.2f s", family, target.name, count, len(jobs), seconds)
-    return TraceResult(family, target.name, count, tuple(jobs.values()), seconds)
+    return TraceResult(family, target.name, count, jobs, seconds)
+
+
+class Capture:
+    """The specializations launches under `capturing` would compile, each with its cache key."""
+
+    def __init__(self, target: Target, triton_key: str | None):
+        self.target = target
+        self.triton_key = triton_key
+        self.options = _OptionsParser(target)
+        # Specialization data -> (JITFunction, Triton cache key), in the order first seen.
+        self.captured: dict[str, tuple[Any, str]] = {}
+        self.last: tuple[str, str] | None = None
+
+    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+        data = compile["specialization_data"]
+        if data not in self.captured:
+            jit_function = fn.jit_function
+            self.captured[data] = (jit_function, _cache_key(jit_function, compile, data, self.options, self.triton_key))
+        self.last = (data, self.captured[data][1])
+        return True  # nothing compiles, nothing launches
+
+    def specialization(self, kernel: Any, specialization_data: str) -> tuple[str, str]:
+        """Replay `specialization_data` (`JITFunction.preload`'s input) through the hook: Triton's
+        own re-serialized data for it and its cache key under this process's toolchain."""
+        self.last = None
+        kernel.preload(specialization_data)
+        if self.last is None:
+            raise TracingError("recorded", kernel.fn.__qualname__, "preloading it did not reach Triton's compile hook")
+        return self.last
+
+    def jobs(self, family: str) -> tuple[CompileJob, ...]:
+        jobs: dict[str, CompileJob] = {}
+        for data, (jit_function, key) in self.captured.items():
+            jobs.setdefault(key, CompileJob(family, self.target.name, _import_path(jit_function), key, data))
+        return tuple(jobs.values())
+
+
+@contextlib.contextmanager
+def capturing(target: Target, fresh_modules: tuple[str, ...] = (), triton_key: str | None = None) -> Iterator[Capture]:
+    """Inside the block, launches of Triton kernels under `target` are captured, not compiled
+    (see `trace_calls`)."""
+    from triton import knobs
+
+    capture = Capture(target, triton_key)
+    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
+        knobs.runtime.jit_cache_hook = capture.hook
+        yield capture
 
 
 def _import_path(jit_function: Any) -> str:

@@ -1,10 +1,11 @@
 """`warm`: plan, compile what is missing, and record the configuration as warm.
 
 Per target, the manifest key is computed first, from the model digest, serving parameters,
-toolchain and environment, without importing torch or tracing: when its manifest exists and
-every kernel it lists is in the cache, the target is warm and nothing else runs. Otherwise
-the target is planned, its missing kernels compiled, and its manifest written last, only
-when every kernel compiled.
+toolchain and environment, without importing torch or tracing: when its manifest exists, every
+kernel it lists is in the cache and it has considered every record of the configuration's
+journal, the target is warm and nothing else runs. Otherwise the target is planned (or, when
+only the journal is new, the manifest's plan reused), the journal's records replayed, the
+missing kernels compiled, and the manifest written last, only when every kernel compiled.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .cache.entries import has_entries, remove_entry
+from .cache.journal import Record, read_records
 from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from .cache.staging import remove_stale_staging
@@ -27,9 +29,11 @@ from .models import ModelConfig
 from .planning import FamilyPlan, compiled_families, plan, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .progress import Progress
+from .replay import RECORDED_FAMILY, Replay, replay, settled
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
 from .targets import Target
+from .toolchain import triton_key_text
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +102,32 @@ def _build_launchers(
     return report.kernels - len(report.failures)
 
 
+def recorded_here(layout: CacheLayout, lookup: ManifestLookup, target: Target) -> list[Record]:
+    """The journal's records made on `target` by this toolchain, oldest first; the others stay in
+    the journal for the builders they belong to."""
+    records = read_records(layout, lookup.journal_key).values()
+    toolchain = lookup.toolchain_digest
+    mine = [record for record in records if record.target == target.name and record.toolchain == toolchain]
+    if len(mine) < len(records):
+        logger.info("journal %s: %d records of other targets or toolchains kept, not replayed here",
+                    lookup.journal_key[:12], len(records) - len(mine))  # fmt: skip
+    return sorted(mine, key=lambda record: record.first_seen)
+
+
+def _recorded_row(target: Target, journal_key: str, replayed: Replay) -> FamilyPlan:
+    """The manifest's and report's row for the journal's kernels."""
+    parameters = {"journal": journal_key[:12], "replayed": len(replayed.jobs), "skipped": replayed.skipped}
+    return FamilyPlan(RECORDED_FAMILY, target.name, len(replayed.outcomes), len(replayed.jobs), parameters,
+                      None, "kernels compiled while serving")  # fmt: skip
+
+
+def _pool(
+    layout: CacheLayout, max_workers: int | None, job_timeout_seconds: float, families: Sequence[FamilyName]
+) -> CompilePool:
+    return CompilePool(layout, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds,
+                       preload_modules=_library_modules(families))  # fmt: skip
+
+
 def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, frozenset[str]]:
     """The manifest when every kernel it lists is intact (checksums included), else None.
 
@@ -133,12 +163,14 @@ def warm(
     progress: Progress | None = None,
     rank: int = 0,
     ranks: int = 1,
+    recorded: bool = True,
 ) -> WarmReport:
     """Compile what this configuration lacks on each target and record it.
 
     `rank` of `ranks` processes warming the same cache at once (tensor-parallel ranks calling
     the loader hook): each starts at its own share of the job list, so that the file locks
-    split the work instead of every rank queuing behind the same first kernel.
+    split the work instead of every rank queuing behind the same first kernel. `recorded`: also
+    compile the kernels serving processes recorded in the configuration's journal (`replay.py`).
     """
     started = time.perf_counter()
     # Selection and shapes first: every input error surfaces before anything is written.
@@ -152,7 +184,7 @@ def warm(
         remove_stale_staging(layout)
         return _warm_locked(model, serving, targets, layout, selection, shapes, started,
                             max_workers=max_workers, job_timeout_seconds=job_timeout_seconds, progress=progress,
-                            rank=rank, ranks=ranks)  # fmt: skip
+                            rank=rank, ranks=ranks, recorded=recorded)  # fmt: skip
 
 
 def _warm_locked(
@@ -169,6 +201,7 @@ def _warm_locked(
     progress: Progress | None,
     rank: int,
     ranks: int,
+    recorded: bool,
 ) -> WarmReport:
     """The warm itself, with the root's usage lock held."""
     families: list[FamilyPlan] = []
@@ -180,47 +213,59 @@ def _warm_locked(
     try:
         for target in targets:
             lookup = find_manifest(model, serving, selection, target, layout)
+            records = recorded_here(layout, lookup, target) if recorded else []
             manifest, damaged = _warm_from_manifest(layout, lookup)
             replaced += len(damaged)
-            if manifest is not None:
+            if manifest is not None and all(settled(record, manifest.recorded.get(record.triton_key))
+                                            for record in records):  # fmt: skip
                 logger.info("%s on %s is warm: manifest %s", model.name, target.name, lookup.key)
                 families += [FamilyPlan(**row) for row in manifest.families]
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
                 manifests.append(str(lookup.path))
                 launchers += _build_launchers(model, serving, layout, target, selection)
                 continue
-            compiled_here = compiled_families(model, serving, shapes, target)
-            if pool is None and compiled_here:
-                pool = CompilePool(
-                    layout,
-                    max_workers=max_workers,
-                    job_timeout_seconds=job_timeout_seconds,
-                    preload_modules=_library_modules(compiled_here),
-                )
-                if not has_entries(layout):
-                    # A cold cache: everything will compile, so start every worker now, while
-                    # this process traces. Otherwise the plan decides how many are needed.
-                    pool.start()
-            if progress is not None:
-                progress.status(f"{model.name} on {target.name}", "tracing the engine's calls")
-            target_plan = plan(model, serving, [target], selection, shapes, layout)
-            trace_seconds += target_plan.trace_seconds
+            if manifest is not None:
+                # Warm but for new records: the plan's part of the manifest stands, untraced.
+                planned_jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
+                target_families = [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
+            else:
+                compiled_here = compiled_families(model, serving, shapes, target)
+                if pool is None and compiled_here:
+                    pool = _pool(layout, max_workers, job_timeout_seconds, compiled_here)
+                    if not has_entries(layout):
+                        # A cold cache: everything will compile, so start every worker now, while
+                        # this process traces. Otherwise the plan decides how many are needed.
+                        pool.start()
+                if progress is not None:
+                    progress.status(f"{model.name} on {target.name}", "tracing the engine's calls")
+                target_plan = plan(model, serving, [target], selection, shapes, layout)
+                trace_seconds += target_plan.trace_seconds
+                planned_jobs, target_families = target_plan.jobs, list(target_plan.families)
+            replayed = None
+            if records:
+                replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(layout))
+                target_families.append(_recorded_row(target, lookup.journal_key, replayed))
+            jobs = planned_jobs + tuple(job for job in (replayed.jobs if replayed else ()) if job.key not in
+                                        {planned.key for planned in planned_jobs})  # fmt: skip
+            if pool is None and jobs:
+                pool = _pool(layout, max_workers, job_timeout_seconds, ())
             compile_started = time.perf_counter()
-            start = (rank % ranks) * len(target_plan.jobs) // ranks
-            ordered = target_plan.jobs[start:] + target_plan.jobs[:start]
+            start = (rank % ranks) * len(jobs) // ranks
+            ordered = jobs[start:] + jobs[:start]
             label = f"{model.name} on {target.name}"
             # A damaged entry in a read-only layer stays there: its kernel is compiled into the
             # writable root, which every reader searches first, and the manifest records that copy.
             target_outcomes = pool.compile(ordered, progress, label, damaged) if pool is not None else ()
             workers = max(workers, pool.workers if pool is not None else 0)
             compile_seconds += time.perf_counter() - compile_started
-            families += target_plan.families
+            families += target_families
             outcomes += target_outcomes
             if all(outcome.status != "failed" for outcome in target_outcomes):
-                artifacts = record_artifacts(layout, target_plan.jobs)
-                rows = tuple(family.as_dict() for family in target_plan.families)
-                manifest = Manifest(lookup.key, lookup.parts, rows, target_plan.jobs, artifacts,
-                                    {"name": model.name, "source": model.source})  # fmt: skip
+                artifacts = record_artifacts(layout, jobs)
+                rows = tuple(family.as_dict() for family in target_families)
+                manifest = Manifest(lookup.key, lookup.parts, rows, jobs, artifacts,
+                                    {"name": model.name, "source": model.source},
+                                    replayed.outcomes if replayed else {})  # fmt: skip
                 manifests.append(write_manifest(layout, manifest))
                 launchers += _build_launchers(model, serving, layout, target, selection)
     finally:

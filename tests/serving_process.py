@@ -1,9 +1,12 @@
 """A stand-in serving process for the runtime tests: activate, monitor, preload, then call.
 
-Run as `python serving_process.py CACHE_DIR M [M ...]`: after preloading DeepSeek-V2-Lite's
-planned kernels (3 sequences, gfx942: the session's bake), it calls AITER's FP8 BMM exactly as
-the engine does for each m, under the cross-compile driver (so a call ends at its launch, which
-is refused), and prints one JSON line: what preload loaded and what the monitor saw, per call.
+Run as `python serving_process.py CACHE_DIR M [M ...] [add=N]`: after preloading
+DeepSeek-V2-Lite's planned kernels (3 sequences, gfx942: the session's bake), with the monitor
+recording into the configuration's journal as the loader hook does, it calls AITER's FP8 BMM
+exactly as the engine does for each m, and with `add=N` the tests' own `add_kernel` (a kernel no
+family covers) over N elements, under the cross-compile driver (so a call ends at its launch,
+which is refused), and prints one JSON line: what preload loaded and what the monitor saw, per
+call.
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ from kprecompile.engines import select
 from kprecompile.errors import LaunchRefusedError, UnplannedCompileError
 from kprecompile.models import load_model
 from kprecompile.monitor import JitMonitor
-from kprecompile.runtime import activate, preload
+from kprecompile.runtime import activate, journal_sink, preload
 from kprecompile.serving import ServingParams
 from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
 from kprecompile.targets import TARGETS
 
 
 def main() -> None:
-    cache_dir, m_values = sys.argv[1], [int(m) for m in sys.argv[2:]]
+    cache_dir, arguments = sys.argv[1], sys.argv[2:]
+    m_values = [int(m) for m in arguments if not m.startswith("add=")]
+    add = [int(m.removeprefix("add=")) for m in arguments if m.startswith("add=")]
     layout = activate(cache_dir)
     monitor = JitMonitor().install()
-    model, target = load_model("deepseek-v2-lite"), TARGETS["gfx942"]
-    report = preload(model, ServingParams(max_num_seqs=3), layout, target=target, selection=select(model))
+    model, target, serving = load_model("deepseek-v2-lite"), TARGETS["gfx942"], ServingParams(max_num_seqs=3)
+    report = preload(model, serving, layout, target=target, selection=select(model))
+    monitor.record_to(journal_sink(model, serving, layout, target, select(model)))
     after_preload = len(monitor.compiles)
     outcomes, compiles_per_call = [], []
     shapes = FP8_BMM.enumerate_shapes(model, ServingParams(max_num_seqs=max(m_values, default=1)))
@@ -41,6 +47,17 @@ def main() -> None:
             outcomes.append("reached launch")
         except UnplannedCompileError as error:
             outcomes.append(f"strict: {error}")
+        compiles_per_call.append(len(monitor.compiles) - before)
+    for n in add:
+        import sample_kernels
+
+        before = len(monitor.compiles)
+        try:
+            with active_target(target):
+                sample_kernels.launch_add(n)
+            outcomes.append("returned")
+        except LaunchRefusedError:
+            outcomes.append("reached launch")
         compiles_per_call.append(len(monitor.compiles) - before)
     print(json.dumps({
         "preload": report.as_dict(),

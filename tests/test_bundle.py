@@ -220,7 +220,7 @@ def _other_toolchain(member, data):
          "expected a regular file, not a device, FIFO or other special file"),
         ("unlisted", _extra(f"triton-v1/{'A' * 52}/extra.bin"), f"triton-v1/{'A' * 52}/extra.bin",
          "expected a file listed in bundle.json"),
-        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v6, triton-v1"),
+        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v7, triton-v1"),
         ("checksum", _altered_hsaco, ".hsaco", "expected the sha256 bundle.json lists"),
         ("toolchain", _other_toolchain, BUNDLE_FILE,
          "expected a bundle this machine can serve; for gfx942: toolchain mismatch: baked with Triton key fff"),

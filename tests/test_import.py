@@ -32,7 +32,7 @@ from kprecompile.cache.staging import remove_stale_staging
 from kprecompile.cli import main
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
-MANIFESTS = "manifests-v6"
+MANIFESTS = "manifests-v7"
 JIT = "aiter-jit-v1"
 
 
@@ -198,7 +198,7 @@ REFUSED = [
     ("index-files-a-list", edit_index(set_key(("files",), [])), {"reindex": False},
      "archive member: got 'bundle.json', expected a valid bundle index (files is a JSON array, expected an object)"),
     ("index-entry-a-string", None, {"index_files": "not a record"},
-     "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v6/"),
+     "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v7/"),
     ("index-toolchains-a-list", edit_index(set_key(("toolchains",), [])), {},
      "archive member: got 'bundle.json', expected a valid bundle index (toolchains is a JSON array, expected an "
      "object)"),
@@ -227,25 +227,25 @@ REFUSED = [
      "archive member: got 'bundle.json', expected a valid bundle index (Exceeds the limit"),
     # Manifests, checked as `read_manifest` checks them, before any is installed (item 6)
     ("manifest-garbage", lambda index, files: files.update({a_manifest(files)[0]: b"garbage"}), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (Expecting value"),
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (Expecting value"),
     ("manifest-non-hex-job-key", edit_manifest(lambda d: d["jobs"][0].update(key="../" + "z" * 61)), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
      "key"),
     ("manifest-jobs-an-object", edit_manifest(set_key(("jobs",), {})), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (jobs is not a list)"),
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (jobs is not a list)"),
     ("manifest-artifacts-a-list", edit_manifest(lambda d: d["jobs"][0].update(artifacts=[])), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (job 0's artifacts is not an object)"),
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's artifacts is not an object)"),
     ("manifest-parts-changed", edit_manifest(lambda d: d["parts"].update(target="gfx90a")), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (its parts do not hash to its key)"),
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its parts do not hash to its key)"),
     ("manifest-a-string", lambda index, files: files.update({a_manifest(files)[0]: b'"x"'}), {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (a JSON str, not an object)"),
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (a JSON str, not an object)"),
     ("manifest-records-other-content", other_recorded_checksum, {},
-     "archive member: got 'manifests-v6/{manifest}', expected files in the bundle as it records them"),
+     "archive member: got 'manifests-v7/{manifest}', expected files in the bundle as it records them"),
     ("manifest-job-keys-swapped", swap_job_keys, {},
-     "archive member: got 'manifests-v6/{manifest}', expected a valid manifest (its content does not match its "
+     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its content does not match its "
      "checksum)"),
     ("manifest-without-its-entries", drop_an_entry, {},
-     "archive member: got 'manifests-v6/{manifest}', expected kernel entries in the bundle for its jobs"),
+     "archive member: got 'manifests-v7/{manifest}', expected kernel entries in the bundle for its jobs"),
     # Triton group files (item 7)
     ("group-not-json", edit_group(b"{not json"), {},
      "archive member: got '{group}', expected a Triton group file: an object whose child_paths names files of its "
@@ -270,7 +270,7 @@ REFUSED = [
     ("directory-inside-an-entry", extra((member(f"{ENTRY}/sub/x.hsaco"), b"x")), {},
      f"archive member: got '{ENTRY}/sub/x.hsaco', expected a path shaped like a bundle's files"),
     ("manifest-name-not-a-key", extra((member(f"{MANIFESTS}/x.json"), b"x")), {},
-     "archive member: got 'manifests-v6/x.json', expected a path shaped like a bundle's files"),
+     "archive member: got 'manifests-v7/x.json', expected a path shaped like a bundle's files"),
     ("unlisted-member", extra((member(f"{ENTRY}/x.hsaco"), b"x")), {},
      f"archive member: got '{ENTRY}/x.hsaco', expected a file listed in bundle.json"),
     ("hidden-traversal", extra((member(f"{JIT}/a/../../../escaped"), b"x")), {},

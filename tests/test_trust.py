@@ -21,8 +21,8 @@ def group_writable_root(root, other):
 
 
 def world_writable_bucket(root, other):
-    (root / "manifests-v6").mkdir()
-    (root / "manifests-v6").chmod(0o777)
+    (root / "manifests-v7").mkdir()
+    (root / "manifests-v7").chmod(0o777)
 
 
 def bucket_is_a_link(root, other):
@@ -38,7 +38,7 @@ CASES = [
      "its owner can write, not mode 0o777 (chmod go-w {root})"),
     ("group-writable-root", group_writable_root, "kprecompile: cache root: got '{root}', expected a directory only "
      "its owner can write, not mode 0o775"),
-    ("world-writable-bucket", world_writable_bucket, "kprecompile: cache root bucket: got '{root}/manifests-v6', "
+    ("world-writable-bucket", world_writable_bucket, "kprecompile: cache root bucket: got '{root}/manifests-v7', "
      "expected a directory only its owner can write, not mode 0o777"),
     ("bucket-is-a-link", bucket_is_a_link, "kprecompile: cache root bucket: got '{root}/triton-v1', expected a "
      "directory, not a symbolic link"),
@@ -105,4 +105,4 @@ def test_an_os_error_is_one_line_naming_the_path_and_the_fix(tmp_path, capsys):
         f"kprecompile: Is a directory: {manifest}; a directory is where a file belongs: remove it"
     )
     assert "Traceback" not in captured.err
-    assert [path.name for path in (root / "manifests-v6").iterdir()] == [os.path.basename(manifest)]
+    assert [path.name for path in (root / "manifests-v7").iterdir()] == [os.path.basename(manifest)]

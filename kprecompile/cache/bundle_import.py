@@ -2,7 +2,7 @@
 
 Reading writes nothing. Each member is checked as its header is read: a relative path inside
 the destination, named once after normalizing (`E/./x` is `E/x`), shaped as its bucket's files
-are (`manifests-v6/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`), a regular
+are (`manifests-v7/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`), a regular
 file (no link, device or sparse file), within the size bounds (per member, in total, for
 `bundle.json`), then its content is hashed. Then `bundle.json` (every field's type), each
 manifest (as `read_manifest` checks it), each Triton group file, the content against the

@@ -6,10 +6,13 @@
       locks-v1/
         <key>.lock                 held while one process compiles (or imports) that key
         import-<id>.lock           held by the import that owns .import-<id>/
-      manifests-v6/
+      manifests-v7/
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
                                    the jobs that configuration needs, file checksums, and the
                                    checksum of the whole document; written last
+      journals-v1/
+        <journal key>.jsonl        kernels serving processes compiled beyond the plan, one record per
+                                   line, for the next warm to compile (cache/journal.py)
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
@@ -35,7 +38,8 @@ class Bucket(enum.Enum):
 
     TRITON = "triton-v1"
     LOCKS = "locks-v1"
-    MANIFESTS = "manifests-v6"
+    MANIFESTS = "manifests-v7"
+    JOURNALS = "journals-v1"
     AITER_JIT = "aiter-jit-v1"
     TOOLCHAIN = "toolchain-v1"
 
@@ -93,6 +97,10 @@ class CacheLayout:
     @property
     def manifests_dir(self) -> Path:
         return self.bucket(Bucket.MANIFESTS)
+
+    def journals_dir_of(self, root: Path | None = None) -> Path:
+        """A root's journals (the writable root's by default)."""
+        return self.bucket(Bucket.JOURNALS, root)
 
     @property
     def toolchain_dir(self) -> Path:

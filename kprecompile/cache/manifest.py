@@ -41,6 +41,9 @@ class Manifest:
     # The model as the user named it ({"name", "source"}: a preset, a path, a Hugging Face id),
     # for `cache ls`; not part of the key (the same config.json under two names is one model).
     model: dict[str, str] = field(default_factory=lambda: {"name": "", "source": ""})
+    # The journal records this warm considered, by Triton key: "replayed", "planned" (the plan
+    # has the kernel), or why it was not compiled. A warm replays only records not listed here.
+    recorded: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         document = {
@@ -50,6 +53,7 @@ class Manifest:
             "model": {"name": self.model.get("name", ""), "source": self.model.get("source", "")},
             "families": list(self.families),
             "jobs": [{**job.as_dict(), "artifacts": self.artifacts.get(job.key, {})} for job in self.jobs],
+            "recorded": dict(sorted(self.recorded.items())),
         }
         return json.dumps({**document, "checksum": document_checksum(document)}, indent=1).encode()
 
@@ -108,6 +112,7 @@ def parse_manifest(data: bytes, key: str) -> Manifest:
         jobs=tuple(CompileJob(**{k: v for k, v in job.items() if k != "artifacts"}) for job in document["jobs"]),
         artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
         model=dict(document["model"]),
+        recorded=dict(document["recorded"]),
     )
 
 
@@ -134,8 +139,14 @@ def _check_document(document: Any, key: str) -> None:
         raise ValueError("families is not a list of objects")
     if not isinstance(jobs, list):
         raise ValueError("jobs is not a list")
-    if set(document) != {"schema", "key", "parts", "model", "families", "jobs", "checksum"}:
-        raise ValueError("its fields are not schema, key, parts, model, families, jobs and checksum")
+    if set(document) != {"schema", "key", "parts", "model", "families", "jobs", "recorded", "checksum"}:
+        raise ValueError("its fields are not schema, key, parts, model, families, jobs, recorded and checksum")
+    recorded = document["recorded"]
+    if not isinstance(recorded, dict) or not all(
+        HEX64.fullmatch(key) and isinstance(outcome, str) and len(outcome) <= MAX_MODEL_TEXT
+        for key, outcome in recorded.items()
+    ):
+        raise ValueError("recorded is not Triton keys with what became of each")
     model = document["model"]
     if (
         not isinstance(model, dict)

@@ -25,9 +25,16 @@ def show_failures(output: Output, failures: Sequence[KernelFailure]) -> None:
 @click.command(name="warm")
 @options.selection_options()
 @worker_options
+@click.option(
+    "--no-recorded",
+    is_flag=True,
+    help="Leave out the kernels serving processes recorded in this configuration's journal "
+    "(see kprecompile misses); by default they are compiled too.",
+)
 @options.cache_dir_option
-def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) -> None:
-    """Compile every planned kernel that is not cached yet, in parallel, and record the result."""
+def command(json_output, max_workers, cache_dir, job_timeout_seconds, no_recorded, **chosen) -> None:
+    """Compile every planned kernel that is not cached yet, and every kernel serving processes
+    recorded for this configuration, in parallel, and record the result."""
     output = Output(json_output)
     check_worker_options(max_workers, job_timeout_seconds)
     layout = settings.cache_layout(cache_dir)
@@ -42,6 +49,7 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, **chosen) 
         max_workers=max_workers,
         job_timeout_seconds=job_timeout_seconds,
         progress=output.progress(),
+        recorded=not no_recorded,
     )
     output.document(report.as_dict())
     show_families(output, report.families)

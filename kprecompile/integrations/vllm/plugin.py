@@ -130,6 +130,7 @@ class LoaderHook:
     # What happens at each.
 
     def _start(self, vllm_config: Any, model: Any) -> None:
+        from ...runtime import journal_sink
         from ...targets import detect_local_target
         from ...verification import verify
         from . import background
@@ -138,6 +139,9 @@ class LoaderHook:
         request = from_vllm_config(vllm_config, model)
         request = replace(request, targets=(self.target or detect_local_target(),))
         self.request, self.hf_config = request, hf_config_dict(vllm_config)
+        # From here on (and what compiled before), compiles go to this configuration's journal.
+        self.monitor.record_to(journal_sink(request.model, request.serving, self.layout, request.targets[0],
+                                            request.selection))  # fmt: skip
         report = verify(request.model, request.serving, request.targets, self.layout, selection=request.selection)
         self.was_warm = report.warm
         target = request.targets[0].name

@@ -1,0 +1,298 @@
+"""Journals: the kernels serving processes compiled, kept for the next warm to compile.
+
+    journals-v1/<journal key>.jsonl    one JSON record per line, appended
+
+A journal belongs to a configuration without its toolchain (`configuration.journal_key`), so a
+builder with another Triton build still sees what GPU hosts recorded (and replays only records
+of its own toolchain and target). Ranks and hosts sharing the cache append under the journal's
+OS lock, each line with one `O_APPEND` write. Lines are merged by the kernel's Triton key when
+read (first and last seen, count), so one kernel compiled on eight ranks is one record.
+
+Everything here is bounded: a line, a record's fields, the number of records and the file's
+bytes. An append that would pass the bound first compacts the journal (one line per kernel,
+the most recently seen kept); a reader reads at most the bound, skips damaged lines (counting
+them), never follows a symbolic link and never reads anything but a regular file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..wording import plural
+from .files import FILE_MODE, write_atomic
+from .layout import CacheLayout
+
+logger = logging.getLogger(__name__)
+
+RECORD_FORMAT = 1
+# A record is a few kilobytes (Triton's specialization data of a kernel with many arguments).
+MAX_LINE_BYTES = 256 << 10
+MAX_JOURNAL_BYTES = 8 << 20
+MAX_RECORDS = 4096
+HEX64 = re.compile(r"[0-9a-f]{64}")
+# `module:qualified.name` of a JITFunction, or a compiled kernel's bare name (Inductor's).
+KERNEL = re.compile(r"[A-Za-z_][\w.]{0,255}(:[A-Za-z_][\w.<>]{0,255})?")
+TARGET = re.compile(r"[a-z]{2,4}[0-9a-z]{1,8}")
+_TEXT_LIMIT = 512
+
+
+@dataclass(frozen=True)
+class Record:
+    """One kernel compiled while serving, with what compiling it again needs."""
+
+    # Triton's cache key of the compiled kernel: the name of its cache entry.
+    triton_key: str
+    kernel: str
+    target: str
+    # Digest of the serving process's toolchain (`configuration.toolchain_digest`).
+    toolchain: str
+    # The JITFunction's source hash and Triton's specialization data; None for a kernel compiled
+    # outside a JITFunction launch (Inductor's), which cannot be compiled again by name.
+    source_hash: str | None
+    specialization: str | None
+    # The manifest key of the configuration the process served.
+    manifest: str | None
+    model: str
+    first_seen: float
+    last_seen: float
+    count: int
+    # Compile time in the serving process.
+    seconds: float
+    host: str
+
+    @property
+    def replayable(self) -> bool:
+        return self.specialization is not None and self.source_hash is not None and ":" in self.kernel
+
+    def merged(self, other: Record) -> Record:
+        """Both sightings of one kernel: first and last seen, counts added, the replayable one's data."""
+        richer = self if self.replayable or not other.replayable else other
+        return dataclasses.replace(
+            richer,
+            first_seen=min(self.first_seen, other.first_seen),
+            last_seen=max(self.last_seen, other.last_seen),
+            count=min(self.count + other.count, 1 << 31),
+        )
+
+    def to_line(self) -> bytes:
+        document = {"record": RECORD_FORMAT, **dataclasses.asdict(self)}
+        return json.dumps(document, separators=(",", ":")).encode() + b"\n"
+
+    @classmethod
+    def from_line(cls, line: bytes) -> Record:
+        """The record on one journal line, every field checked; ValueError saying what is wrong."""
+        if len(line) > MAX_LINE_BYTES:
+            raise ValueError(f"longer than {MAX_LINE_BYTES} bytes")
+        try:
+            document = json.loads(line)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if not isinstance(document, dict) or document.get("record") != RECORD_FORMAT:
+            raise ValueError(f"not a record of format {RECORD_FORMAT}")
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        if set(document) != {"record", *fields}:
+            raise ValueError("its fields are not a record's")
+        values = {name: document[name] for name in fields}
+        _check_record(values)
+        return cls(**values)
+
+
+def _check_record(values: dict[str, Any]) -> None:
+    for name in ("triton_key", "toolchain"):
+        if not isinstance(values[name], str) or not HEX64.fullmatch(values[name]):
+            raise ValueError(f"{name} is not 64 hex digits")
+    if not isinstance(values["kernel"], str) or not KERNEL.fullmatch(values["kernel"]):
+        raise ValueError("kernel is not a module:name")
+    if not isinstance(values["target"], str) or not TARGET.fullmatch(values["target"]):
+        raise ValueError("target is not a target name")
+    for name in ("source_hash", "manifest"):
+        if values[name] is not None and (not isinstance(values[name], str) or not HEX64.fullmatch(values[name])):
+            raise ValueError(f"{name} is not 64 hex digits or null")
+    if values["specialization"] is not None and not isinstance(values["specialization"], str):
+        raise ValueError("specialization is not a string or null")
+    for name in ("model", "host"):
+        if not isinstance(values[name], str) or len(values[name]) > _TEXT_LIMIT:
+            raise ValueError(f"{name} is not a short string")
+    for name in ("first_seen", "last_seen", "seconds"):
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
+            raise ValueError(f"{name} is not a time")
+        values[name] = float(value)
+    count = values["count"]
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= 1 << 31:
+        raise ValueError("count is not a positive integer")
+
+
+@dataclass(frozen=True)
+class JournalContents:
+    # Per Triton key, every sighting merged.
+    records: dict[str, Record]
+    # Lines that were not records (damaged, foreign, too long), and bytes past the bound unread.
+    damaged: int = 0
+    truncated: bool = False
+
+    def warn(self, path: Path) -> None:
+        """One line for whatever had to be skipped, naming the journal."""
+        if self.damaged:
+            logger.warning("journal %s: skipped %s", path, plural(self.damaged, "damaged line"))
+        if self.truncated:
+            logger.warning("journal %s: larger than %d bytes; read up to that bound", path, MAX_JOURNAL_BYTES)
+
+
+def journal_path(layout: CacheLayout, key: str, root: Path | None = None) -> Path:
+    return layout.journals_dir_of(root) / f"{key}.jsonl"
+
+
+def parse(data: bytes) -> JournalContents:
+    """Merge the records of a journal's bytes (a torn last line, an append in progress, is ignored)."""
+    records: dict[str, Record] = {}
+    damaged = 0
+    lines = data.split(b"\n")
+    if lines and lines[-1]:
+        lines.pop()  # not terminated: still being written, or cut by the bound
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            record = Record.from_line(line)
+        except ValueError:
+            damaged += 1
+            continue
+        known = records.get(record.triton_key)
+        records[record.triton_key] = record if known is None else known.merged(record)
+    return JournalContents(records, damaged)
+
+
+def read_journal(path: Path) -> JournalContents:
+    """The journal at `path` (empty when there is none), without following links, up to the bound."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return JournalContents({})
+    except OSError as error:
+        logger.warning("journal %s: not read (%s)", path, error.strerror or error)
+        return JournalContents({})
+    with os.fdopen(descriptor, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            logger.warning("journal %s: not a regular file; ignored", path)
+            return JournalContents({})
+        data = file.read(MAX_JOURNAL_BYTES + 1)
+    contents = parse(data[:MAX_JOURNAL_BYTES])
+    return dataclasses.replace(contents, truncated=len(data) > MAX_JOURNAL_BYTES)
+
+
+def read_records(layout: CacheLayout, key: str) -> dict[str, Record]:
+    """Every root's records for journal `key`, merged (the writable root's and each layer's)."""
+    records: dict[str, Record] = {}
+    for root in layout.roots:
+        path = journal_path(layout, key, root)
+        contents = read_journal(path)
+        contents.warn(path)
+        for triton_key, record in contents.records.items():
+            known = records.get(triton_key)
+            records[triton_key] = record if known is None else known.merged(record)
+    return records
+
+
+def journal_keys(layout: CacheLayout) -> list[str]:
+    """The keys of every root's journals."""
+    keys: dict[str, None] = {}
+    for root in layout.roots:
+        with contextlib.suppress(OSError):
+            for path in sorted(layout.journals_dir_of(root).glob("*.jsonl")):
+                if HEX64.fullmatch(path.stem):
+                    keys[path.stem] = None
+    return list(keys)
+
+
+def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 30.0) -> None:
+    """Add `records` to journal `key` of the writable root, under its lock; compacts first when
+    the journal would pass its bound."""
+    lines = [record.to_line() for record in records]
+    data = b"".join(line for line in lines if len(line) <= MAX_LINE_BYTES)
+    if not data:
+        return
+    path = journal_path(layout, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _journal_lock(layout, key, lock_timeout_seconds):
+        size = _regular_size(path)
+        if size + len(data) > MAX_JOURNAL_BYTES:
+            _compact(path, parse_bytes=data)
+            return
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        try:
+            os.write(descriptor, data)
+        finally:
+            os.close(descriptor)
+
+
+def merge(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 30.0) -> None:
+    """Merge `records` (an imported journal) into journal `key` of the writable root, compacted."""
+    data = b"".join(record.to_line() for record in records)
+    path = journal_path(layout, key)
+    with _journal_lock(layout, key, lock_timeout_seconds):
+        _regular_size(path)
+        _compact(path, parse_bytes=data)
+
+
+def remove(layout: CacheLayout, key: str, lock_timeout_seconds: float = 30.0) -> None:
+    path = journal_path(layout, key)
+    with _journal_lock(layout, key, lock_timeout_seconds), contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def bounded(records: Iterable[Record]) -> list[Record]:
+    """The most recently seen records that fit the journal's bounds, oldest first."""
+    kept: list[Record] = []
+    size = 0
+    for record in sorted(records, key=lambda record: record.last_seen, reverse=True)[:MAX_RECORDS]:
+        line = len(record.to_line())
+        if line > MAX_LINE_BYTES or size + line > MAX_JOURNAL_BYTES // 2:
+            continue
+        kept.append(record)
+        size += line
+    return kept[::-1]
+
+
+def _compact(path: Path, parse_bytes: bytes) -> None:
+    """Rewrite the journal as one line per kernel, within its bounds (the lock is held)."""
+    existing = read_journal(path)
+    merged = dict(existing.records)
+    for triton_key, record in parse(parse_bytes).records.items():
+        known = merged.get(triton_key)
+        merged[triton_key] = record if known is None else known.merged(record)
+    kept = bounded(merged.values())
+    if len(kept) < len(merged):
+        logger.warning("journal %s: kept the %d most recently seen of %d kernels", path, len(kept), len(merged))
+    write_atomic(path, b"".join(record.to_line() for record in kept))
+
+
+def _regular_size(path: Path) -> int:
+    """The journal's size; a link or anything but a regular file in its place is an error."""
+    try:
+        status = path.lstat()
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(status.st_mode):
+        raise OSError(f"{path} is not a regular file; kprecompile does not write through it")
+    return status.st_size
+
+
+@contextlib.contextmanager
+def _journal_lock(layout: CacheLayout, key: str, timeout_seconds: float) -> Iterator[None]:
+    from .locks import hold_lock
+
+    # Held for one append or rewrite: milliseconds, so a short timeout, not the compile lock's.
+    with hold_lock(layout.locks_dir / f"journal-{key}.lock", f"journal {key[:12]}", timeout_seconds,
+                   "the journal lock timeout"):  # fmt: skip
+        yield
