@@ -11,6 +11,15 @@ running vLLM the plugin does not need the mirror: it reads the backend vLLM buil
 is installed, the commands ask its own selector (`integrations/vllm/selector.py`) through
 `select(selector=...)`, and the mirror serves builders without it.
 
+On NVIDIA targets vLLM takes its CUDA platform's selection instead: the first backend of its
+priority list (`vllm/platforms/cuda.py`) whose compute-capability rule takes the GPU
+(`_cuda_backend`: FLASH_ATTN for GQA up to sm90, FLASHINFER on sm100; for MLA FLASH_ATTN_MLA on
+sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and sm89). Only
+TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA platform); the
+others are listed as not planned with what they run. A request whose targets are all NVIDIA is
+selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm selection stands, and
+vLLM's own kernels are planned on its NVIDIA targets only where the backend was named.
+
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
   environment says otherwise: the configuration AMD recommends on Instinct GPUs.
@@ -32,9 +41,36 @@ from .errors import InputError
 from .models import ModelConfig
 from .releases import Line, installed_release, line_of, resolve_release
 from .shapes.family import FamilyName
+from .targets import Target
 
 MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
 GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
+
+# vLLM's CUDA priority lists (`_get_backend_priorities`, the same in 0.11.2 and 0.12.0; 0.33.0
+# puts FLASHINFER_MLA and TOKENSPEED_MLA first on sm100), without the sparse-MLA backends
+# (models with a sparse indexer) and those for multimodal prefixes; what each one runs.
+_CUDA_MLA = {"0.11": ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+             "sm100": ("CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+             "sm100 0.19": ("FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
+                            "TRITON_MLA")}  # fmt: skip
+_CUDA_GQA = {"0.11": ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
+             "sm100": ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION")}  # fmt: skip
+# The compute capabilities (major) each backend's `supports_compute_capability` takes (None: any).
+_CUDA_CAPABILITIES: dict[str, tuple[int, ...] | None] = {
+    "FLASH_ATTN_MLA": (9,), "FLASHMLA": (9, 10), "FLASHINFER_MLA": (10,), "CUTLASS_MLA": (10,),
+    "TOKENSPEED_MLA": (10,), "TRITON_MLA": None, "FLASH_ATTN": (8, 9, 10), "FLASHINFER": (8, 9, 10),
+    "TRITON_ATTN": None, "FLEX_ATTENTION": None,
+}  # fmt: skip
+_CUDA_RUNS = {
+    "FLASH_ATTN": "vLLM's prebuilt flash-attention build (vllm_flash_attn)",
+    "FLASHINFER": "FlashInfer's CUDA kernels",
+    "FLEX_ATTENTION": "torch's FlexAttention, compiled by torch.compile",
+    "FLASH_ATTN_MLA": "vLLM's prebuilt FlashAttention-3 MLA kernels",
+    "FLASHMLA": "vLLM's prebuilt FlashMLA kernels",
+    "FLASHINFER_MLA": "FlashInfer's CUDA MLA kernels",
+    "CUTLASS_MLA": "vLLM's prebuilt CUTLASS MLA kernels",
+    "TOKENSPEED_MLA": "TokenSpeed's CUDA MLA kernels",
+}
 
 
 # The variables of the environment registry that decide vLLM's attention backend and FP8 BMM.
@@ -120,6 +156,7 @@ def select(
     vllm_release: str | None = None,
     block_size: int = 16,
     selector: BackendSelector | None = None,
+    targets: Sequence[Target] = (),
 ) -> Selection:
     """The families `engine` runs for `model` under these flags, each planned or with why not.
 
@@ -144,6 +181,10 @@ def select(
     field, requested = "--attention-backend", attention_backend
     if not requested and line != "0.19":
         field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    if targets and not any(target.is_rocm for target in targets):
+        choices = _cuda_choices(model, field, requested, line, release, targets)
+        backend = next(choice.backend for choice in choices if choice.family in ("triton_attn", "triton_mla"))
+        return Selection(engine, backend, flags, _filtered(model, choices, families), release)
     backends = [backend for backend in (MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS)
                 if not (line == "0.11" and backend == "ROCM_AITER_TRITON_MLA")]  # fmt: skip
     if requested is not None and requested not in backends:
@@ -165,7 +206,69 @@ def select(
         choices = _gqa_choices(backend, release, line)
     if model.fp8_block_size is not None:
         choices += (_block_fp8_linear(flags, line, release),)
+    nvidia = tuple(target.name for target in targets if not target.is_rocm)
+    if nvidia and requested is None:
+        # vLLM selects per platform: what it takes on ROCm says nothing of its NVIDIA choice.
+        reason = ("vLLM selects another attention backend on NVIDIA GPUs (its CUDA priority list): plan NVIDIA "
+                  "targets in a request of their own, or name the backend")  # fmt: skip
+        skipped = tuple((name, reason) for name in nvidia)
+        vllm_kernels = ("triton_attn", "triton_mla")
+        choices = tuple(replace(choice, skip_targets=choice.skip_targets + skipped)
+                        if choice.family in vllm_kernels else choice for choice in choices)  # fmt: skip
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
+
+
+def _cuda_priorities(model: ModelConfig, line: Line, target: Target) -> tuple[str, ...]:
+    table = _CUDA_MLA if model.attention == "mla" else _CUDA_GQA
+    if int(target.arch) // 10 != 10:
+        return table["0.11"]
+    return table.get(f"sm100 {line}", table["sm100"])
+
+
+def _cuda_takes(backend: str, target: Target) -> bool:
+    majors = _CUDA_CAPABILITIES[backend]
+    return majors is None or int(target.arch) // 10 in majors
+
+
+def _cuda_backend(model: ModelConfig, line: Line, target: Target) -> str:
+    """vLLM's CUDA selection without a backend named: the first of its priority list whose
+    compute-capability rule takes the target (for the usual head sizes and dtypes)."""
+    return next(backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target))
+
+
+def _cuda_choices(model: ModelConfig, field: str, requested: str | None, line: Line, release: str,
+                  targets: Sequence[Target]) -> tuple[FamilyChoice, ...]:  # fmt: skip
+    """The families vLLM runs for `model` on these NVIDIA targets (module doc)."""
+    kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
+    if requested is not None:
+        for target in targets:
+            valid = [backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target)]
+            if requested not in valid:
+                expected = f"one of {', '.join(valid)} for {model.name}'s {kind} on {target.name} in vLLM {release}"
+                raise InputError(field, requested, expected)
+        backend = requested
+    else:
+        chosen = {target.name: _cuda_backend(model, line, target) for target in targets}
+        if len(set(chosen.values())) > 1:
+            answer = ", ".join(f"{backend} on {name}" for name, backend in chosen.items())
+            raise InputError("--target", ",".join(chosen), f"targets vLLM gives one backend; it selects {answer}")
+        backend = next(iter(chosen.values()))
+    family: FamilyName = "triton_mla" if model.attention == "mla" else "triton_attn"
+    triton = "TRITON_MLA" if model.attention == "mla" else "TRITON_ATTN"
+    if backend != triton:
+        reason = (f"{backend} runs {_CUDA_RUNS[backend]}, not Triton: kprecompile plans Triton kernels "
+                  f"(--attention-backend {triton} runs vLLM's own)")  # fmt: skip
+        choice = FamilyChoice(family, backend, reason)
+    elif family == "triton_attn" and line == "0.19":
+        choice = FamilyChoice(family, backend, _TRITON_ATTN_0_19)
+    else:
+        choice = _vllm_kernels(family, backend, release)
+    choices: tuple[FamilyChoice, ...] = (choice,)
+    if model.fp8_block_size is not None:
+        reason = ("vLLM's block-FP8 linear layers on NVIDIA GPUs (CUTLASS or DeepGEMM from sm90, its Triton GEMM "
+                  "below) are not traced yet")  # fmt: skip
+        choices += (FamilyChoice("block_fp8_linear", "Fp8LinearMethod", reason),)
+    return choices
 
 
 def _filtered(

@@ -55,7 +55,8 @@ def resolve_requests(
     """One request per model (each named once); every input is checked here, before any work.
 
     Where vLLM is installed, its own selector chooses the attention backend for the ROCm targets
-    (remembered in `layout`'s cache); elsewhere kprecompile's mirror of it does."""
+    (remembered in `layout`'s cache); elsewhere, and for NVIDIA targets, kprecompile's mirror of
+    it does."""
     from .integrations.vllm.selector import installed_selector
 
     targets = resolve_targets(target_names)
@@ -64,7 +65,7 @@ def resolve_requests(
         model = load_model(spec, revision)
         selector = installed_selector(model, serving, targets, layout) if engine != "aiter" else None
         selection = select(model, engine, attention_backend, families=families, vllm_release=vllm_release,
-                           block_size=serving.block_size, selector=selector)  # fmt: skip
+                           block_size=serving.block_size, selector=selector, targets=targets)  # fmt: skip
         # A combination the engine would refuse fails here, before any work.
         serving.check(model)
         requests.append(Request(model, serving, selection, targets))

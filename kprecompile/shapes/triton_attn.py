@@ -13,6 +13,12 @@ with a prefill at one batch size per integer class, short and long contexts, bot
 classes. From vLLM 0.19 the backend's KV cache is a view into one allocation for all layers,
 laid out by vLLM's KV-cache layout, and its metadata builder picks the 3D threshold from the
 capture sizes: not traced yet (`engines.py` says so).
+
+vLLM runs the same backend on NVIDIA GPUs where it is named (`--attention-backend TRITON_ATTN`):
+there the kernels are traced under vLLM's CUDA platform (its FP8 range is e4m3fn's ±448, and the
+wrappers pick NVIDIA's launch options). Triton's AMD backend also specializes pointers on whether
+their tensor spans more than 2 GiB and NVIDIA's does not, so an NVIDIA target has about half the
+kernels of a ROCm one.
 """
 
 from __future__ import annotations
@@ -69,8 +75,6 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
-    if not target.is_rocm:
-        return "vLLM's own kernels are traced under its ROCm platform; CUDA targets are not planned yet"
     if serving.block_size % 16:
         return f"vLLM's TRITON_ATTN takes block sizes that are multiples of 16, not {serving.block_size}"
     return None

@@ -15,6 +15,11 @@ build, prebuilt); up to 0.18 a prefill with cached context merges partial result
 Triton `merge_attn_states` (`_vllm_mla.py`: the impl's real `_forward_prefill`, with V padded
 to the QK head size as the impl pads it for flash-attn); from 0.19 CDNA3 and newer merge with
 vLLM's compiled operator.
+
+On NVIDIA GPUs TRITON_MLA is what vLLM selects for MLA on sm80 and sm89 (and runs where named):
+the decode is traced under vLLM's CUDA platform. A prefill step's merges go there to vLLM's
+compiled CUDA merge (its dispatcher takes it for the model dtypes and head sizes), so the prefill
+steps, traced through the same impl, compile nothing.
 """
 
 from __future__ import annotations
@@ -120,8 +125,6 @@ def describe_call(shape: TritonMlaShape) -> str:
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
-    if not target.is_rocm:
-        return "vLLM's own kernels are traced under its ROCm platform; CUDA targets are not planned yet"
     release = installed_release()
     if serving.kv_cache_is_fp8 and (release is None or line_of(release) != "0.19"):
         return "vLLM's TRITON_MLA refuses an FP8 KV cache up to 0.18"
@@ -206,7 +209,8 @@ FAMILY = KernelFamily(
     name="triton_mla",
     description="vLLM's TRITON_MLA: its Triton decode attention (grouped stage 1, stage-2 reduce) and prefill merge",
     library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS),
+    # MLA's common module too: it binds vLLM's merge dispatcher, which reads the platform.
+    traced_modules=(BACKEND_MODULE, COMMON_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_triton_mla,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

@@ -6,15 +6,26 @@ through them build a `VllmConfig` with vLLM's `EngineArgs` from the model's conf
 temporary model directory: no weights, no tokenizer) and the serving parameters, under the
 target's platform, once per (model, serving, target) in a process. kprecompile's own vLLM
 plugin stays out of it (`KPRECOMPILE_VLLM_HOOK=0` while vLLM loads its plugins).
+
+Under vLLM's CUDA platform, vLLM up to 0.18 asks its compiled extension at import which CUTLASS
+GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learned about the
+model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
+questions have no answer. They decide which GEMM an FP8 linear layer takes, which no family
+traced on an NVIDIA target reads: while the configuration is built they answer that no CUTLASS
+GEMM is built in (`_no_cutlass_gemms`), and the modules that asked are imported again when a
+family next needs them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +80,7 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     transformers_logger.setLevel(logging.ERROR)
     try:
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops.
-        with aiter_hip_absent():
+        with aiter_hip_absent(), _no_cutlass_gemms(target):
             return EngineArgs(
                 **{name: value for name, value in arguments.items() if name in names}
             ).create_engine_config()
@@ -79,3 +90,34 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
             os.environ.pop(settings.VLLM_HOOK.name, None)
         else:
             os.environ[settings.VLLM_HOOK.name] = saved
+
+
+_CUTLASS_QUERIES = ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_supports_block_fp8",
+                    "cutlass_group_gemm_supported", "cutlass_sparse_scaled_mm_supported")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _no_cutlass_gemms(target: Target) -> Iterator[None]:
+    """See the module doc: on an NVIDIA target whose vLLM extension cannot be loaded here, vLLM's
+    CUTLASS capability queries answer False in the block, and every vLLM module imported in it
+    that read them is forgotten after it."""
+    import torch
+
+    from ...libraries import import_library_module
+
+    ops = import_library_module("vllm._custom_ops")
+    if target.is_rocm or hasattr(torch.ops._C, _CUTLASS_QUERIES[0]):
+        yield
+        return
+    before = set(sys.modules)
+    saved = {name: getattr(ops, name) for name in _CUTLASS_QUERIES if hasattr(ops, name)}
+    for name in saved:
+        setattr(ops, name, lambda capability: False)
+    try:
+        yield
+    finally:
+        for name, query in saved.items():
+            setattr(ops, name, query)
+        for name in set(sys.modules) - before:
+            if name.startswith("vllm.") and "CUTLASS_FP8_SUPPORTED" in vars(sys.modules[name]):
+                del sys.modules[name]

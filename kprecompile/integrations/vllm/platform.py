@@ -4,35 +4,43 @@ vLLM decides per platform: its ROCm platform's attention-backend selector, its c
 its FP8 range. To ask the real code what it would do on an MI300X from a CPU builder (or a test),
 `rocm_platform(target)` imports vLLM's ROCm platform under torch device queries that describe
 the target (the same stand-in the tracer uses, plus the CUDA-availability queries vLLM makes)
-and makes it vLLM's current platform for the rest of the process. vLLM modules bind
-`current_platform` at import: use this in a process that has not imported them yet.
+and makes it vLLM's current platform for the rest of the process; `cuda_platform(target)` does
+the same with vLLM's CUDA platform for an NVIDIA target. vLLM modules bind `current_platform` at
+import: use this in a process that has not imported them yet.
+
+vLLM's CUDA platform module imports vLLM's compiled extension (`vllm._C`) to register its
+operators, and fails where it cannot be loaded: on a builder (no CUDA runtime) and wherever only
+vLLM's Python files are installed. ROCm's platform module tolerates the same failure with a
+warning; `cuda_platform` imports the CUDA one the same way (`_without_extensions`): an extension
+that cannot be loaded stays absent, its operators registered nowhere, so a call to one fails as
+it would. vLLM's Triton kernels never call them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import importlib.util
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from ...driver import device_model
+from ...driver import device_model, device_properties
 from ...errors import InputError
 from ...targets import Target
 
 
 @contextlib.contextmanager
-def rocm_platform(target: Target) -> Iterator[Any]:
-    """vLLM's ROCm platform for `target`, current for vLLM; torch's device queries describe the
+def _device_queries(target: Target) -> Iterator[None]:
+    """torch's device queries (availability, count, capability, name, properties) describe the
     target inside the block."""
     import torch
 
-    if not target.is_rocm:
-        raise InputError("--target", target.name, "a ROCm target for vLLM's ROCm platform")
-    import vllm.platforms as platforms
-
-    major, minor = int(target.arch[3]), int(target.arch[4])
+    major, minor = device_properties(target).major, device_properties(target).minor
     queries = {
         "is_available": lambda: True,
         "device_count": lambda: 1,
@@ -44,15 +52,90 @@ def rocm_platform(target: Target) -> Iterator[Any]:
         setattr(torch.cuda, name, answer)
     try:
         with device_model(target):
-            # The module asks the device its arch at import (and caches it): import it here.
-            sys.modules.pop("vllm.platforms.rocm", None)
-            from vllm.platforms.rocm import RocmPlatform
-
-            platforms._current_platform = RocmPlatform()
-            yield platforms._current_platform
+            yield
     finally:
         for name, answer in saved.items():
             setattr(torch.cuda, name, answer)
+
+
+@contextlib.contextmanager
+def rocm_platform(target: Target) -> Iterator[Any]:
+    """vLLM's ROCm platform for `target`, current for vLLM; torch's device queries describe the
+    target inside the block."""
+    if not target.is_rocm:
+        raise InputError("--target", target.name, "a ROCm target for vLLM's ROCm platform")
+    import vllm.platforms as platforms
+
+    with _device_queries(target):
+        # The module asks the device its arch at import (and caches it): import it here.
+        sys.modules.pop("vllm.platforms.rocm", None)
+        from vllm.platforms.rocm import RocmPlatform
+
+        platforms._current_platform = RocmPlatform()
+        yield platforms._current_platform
+
+
+@contextlib.contextmanager
+def cuda_platform(target: Target) -> Iterator[Any]:
+    """vLLM's CUDA platform for `target` (an NVIDIA one), current for vLLM; torch's device
+    queries describe the target inside the block. The platform is vLLM's variant that asks torch
+    about the device (`NonNvmlCudaPlatform`): the other asks NVML, which reports the GPUs of the
+    host (none on a builder, an H200 when baking for an A100 on one) whatever the target."""
+    if target.is_rocm:
+        raise InputError("--target", target.name, "an NVIDIA target for vLLM's CUDA platform")
+    import vllm.platforms as platforms
+
+    with _device_queries(target):
+        # The class caches the device's capability: a fresh module per target.
+        sys.modules.pop("vllm.platforms.cuda", None)
+        module = _without_extensions("vllm.platforms.cuda")
+        platforms._current_platform = module.NonNvmlCudaPlatform()
+        yield platforms._current_platform
+
+
+def _without_extensions(name: str) -> ModuleType:
+    """Import `name` where vLLM's compiled extensions it imports cannot be loaded: each such
+    extension is absent during the import, as ROCm's platform module leaves `vllm._C` when it
+    fails to load (see the module doc). Other import errors propagate."""
+    import importlib.machinery
+
+    package = Path(importlib.util.find_spec("vllm").origin).parent
+    absent: list[str] = []
+    try:
+        while True:
+            try:
+                return importlib.import_module(name)
+            except ImportError as error:
+                extension = _extension_name(error, package)
+                if extension is None or extension in absent:
+                    raise
+                module = ModuleType(extension, "vLLM's compiled extension, which cannot be loaded here")
+                module.__spec__ = importlib.machinery.ModuleSpec(extension, None)
+                sys.modules[extension] = module
+                absent.append(extension)
+                sys.modules.pop(name, None)
+    finally:
+        for extension in absent:
+            sys.modules.pop(extension, None)
+
+
+def _extension_name(error: ImportError, package: Path) -> str | None:
+    """The module name of the vLLM extension whose shared object failed to load, else None."""
+    if not error.path or not error.path.endswith(".so"):
+        return None
+    path = Path(error.path)
+    try:
+        relative = path.parent.relative_to(package.parent)
+    except ValueError:
+        return None
+    return ".".join((*relative.parts, path.name.split(".")[0]))
+
+
+@contextlib.contextmanager
+def target_platform(target: Target) -> Iterator[Any]:
+    """vLLM's platform of the target's kind (`rocm_platform`, `cuda_platform`)."""
+    with rocm_platform(target) if target.is_rocm else cuda_platform(target) as platform:
+        yield platform
 
 
 _TARGET_MARK = "_kprecompile_target"
@@ -69,7 +152,7 @@ def use_target_platform(target: Target) -> None:
 
     if getattr(platforms._current_platform, _TARGET_MARK, None) == target.name:
         return
-    with rocm_platform(target) as platform:
+    with target_platform(target) as platform:
         setattr(platform, _TARGET_MARK, target.name)
 
 
@@ -112,39 +195,56 @@ def _real_triton(target: Target) -> None:
 def target_imports(target: Target) -> Iterator[None]:
     """vLLM modules imported in the block are imported as on the target's GPU host: under its
     platform (`use_target_platform`) and its device queries (vLLM asks the device capability at
-    import), and, where ROCm's flash-attn build is not installed (a CPU builder), with a
-    `flash_attn` module that vLLM's ROCm attention modules import at import time for functions
-    the Triton backends never call; called, it says so. It is gone after the block, so nothing
-    else finds it."""
-    import importlib.util
-
+    import), and, where the flash-attention build the platform's attention modules import at
+    import time cannot be loaded (ROCm's `flash_attn` is not installed on a CPU builder; vLLM's
+    own `vllm.vllm_flash_attn` needs its compiled extensions, which load only beside a CUDA
+    runtime), with a module of that name whose functions the Triton backends never call;
+    called, one says so. It is gone after the block, so nothing else finds it."""
     with device_model(target):
         use_target_platform(target)
-        if "flash_attn" in sys.modules or importlib.util.find_spec("flash_attn") is not None:
+        name = "flash_attn" if target.is_rocm else "vllm.vllm_flash_attn"
+        if name in sys.modules or _flash_attention_loads(name):
             yield
             return
-        with _flash_attn_module():
+        with _flash_attention_module(name):
             yield
+
+
+_FLASH_ATTENTION_FUNCTIONS = ("flash_attn_varlen_func", "get_scheduler_metadata", "is_fa_version_supported",
+                              "fa_version_unsupported_reason", "compile_flash_attn_varlen_func_from_specs",
+                              "sparse_attn_func", "sparse_attn_varlen_func")  # fmt: skip
+
+
+@functools.cache
+def _flash_attention_loads(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None and bool(importlib.import_module(name))
+    except ImportError:
+        return False
 
 
 @contextlib.contextmanager
-def _flash_attn_module() -> Iterator[None]:
-    """`flash_attn` for the block (see `target_imports`)."""
+def _flash_attention_module(name: str) -> Iterator[None]:
+    """`name` for the block (see `target_imports`): its functions raise when called, and it has
+    no submodules (vLLM's queries of the FA version import its `flash_attn_interface`, and take
+    its absence as no flash attention)."""
     import importlib.machinery
-    import types
 
-    def flash_attn_varlen_func(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("flash-attn is not installed here; kprecompile traces vLLM's Triton kernels only")
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"{name} cannot be loaded here; kprecompile traces vLLM's Triton kernels only")
 
-    module = types.ModuleType("flash_attn")
+    module = ModuleType(name)
     # No distribution behind it: libraries that ask for flash-attn's version find none.
-    module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
-    module.flash_attn_varlen_func = flash_attn_varlen_func
-    sys.modules["flash_attn"] = module
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    for function in _FLASH_ATTENTION_FUNCTIONS:
+        setattr(module, function, unavailable)
+    sys.modules[name] = module
     try:
         yield
     finally:
-        sys.modules.pop("flash_attn", None)
+        sys.modules.pop(name, None)
 
 
 def refresh_switches() -> None:
@@ -152,7 +252,11 @@ def refresh_switches() -> None:
     class attributes) are read from the environment when `vllm._aiter_ops` is imported, and that
     module registers torch operators, so it is imported once: read them again, with vLLM's own
     `refresh_env_variables` where the release has it, else the same assignments its class body
-    makes."""
+    makes. Nothing under vLLM's CUDA platform, which has no such switches."""
+    import vllm.platforms as platforms
+
+    if platforms._current_platform is not None and not platforms._current_platform.is_rocm():
+        return
     import vllm.platforms.rocm as rocm
     from vllm._aiter_ops import rocm_aiter_ops
 
