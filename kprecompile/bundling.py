@@ -1,9 +1,12 @@
 """`bake`, `export` and `import`: caches that travel (image layers, archives) and arrive intact.
 
 `bake` warms every requested configuration into a fresh directory and describes it as a
-bundle; `export` copies one configuration's manifests and kernels out of a cache as an
-archive; `import` adds an archive to a cache after validating all of it, refusing a bundle
-whose toolchain this machine cannot serve. The storage side is `cache/bundle.py`.
+bundle, compiling too what serving processes recorded in the journals of a cache; `export`
+copies one configuration's manifests, kernels and journal out of a cache as an archive;
+`import` adds an archive to a cache after validating all of it, refusing a bundle whose
+toolchain this machine cannot serve, and merges its journals into the cache's. So what GPU
+hosts recorded reaches a CPU builder, and the image it bakes. The storage side is
+`cache/bundle.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from . import __version__, settings
 from .cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
 from .cache.bundle import write_index as write_bundle_index
 from .cache.bundle_import import DEFAULT_LIMITS, ImportLimits, ImportReport, import_archive
+from .cache.journal import merge as merge_journal
+from .cache.journal import read_records
 from .cache.layout import CacheLayout
 from .cache.manifest import job_problems, read_manifest
 from .configuration import find_manifest
@@ -96,10 +101,13 @@ def bake(
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: Progress | None = None,
+    recorded_from: CacheLayout | None = None,
 ) -> BakeReport:
     """Warm every request into `out` and describe it as a bundle (and an archive).
 
-    When a kernel fails, no index or archive is written: the report lists the failures.
+    `recorded_from`: a cache whose journals of these configurations are carried into the bundle
+    and compiled (None: only what `out` already records). When a kernel fails, no index or
+    archive is written: the report lists the failures.
     """
     started = time.perf_counter()
     archive_path = check_archive_path(archive) if archive is not None else None
@@ -108,8 +116,11 @@ def bake(
     failures: list[KernelFailure] = []
     totals = {"kernels": 0, "compiled": 0, "cached": 0}
     for request in requests:
+        if recorded_from is not None:
+            carry_journals(recorded_from, layout, request)
         report = warm(request.model, request.serving, request.targets, layout, selection=request.selection,
-                      max_workers=max_workers, job_timeout_seconds=job_timeout_seconds, progress=progress)  # fmt: skip
+                      max_workers=max_workers, job_timeout_seconds=job_timeout_seconds, progress=progress,
+                      recorded=recorded_from is not None)  # fmt: skip
         keys += [Path(path).stem for path in report.manifests]
         failures += report.failures
         for name in totals:
@@ -157,9 +168,23 @@ def export(request: Request, layout: CacheLayout, archive: str | Path) -> Export
     with tempfile.TemporaryDirectory(prefix="kprecompile-export-") as scratch:
         bundle = CacheLayout.of(scratch)
         copy_configurations(layout, manifests, bundle.root)
+        carry_journals(layout, bundle, request)
         index = write_index(bundle, list(manifests))
         write_archive(bundle.root, archive_path)
     return ExportReport(str(archive_path), index.configurations, index.files, index.bytes, archive_path.stat().st_size)
+
+
+def carry_journals(source: CacheLayout, destination: CacheLayout, request: Request) -> int:
+    """Merge `source`'s journal records of the request's configurations (every root of it) into
+    `destination`'s journals; returns how many records there were."""
+    carried = 0
+    for target in request.targets:
+        lookup = find_manifest(request.model, request.serving, request.selection, target, source, remember=False)
+        records = read_records(source, lookup.journal_key)
+        if records:
+            merge_journal(destination, lookup.journal_key, records.values())
+            carried += len(records)
+    return carried
 
 
 def check_toolchains(toolchains: dict[str, dict[str, Any]]) -> None:

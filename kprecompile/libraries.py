@@ -165,7 +165,10 @@ def resolve_kernel(path: str) -> object:
 
     kernel = resolve_object(path)
     while not isinstance(kernel, JITFunction):
-        kernel = kernel.fn
+        inner = getattr(kernel, "fn", None)
+        if inner is None or inner is kernel:
+            raise TypeError(f"{path} is a {type(kernel).__name__}, not a Triton kernel")
+        kernel = inner
     return kernel
 
 

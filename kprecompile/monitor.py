@@ -78,9 +78,8 @@ class JournalSink:
             model=self.model,
             first_seen=sighting.seen,
             last_seen=sighting.seen,
-            count=1,
             seconds=sighting.seconds,
-            host=_HOST,
+            hosts={_HOST: 1},
         )
 
 

@@ -94,6 +94,8 @@ def _job(record: Record, target: Target, capture, resolve_kernel) -> CompileJob:
         raise _Skip("defined in a script (__main__), which another process cannot import")
     try:
         kernel = resolve_kernel(record.kernel)
+    except TypeError as error:
+        raise _Skip(str(error)) from None
     except Exception as error:
         raise _Skip(f"{NOT_IMPORTABLE} ({type(error).__name__}: {error})") from None
     if kernel.cache_key != record.source_hash:

@@ -1,10 +1,11 @@
 """Bundles: a cache, or the part of it some configurations need, as one self-describing unit.
 
-A bundle is a cache root (the same buckets: manifests, Triton entries, AITER's JIT directory)
-plus `bundle.json`, which lists its configurations, the toolchain each target was built with,
-and every file with its size and sha256. It serves as a read-only layer where it lies (an
-image layer), or travels as a `.tar.gz` archive that `bundle_import` unpacks into a cache.
-This module writes bundles and says what a valid `bundle.json` is.
+A bundle is a cache root (the same buckets: manifests, Triton entries, AITER's JIT directory, the
+journals of kernels serving processes recorded) plus `bundle.json`, which lists its
+configurations, the toolchain each target was built with, and every file with its size and
+sha256. It serves as a read-only layer where it lies (an image layer), or travels as a `.tar.gz`
+archive that `bundle_import` unpacks into a cache. This module writes bundles and says what a
+valid `bundle.json` is.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .manifest import HEX64, is_file_record, locate_manifest
 BUNDLE_FILE = "bundle.json"
 BUNDLE_SCHEMA = 1
 # What a bundle may contain, besides its index.
-BUNDLE_BUCKETS = (Bucket.MANIFESTS, Bucket.TRITON, Bucket.AITER_JIT)
+BUNDLE_BUCKETS = (Bucket.MANIFESTS, Bucket.TRITON, Bucket.AITER_JIT, Bucket.JOURNALS)
 BUNDLE_TOP_LEVEL = tuple(bucket.value for bucket in BUNDLE_BUCKETS)
 
 

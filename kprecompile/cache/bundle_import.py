@@ -2,7 +2,8 @@
 
 Reading writes nothing. Each member is checked as its header is read: a relative path inside
 the destination, named once after normalizing (`E/./x` is `E/x`), shaped as its bucket's files
-are (`manifests-v7/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`), a regular
+are (`manifests-v7/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`,
+`journals-v1/<key>.jsonl`), a regular
 file (no link, device or sparse file), within the size bounds (per member, in total, for
 `bundle.json`), then its content is hashed. Then `bundle.json` (every field's type), each
 manifest (as `read_manifest` checks it), each Triton group file, the content against the
@@ -12,8 +13,10 @@ toolchain. An archive that ends early says so.
 Writing happens in a staging directory inside the cache root (`staging`: the next run removes
 one a killed import left), then installs: each kernel entry under its compile lock, so that a
 concurrent warm or import waits instead of racing the rename; AITER's JIT files without
-overwriting; manifests last. An entry or manifest already there and intact is kept, a damaged
-one replaced and reported. A failure undoes every step, and the cache is as it was.
+overwriting; manifests, then journals, merged into the cache's own (their damaged lines skipped
+with one warning), last. An entry or manifest already there and intact is kept (a manifest is
+replaced by one listing more kernels: a warm that replayed recorded kernels), a damaged one
+replaced and reported. A failure undoes every step, and the cache is as it was.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import BundleError, InputError
+from . import journal as journals
 from .bundle import BUNDLE_FILE, BUNDLE_TOP_LEVEL, check_index
 from .entries import group_children
 from .files import FILE_MODE, sha256_file, write_atomic
@@ -84,6 +88,8 @@ class ImportReport:
     # AITER's JIT files (aiter-jit-v1/): added, or already there with the same content.
     jit_files_added: int
     jit_files_present: int
+    # Records of kernels compiled while serving, merged into the cache's journals.
+    journal_records: int = 0
 
 
 # Called with bundle.json's toolchains (target name -> toolchain fields) before anything is
@@ -95,8 +101,8 @@ _JIT_PART = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+\-]{0,254}")
 _JIT_DEPTH = 16
 _GROUP_BYTES = 1 << 20
 _SHAPES = (
-    f"{BUNDLE_FILE}, {Bucket.MANIFESTS.value}/<64 hex digits>.json, {Bucket.TRITON.value}/<entry>/<file name> "
-    f"or {Bucket.AITER_JIT.value}/<path>"
+    f"{BUNDLE_FILE}, {Bucket.MANIFESTS.value}/<64 hex digits>.json, {Bucket.TRITON.value}/<entry>/<file name>, "
+    f"{Bucket.AITER_JIT.value}/<path> or {Bucket.JOURNALS.value}/<64 hex digits>.jsonl"
 )
 
 
@@ -145,6 +151,8 @@ class _Bundle:
     entries: dict[str, dict[str, str]] = field(default_factory=dict)
     groups: dict[str, tuple[str, frozenset[str]]] = field(default_factory=dict)
     jit_files: list[str] = field(default_factory=list)
+    # Journal key -> its records, damaged lines left out.
+    journals: dict[str, dict[str, journals.Record]] = field(default_factory=dict)
 
 
 # --- Reading ---------------------------------------------------------------------------------
@@ -197,6 +205,7 @@ def _read_bundle(tar: tarfile.TarFile, limits: ImportLimits) -> _Bundle:
     _check_index(bundle)
     _check_entries(bundle)
     _check_manifests(bundle)
+    _read_journals(bundle)
     return bundle
 
 
@@ -236,6 +245,8 @@ def _is_bundle_path(name: str) -> bool:
         return len(parts) == 2 and re.fullmatch(r"[0-9a-f]{64}\.json", parts[1]) is not None
     if parts[0] == Bucket.TRITON.value:
         return len(parts) == 3 and _entry_key(parts[1]) is not None and FILE_NAME.fullmatch(parts[2]) is not None
+    if parts[0] == Bucket.JOURNALS.value:
+        return len(parts) == 2 and re.fullmatch(r"[0-9a-f]{64}\.jsonl", parts[1]) is not None
     return 1 < len(parts) <= _JIT_DEPTH + 1 and all(_JIT_PART.fullmatch(part) for part in parts[1:])
 
 
@@ -256,6 +267,8 @@ def _kept_bytes(name: str, limits: ImportLimits) -> int | None:
         return limits.index_bytes
     if name.startswith(Bucket.MANIFESTS.value + "/"):
         return MAX_MANIFEST_BYTES
+    if name.startswith(Bucket.JOURNALS.value + "/"):
+        return journals.MAX_JOURNAL_BYTES
     if name.startswith(Bucket.TRITON.value + "/") and name.rpartition("/")[2].startswith(GROUP_PREFIX):
         return _GROUP_BYTES
     return None
@@ -388,6 +401,16 @@ def _check_manifests(bundle: _Bundle) -> None:
                                            f"names {configuration['manifest']})")  # fmt: skip
 
 
+def _read_journals(bundle: _Bundle) -> None:
+    """Each journal's records; a damaged line is skipped (one warning per journal), never fatal:
+    records only add work to a later warm, which checks each one again before compiling it."""
+    for name, data in bundle.documents.items():
+        if name.startswith(Bucket.JOURNALS.value + "/"):
+            contents = journals.parse(data)
+            contents.warn(Path(name))
+            bundle.journals[name.rpartition("/")[2].removesuffix(".jsonl")] = contents.records
+
+
 # --- Checks against the destination (still no write) -----------------------------------------
 
 
@@ -460,6 +483,7 @@ class _Counts:
     manifests_replaced: int = 0
     jit_files_added: int = 0
     jit_files_present: int = 0
+    journal_records: int = 0
 
 
 def _install(
@@ -485,7 +509,9 @@ def _install(
             for name in sorted(bundle.jit_files):
                 _install_jit_file(bundle, name, staging, layout, journal, counts)
             for key in sorted(bundle.manifests):
-                _install_manifest(key, staging, layout, journal, counts)
+                _install_manifest(key, staging, layout, journal, counts, bundle.manifests[key])
+            for key in sorted(bundle.journals):
+                _merge_journal(key, bundle.journals[key], staging, layout, journal, counts)
         except BaseException:
             journal.undo()
             raise
@@ -620,6 +646,28 @@ def _install_jit_file(
     counts.jit_files_added += 1
 
 
+def _merge_journal(
+    key: str,
+    records: dict[str, journals.Record],
+    staging: Path,
+    layout: CacheLayout,
+    journal: _Journal,
+    counts: _Counts,
+) -> None:
+    """Merge the bundle's records into the cache's journal; its previous content waits in staging
+    until the import succeeded."""
+    final = journals.journal_path(layout, key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    displaced = None
+    if final.is_file() and not final.is_symlink():
+        displaced = staging / "displaced" / Bucket.JOURNALS.value / final.name
+        displaced.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(final, displaced)
+    journals.merge(layout, key, records.values())
+    journal.add("file", final, displaced)
+    counts.journal_records += len(records)
+
+
 def _manifest_state(path: Path, key: str) -> tuple[EntryState, str]:
     try:
         status = path.lstat()
@@ -636,9 +684,12 @@ def _manifest_state(path: Path, key: str) -> tuple[EntryState, str]:
     return "intact", ""
 
 
-def _install_manifest(key: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts) -> None:
-    """Never replace a valid manifest (it hashes to its name: it says the same); replace a
-    damaged one, kept in staging until the import succeeded."""
+def _install_manifest(
+    key: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts, incoming: Manifest
+) -> None:
+    """Keep a valid manifest that lists every kernel the bundle's does (same key, same
+    configuration); replace a damaged one, or one listing fewer (the bundle's warm also compiled
+    recorded kernels), kept in staging until the import succeeded."""
     staged = staging / Bucket.MANIFESTS.value / f"{key}.json"
     final = layout.manifest_path(key)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -653,9 +704,13 @@ def _install_manifest(key: str, staging: Path, layout: CacheLayout, journal: _Jo
             counts.manifests_added += 1
             return
     if state == "intact":
-        counts.manifests_present += 1
-        return
-    logger.warning("replacing damaged manifest %s: %s", final, reason)
+        present = parse_manifest(final.read_bytes(), key)
+        if {job.key for job in incoming.jobs} <= {job.key for job in present.jobs}:
+            counts.manifests_present += 1
+            return
+        logger.info("replacing manifest %s: the bundle's lists more kernels (recorded while serving)", final)
+    else:
+        logger.warning("replacing damaged manifest %s: %s", final, reason)
     displaced = staging / "displaced" / Bucket.MANIFESTS.value / final.name
     displaced.parent.mkdir(parents=True, exist_ok=True)
     os.rename(final, displaced)

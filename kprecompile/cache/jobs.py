@@ -31,18 +31,22 @@ class CompileJob:
 
     def describe_specialization(self) -> str:
         """Constexpr values and launch options, e.g. `BLOCK_SIZE_M=16, ..., num_warps=4`."""
-        data = json.loads(self.specialization)
-        names = list(data["signature"])
-        parts = []
-        for path, value in zip(data["constant_keys"], data["constant_vals"], strict=True):
-            if len(path) == 1 and data["signature"].get(names[path[0]]) == "constexpr":
-                parts.append(f"{names[path[0]]}={_short(value)}")
-        options = data["options"]
-        parts += [f"{name}={options[name]}" for name in _REPORTED_OPTIONS if name in options]
-        return ", ".join(parts)
+        return describe_specialization_data(json.loads(self.specialization))
 
     def as_dict(self) -> dict[str, str]:
         return asdict(self)
+
+
+def describe_specialization_data(data: dict[str, Any]) -> str:
+    """Triton's specialization data in short: constexpr values and launch options."""
+    names = list(data["signature"])
+    parts = []
+    for path, value in zip(data["constant_keys"], data["constant_vals"], strict=True):
+        if len(path) == 1 and data["signature"].get(names[path[0]]) == "constexpr":
+            parts.append(f"{names[path[0]]}={_short(value)}")
+    options = data["options"]
+    parts += [f"{name}={options[name]}" for name in _REPORTED_OPTIONS if name in options]
+    return ", ".join(parts)
 
 
 def _short(value: Any) -> str:

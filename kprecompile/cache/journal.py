@@ -6,7 +6,9 @@ A journal belongs to a configuration without its toolchain (`configuration.journ
 builder with another Triton build still sees what GPU hosts recorded (and replays only records
 of its own toolchain and target). Ranks and hosts sharing the cache append under the journal's
 OS lock, each line with one `O_APPEND` write. Lines are merged by the kernel's Triton key when
-read (first and last seen, count), so one kernel compiled on eight ranks is one record.
+read (first and last seen, compiles per host), so one kernel compiled on eight ranks is one
+record seen 8 times. An imported journal merges per host by the larger count: importing the
+same export twice counts nothing twice.
 
 Everything here is bounded: a line, a record's fields, the number of records and the file's
 bytes. An append that would pass the bound first compacts the journal (one line per kernel,
@@ -39,6 +41,8 @@ RECORD_FORMAT = 1
 MAX_LINE_BYTES = 256 << 10
 MAX_JOURNAL_BYTES = 8 << 20
 MAX_RECORDS = 4096
+MAX_HOSTS = 64
+_MAX_COUNT = 1 << 31
 HEX64 = re.compile(r"[0-9a-f]{64}")
 # `module:qualified.name` of a JITFunction, or a compiled kernel's bare name (Inductor's).
 KERNEL = re.compile(r"[A-Za-z_][\w.]{0,255}(:[A-Za-z_][\w.<>]{0,255})?")
@@ -65,23 +69,34 @@ class Record:
     model: str
     first_seen: float
     last_seen: float
-    count: int
     # Compile time in the serving process.
     seconds: float
-    host: str
+    # Host name -> how many times a process there compiled it.
+    hosts: dict[str, int]
 
     @property
     def replayable(self) -> bool:
         return self.specialization is not None and self.source_hash is not None and ":" in self.kernel
 
-    def merged(self, other: Record) -> Record:
-        """Both sightings of one kernel: first and last seen, counts added, the replayable one's data."""
+    @property
+    def count(self) -> int:
+        return sum(self.hosts.values())
+
+    def merged(self, other: Record, imported: bool = False) -> Record:
+        """Both sightings of one kernel: first and last seen, the replayable one's data, and per
+        host the counts added (lines of one journal) or the larger one (`imported`: another copy
+        of the same history)."""
         richer = self if self.replayable or not other.replayable else other
+        hosts = dict(self.hosts)
+        for host, count in other.hosts.items():
+            hosts[host] = max(hosts.get(host, 0), count) if imported else min(hosts.get(host, 0) + count, _MAX_COUNT)
+        if len(hosts) > MAX_HOSTS:
+            hosts = dict(sorted(hosts.items(), key=lambda item: -item[1])[:MAX_HOSTS])
         return dataclasses.replace(
             richer,
             first_seen=min(self.first_seen, other.first_seen),
             last_seen=max(self.last_seen, other.last_seen),
-            count=min(self.count + other.count, 1 << 31),
+            hosts=hosts,
         )
 
     def to_line(self) -> bytes:
@@ -120,17 +135,24 @@ def _check_record(values: dict[str, Any]) -> None:
             raise ValueError(f"{name} is not 64 hex digits or null")
     if values["specialization"] is not None and not isinstance(values["specialization"], str):
         raise ValueError("specialization is not a string or null")
-    for name in ("model", "host"):
-        if not isinstance(values[name], str) or len(values[name]) > _TEXT_LIMIT:
-            raise ValueError(f"{name} is not a short string")
+    if not isinstance(values["model"], str) or len(values["model"]) > _TEXT_LIMIT:
+        raise ValueError("model is not a short string")
     for name in ("first_seen", "last_seen", "seconds"):
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:
             raise ValueError(f"{name} is not a time")
         values[name] = float(value)
-    count = values["count"]
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= 1 << 31:
-        raise ValueError("count is not a positive integer")
+    hosts = values["hosts"]
+    if not isinstance(hosts, dict) or not 0 < len(hosts) <= MAX_HOSTS:
+        raise ValueError(f"hosts is not 1 to {MAX_HOSTS} host names with counts")
+    for host, count in hosts.items():
+        if (
+            len(host) > _TEXT_LIMIT
+            or isinstance(count, bool)
+            or not isinstance(count, int)
+            or not 0 < count <= _MAX_COUNT
+        ):
+            raise ValueError("hosts is not host names with positive counts")
 
 
 @dataclass(frozen=True)
@@ -227,7 +249,7 @@ def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeou
     with _journal_lock(layout, key, lock_timeout_seconds):
         size = _regular_size(path)
         if size + len(data) > MAX_JOURNAL_BYTES:
-            _compact(path, parse_bytes=data)
+            _compact(path, parse(data).records, imported=False)
             return
         descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
@@ -237,12 +259,13 @@ def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeou
 
 
 def merge(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 30.0) -> None:
-    """Merge `records` (an imported journal) into journal `key` of the writable root, compacted."""
-    data = b"".join(record.to_line() for record in records)
+    """Merge `records` (an imported journal, another cache's) into journal `key` of the writable
+    root, compacted; per host the larger count (see the module's doc)."""
     path = journal_path(layout, key)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with _journal_lock(layout, key, lock_timeout_seconds):
         _regular_size(path)
-        _compact(path, parse_bytes=data)
+        _compact(path, {record.triton_key: record for record in records}, imported=True)
 
 
 def remove(layout: CacheLayout, key: str, lock_timeout_seconds: float = 30.0) -> None:
@@ -264,13 +287,13 @@ def bounded(records: Iterable[Record]) -> list[Record]:
     return kept[::-1]
 
 
-def _compact(path: Path, parse_bytes: bytes) -> None:
-    """Rewrite the journal as one line per kernel, within its bounds (the lock is held)."""
-    existing = read_journal(path)
-    merged = dict(existing.records)
-    for triton_key, record in parse(parse_bytes).records.items():
+def _compact(path: Path, incoming: dict[str, Record], imported: bool) -> None:
+    """Rewrite the journal with `incoming` as one line per kernel, within its bounds (the lock is
+    held)."""
+    merged = dict(read_journal(path).records)
+    for triton_key, record in incoming.items():
         known = merged.get(triton_key)
-        merged[triton_key] = record if known is None else known.merged(record)
+        merged[triton_key] = record if known is None else known.merged(record, imported)
     kept = bounded(merged.values())
     if len(kept) < len(merged):
         logger.warning("journal %s: kept the %d most recently seen of %d kernels", path, len(kept), len(merged))

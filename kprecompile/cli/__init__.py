@@ -29,6 +29,7 @@ COMMANDS = {
     "export": "export",
     "import": "import_archive",
     "cache": "cache",
+    "misses": "misses",
     "doctor": "doctor",
 }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import settings
 from ..bundling import bake
 from . import options
 from .output import ExitStatus, Output, human_size, plural
@@ -16,13 +17,21 @@ from .workers import check_worker_options, worker_options
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
 @click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")
 @worker_options
-def command(json_output, out, archive, max_workers, job_timeout_seconds, **chosen) -> None:
+@click.option(
+    "--no-recorded",
+    is_flag=True,
+    help="Leave out the kernels serving processes recorded in the cache's journals; by default the "
+    "bundle carries the journals of its configurations from --cache-dir and compiles their kernels.",
+)
+@options.cache_dir_option
+def command(json_output, out, archive, max_workers, job_timeout_seconds, no_recorded, cache_dir, **chosen) -> None:
     """Build a self-describing cache bundle for several models and targets (a CPU builder will do)."""
     output = Output(json_output)
     check_worker_options(max_workers, job_timeout_seconds)
     requests = options.requests(chosen)
+    recorded_from = None if no_recorded else settings.cache_layout(cache_dir)
     report = bake(requests, out, archive, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds,
-                  progress=output.progress())  # fmt: skip
+                  progress=output.progress(), recorded_from=recorded_from)  # fmt: skip
     output.document(report.as_dict())
     show_failures(output, report.failures)
     if report.failed:

@@ -51,7 +51,9 @@ def cache_ls(cache_dir, json_output) -> None:
     layout = settings.cache_layout(cache_dir)
     found = configurations(layout)
     current = _current_toolchains(layout, found)
-    documents = [configuration.as_dict(current.get(configuration.key)) for configuration in found]
+    recorded = _recorded_counts(layout, found)
+    documents = [{**configuration.as_dict(current.get(configuration.key)), "recorded": recorded[configuration.key]}
+                 for configuration in found]  # fmt: skip
     unique = {name: size for configuration in found for name, size in configuration.entries.items()}
     root_bytes = directory_size(layout.root)
     output.document({"cache_dir": str(layout.root),
@@ -60,7 +62,8 @@ def cache_ls(cache_dir, json_output) -> None:
     if not found:
         output.data(f"no configurations in {layout.root} ({human_size(root_bytes)})")
         return
-    rows = [["MODEL", "TARGET", "ENGINE", "SERVING", "TOOLCHAIN", "KERNELS", "SIZE", "LAST SERVED", "STATUS"]]
+    rows = [["MODEL", "TARGET", "ENGINE", "SERVING", "TOOLCHAIN", "KERNELS", "RECORDED", "SIZE", "LAST SERVED",
+             "STATUS"]]  # fmt: skip
     for configuration, document in zip(found, documents, strict=True):
         toolchain = {True: "current", False: "other", None: "unknown"}[document["toolchain_current"]]
         rows.append([
@@ -70,6 +73,7 @@ def cache_ls(cache_dir, json_output) -> None:
             _serving_in_short(document["serving"]),
             toolchain,
             f"{document['kernels']:,}",
+            f"{document['recorded']:,}",
             human_size(document["bytes"]),
             _ago(document["last_used"]),
             document["status"],
@@ -204,6 +208,22 @@ def parse_size(text: str) -> int:
 def _engine_in_short(document: dict) -> str:
     release = document["vllm_release"]
     return f"vLLM {release} {document['attention_backend']}" if release else "aiter"
+
+
+def _recorded_counts(layout, found: list[Configuration]) -> dict[str, int]:
+    """Per manifest key: kernels serving processes recorded in its journal on its target (see
+    `kprecompile misses`)."""
+    from ..cache.journal import read_records
+    from ..configuration import journal_key
+
+    by_journal: dict[str, dict] = {}
+    counts = {}
+    for configuration in found:
+        key = journal_key(configuration.manifest.parts)
+        if key not in by_journal:
+            by_journal[key] = read_records(layout, key)
+        counts[configuration.key] = sum(record.target == configuration.target for record in by_journal[key].values())
+    return counts
 
 
 def _serving_in_short(serving: dict) -> str:

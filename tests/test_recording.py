@@ -1,0 +1,293 @@
+"""Kernels compiled while serving: recorded in the configuration's journal, compiled by the next
+warm, carried by export, import and bake, reported by `misses` (real AITER FP8 BMM and the
+tests' own kernel, gfx942, on the session's baked cache)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest
+from test_import import pack, unpack
+
+from kprecompile.cache import journal
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.manifest import read_manifest
+from kprecompile.cli import main
+from kprecompile.engines import select
+from kprecompile.runtime import journal_sink
+from kprecompile.targets import TARGETS
+
+HERE = Path(__file__).parent
+GFX942 = TARGETS["gfx942"]
+# The session bake's configuration on gfx942, as `kprecompile warm` options.
+BAKED = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3", "--target", "gfx942"]
+# m = 40 is beyond the plan's 3 sequences (two FP8 BMM kernels: W_K and W_V products), and
+# add_kernel is a kernel no family covers.
+UNPLANNED = ("1", "2", "3", "40", "add=1000")
+
+
+def serve(cache_dir, *arguments, strict="warn"):
+    env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
+    result = subprocess.run(
+        [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *arguments],
+        capture_output=True, text=True, env=env, timeout=300, check=True,
+    )  # fmt: skip
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def run(capsys, *argv):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, captured.err
+
+
+def run_json(capsys, *argv):
+    status, out, err = run(capsys, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)
+
+
+def journal_of(layout):
+    return journal_sink(BAKED_MODEL, BAKED_SERVING, layout, GFX942, select(BAKED_MODEL, environ={})).key
+
+
+def records_of(layout):
+    return journal.read_records(layout, journal_of(layout))
+
+
+def remove_entries(layout, keys):
+    """As on another host: the recorded kernels are not in this cache."""
+    for key in keys:
+        shutil.rmtree(layout.triton_entry(key))
+
+
+def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_copy, capsys):
+    layout = warm_copy
+    planned = len(baked_manifest(layout, GFX942).manifest.jobs)
+    first, _ = serve(layout.root, *UNPLANNED)
+    assert first["compiles_per_call"] == [0] * 6 + [1, 1, 1]
+    records = records_of(layout)
+    assert len(records) == 3 and all(record.replayable for record in records.values())
+    assert {record.kernel for record in records.values()} == {
+        f"{SAMPLE_MODULE}:add_kernel", first["compiles"][0]}  # fmt: skip
+    assert {record.manifest for record in records.values()} == {baked_manifest(layout, GFX942).key}
+    remove_entries(layout, records)
+    # `cache ls` counts them; `misses` names them, with the family that plans the BMM kernel.
+    [listed] = [c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
+                if c["target"] == "gfx942"]  # fmt: skip
+    assert listed["recorded"] == 3
+    report = run_json(capsys, "misses", "--cache-dir", str(layout.root), "--target", "MI300X")
+    [misses] = report["journals"]
+    assert misses["model"] == "deepseek-v2-lite" and len(misses["misses"]) == 3
+    by_library = {miss["library"]: miss for miss in misses["misses"]}
+    assert by_library["AITER"]["family"] == "fp8_bmm" and by_library[SAMPLE_MODULE]["family"] is None
+    assert {miss["status"] for miss in misses["misses"]} == {"not replayed yet"}
+    assert "BLOCK=64, EVEN=False" in by_library[SAMPLE_MODULE]["specialization"]
+
+    # The next warm compiles them (with no GPU, as a builder does) and lists them in the manifest.
+    warmed = run_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))
+    assert warmed["compiled"] == 3 and warmed["failed"] == 0
+    [row] = [family for family in warmed["families"] if family["family"] == "recorded"]
+    assert (row["calls"], row["kernels"], row["parameters"]["skipped"]) == (3, 3, 0)
+    manifest = baked_manifest(layout, GFX942).manifest
+    assert len(manifest.jobs) == planned + 3 and set(manifest.recorded.values()) == {"replayed"}
+    assert {miss["status"] for miss in run_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]
+            ["misses"]} == {"compiled"}  # fmt: skip
+
+    # A new serving process loads them with the plan's and compiles nothing.
+    again, _ = serve(layout.root, *UNPLANNED)
+    assert again["preload"]["loaded"] == planned + 3 and again["compiles_per_call"] == [0] * 9
+    # Warm again: nothing new in the journal, nothing to do.
+    assert run_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))["compiled"] == 0
+
+
+def test_warm_no_recorded_leaves_the_journal_out(warm_copy, capsys):
+    layout = warm_copy
+    planned = len(baked_manifest(layout, GFX942).manifest.jobs)
+    serve(layout.root, *UNPLANNED)
+    remove_entries(layout, records_of(layout))
+    report = run_json(capsys, "warm", *BAKED, "--no-recorded", "--cache-dir", str(layout.root))
+    assert report["compiled"] == 0 and "recorded" not in {family["family"] for family in report["families"]}
+    assert len(baked_manifest(layout, GFX942).manifest.jobs) == planned
+
+
+def test_strict_mode_still_records_the_compile_it_stops(warm_copy):
+    layout = warm_copy
+    result, _ = serve(layout.root, "40", strict="error")
+    assert all(outcome.startswith("strict: ") for outcome in result["outcomes"])
+    assert len(records_of(layout)) == 2 and all(record.replayable for record in records_of(layout).values())
+
+
+def _rewrite(layout, records):
+    path = journal.journal_path(layout, journal_of(layout))
+    path.write_bytes(b"".join(record.to_line() for record in records))
+    return path
+
+
+def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(warm_copy, capsys, caplog):
+    layout = warm_copy
+    serve(layout.root, "add=1000")
+    [real] = records_of(layout).values()
+    key = iter(hashlib.sha256(str(n).encode()).hexdigest() for n in range(100))
+    gone = dataclasses.replace(real, triton_key=next(key), kernel="no_such_module_here:kernel")
+    edited = dataclasses.replace(real, triton_key=next(key), source_hash="0" * 64)
+    not_a_kernel = dataclasses.replace(real, triton_key=next(key), kernel="json:dumps")
+    script = dataclasses.replace(real, triton_key=next(key), kernel="__main__:kernel")
+    inductor = dataclasses.replace(real, triton_key=next(key), kernel="triton_poi_fused_add_0", source_hash=None,
+                                   specialization=None)  # fmt: skip
+    other_env = dataclasses.replace(real, triton_key=next(key))
+    foreign_toolchain = dataclasses.replace(real, triton_key=next(key), toolchain="f" * 64)
+    other_target = dataclasses.replace(real, triton_key=next(key), target="gfx950")
+    skipped = [gone, edited, not_a_kernel, script, inductor, other_env]
+    path = _rewrite(layout, [real, *skipped, foreign_toolchain, other_target])
+    with path.open("ab") as file:
+        file.write(b"{not json\n" + b'{"record": 1, "triton_key": "x"}\n' + b"\xff\xfe\n")
+    shutil.rmtree(layout.triton_entry(real.triton_key))
+    with caplog.at_level(logging.WARNING):
+        status, out, err = run(capsys, "warm", *BAKED, "--cache-dir", str(layout.root), "--json")
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["compiled"] == 1 and report["failed"] == 0
+    lines = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert sum("skipped 3 damaged lines" in line for line in lines) == 1
+    outcomes = baked_manifest(layout, GFX942).manifest.recorded
+    assert outcomes[real.triton_key] == "replayed"
+    assert outcomes[gone.triton_key].startswith("cannot import it here (ModuleNotFoundError")
+    assert outcomes[edited.triton_key] == "its source changed since it was recorded"
+    assert outcomes[not_a_kernel.triton_key] == "json:dumps is a function, not a Triton kernel"
+    assert outcomes[script.triton_key].startswith("defined in a script")
+    assert outcomes[inductor.triton_key].startswith("compiled outside a Triton kernel launch")
+    assert outcomes[other_env.triton_key].startswith("it compiles under Triton key")
+    for record in skipped:
+        assert sum(record.triton_key[:12] in line for line in lines) == 1
+    # Records of another toolchain or target are kept for them, not replayed here.
+    assert foreign_toolchain.triton_key not in outcomes and other_target.triton_key not in outcomes
+    assert {foreign_toolchain.triton_key, other_target.triton_key} <= set(records_of(layout))
+    [listed] = run_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"]
+    statuses = {miss["triton_key"]: miss["status"] for miss in listed["misses"]}
+    assert statuses[foreign_toolchain.triton_key] == "other toolchain"
+    assert statuses[gone.triton_key].startswith("cannot import it here")
+
+
+def _append_many(root: str, key: str, worker: int, count: int) -> None:
+    layout = CacheLayout.of(root)
+    base = _sample_record()
+    for n in range(count):
+        # Every worker records kernel n (one key), and one of its own.
+        shared = dataclasses.replace(base, triton_key=f"{n:064x}", first_seen=1000.0 + worker, last_seen=1000.0 + n)
+        own = dataclasses.replace(base, triton_key=f"{worker + 1:08x}{n:056x}", last_seen=2000.0 + n)
+        journal.append(layout, key, [shared, own])
+
+
+def _sample_record() -> journal.Record:
+    return journal.Record(triton_key="a" * 64, kernel="m:k", target="gfx942", toolchain="b" * 64,
+                          source_hash="c" * 64, specialization="{}", manifest="d" * 64, model="m", first_seen=1.0,
+                          last_seen=1.0, seconds=0.5, hosts={"h": 1})  # fmt: skip
+
+
+def test_ranks_appending_at_once_lose_nothing_and_duplicates_merge(tmp_path):
+    key, workers, count = "e" * 64, 4, 60
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_append_many, args=(str(tmp_path), key, worker, count))
+                 for worker in range(workers)]  # fmt: skip
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    contents = journal.read_journal(journal.journal_path(CacheLayout.of(tmp_path), key))
+    assert contents.damaged == 0 and len(contents.records) == count + workers * count
+    shared = contents.records[f"{0:064x}"]
+    assert shared.count == workers and shared.first_seen == 1000.0
+
+
+def test_the_journal_never_grows_past_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(journal, "MAX_JOURNAL_BYTES", 64 << 10)
+    layout, key = CacheLayout.of(tmp_path), "e" * 64
+    base = _sample_record()
+    line = len(base.to_line())
+    for n in range(3 * journal.MAX_JOURNAL_BYTES // line):
+        journal.append(layout, key, [dataclasses.replace(base, triton_key=f"{n:064x}", last_seen=float(n + 1))])
+    path = journal.journal_path(layout, key)
+    assert path.stat().st_size <= journal.MAX_JOURNAL_BYTES
+    kept = journal.read_journal(path).records
+    newest = 3 * journal.MAX_JOURNAL_BYTES // line - 1
+    # The most recently seen are kept.
+    assert f"{newest:064x}" in kept and f"{0:064x}" not in kept
+    # A file beyond the bound (written by something else) is read up to it, and says so.
+    path.write_bytes(base.to_line() * (2 * journal.MAX_JOURNAL_BYTES // line))
+    assert journal.read_journal(path).truncated
+
+
+def test_a_journal_that_is_a_link_or_not_a_file_is_neither_read_nor_written_through(tmp_path, caplog):
+    layout, key = CacheLayout.of(tmp_path / "cache"), "e" * 64
+    path = journal.journal_path(layout, key)
+    path.parent.mkdir(parents=True)
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(_sample_record().to_line())
+    path.symlink_to(outside)
+    with caplog.at_level(logging.WARNING):
+        assert journal.read_records(layout, key) == {}
+    assert "not read" in caplog.text
+    with pytest.raises(OSError, match="not a regular file"):
+        journal.append(layout, key, [dataclasses.replace(_sample_record(), triton_key="f" * 64)])
+    assert outside.read_bytes() == _sample_record().to_line()
+    path.unlink()
+    os.mkfifo(path)
+    assert journal.read_records(layout, key) == {}
+
+
+def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys, tmp_path):
+    """A GPU host records and exports; a builder imports (merging the journal into its cache) and
+    bakes an image that compiles what the host recorded."""
+    layout = warm_copy
+    serve(layout.root, "40", "add=1000")
+    archive = tmp_path / "host.tgz"
+    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
+    builder = tmp_path / "builder"
+    imported = run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    assert imported["journal_records"] == 3
+    assert set(records_of(CacheLayout.of(builder))) == set(records_of(layout))
+    # Importing the same archive again changes nothing: the records merge.
+    run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    assert {record.count for record in records_of(CacheLayout.of(builder)).values()} == {1}
+    image = tmp_path / "image"
+    baked = run_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(image))
+    assert baked["failed"] == 0
+    manifest = baked_manifest(CacheLayout.of(image), GFX942).manifest
+    assert sum(job.family == "recorded" for job in manifest.jobs) == 3
+    # The image carries the journal (listed in its bundle.json); with --no-recorded, none of it.
+    assert any(name.startswith("journals-v1/") for name in json.loads((image / "bundle.json").read_text())["files"])
+    plain = tmp_path / "plain"
+    run_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(plain), "--no-recorded")
+    assert not any(job.family == "recorded" for job in baked_manifest(CacheLayout.of(plain), GFX942).manifest.jobs)
+
+
+def test_an_imported_journal_with_damaged_lines_is_merged_without_them(warm_copy, capsys, tmp_path, caplog):
+    layout = warm_copy
+    serve(layout.root, "add=1000")
+    exported = tmp_path / "host.tgz"
+    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(exported))
+    index, files = unpack(exported)
+    [name] = [name for name in files if name.startswith("journals-v1/")]
+    oversized = b'{"record": 1, "kernel": "' + b"x" * journal.MAX_LINE_BYTES + b'"}'
+    files[name] += b"garbage\n" + oversized + b"\n" + b"[1, 2]\n"
+    archive = pack(tmp_path / "edited.tgz", index, files)
+    builder = tmp_path / "builder"
+    with caplog.at_level(logging.WARNING):
+        status, out, err = run(capsys, "import", str(archive), "--cache-dir", str(builder), "--json")
+    assert status == 0, err
+    assert json.loads(out)["journal_records"] == 1 and len(records_of(CacheLayout.of(builder))) == 1
+    assert caplog.text.count("skipped 3 damaged lines") == 1
+    assert read_manifest(CacheLayout.of(builder), baked_manifest(layout, GFX942).key) is not None
