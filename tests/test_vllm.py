@@ -354,6 +354,18 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert len(lines) == 1 and re.search(r"\bWARNING\b.*\bkprecompile: ", lines[0]), output[-2000:]
 
 
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_the_plugin_records_what_compiles_beyond_the_plan_in_the_configurations_journal(probes, version):
+    _, document, _ = probes[version]
+    load = document["load"]
+    # After load, a batch of 40 through vLLM's FP8 BMM entry point: beyond the plan's one sequence.
+    assert load["serving"] == "reached launch,reached launch"
+    recorded = load["recorded"]
+    assert recorded["journal"] and recorded["replayable"] and recorded["manifests"] == []
+    bmm = "_batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant_kernel"
+    assert recorded["kernels"] == [bmm, bmm]
+
+
 def test_without_vllm_register_does_nothing_and_says_so(caplog):
     from kprecompile.integrations.vllm import plugin
 

@@ -29,7 +29,7 @@ import sys
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from kprecompile.configuration import configuration_parts  # noqa: E402
+from kprecompile.configuration import configuration_parts, find_manifest  # noqa: E402
 from kprecompile.engines import select  # noqa: E402
 from kprecompile.integrations.vllm.config import from_vllm_config  # noqa: E402
 from kprecompile.integrations.vllm.platform import rocm_platform  # noqa: E402
@@ -252,7 +252,22 @@ def load_sequence(config, hook, base_loader) -> dict:
     loop = fp8_bmm_loop_call(m=1)
     loop_compiles = len(hook.monitor.compiles) - compiles_before
     hook._model_loaded(None, (), {})  # after the runner's load_model: the configuration's kernels are loaded
+    # Serving: a batch of 40 through the same entry point, beyond the plan's one sequence. The
+    # plugin's monitor records it in the configuration's journal.
+    from kprecompile.cache.journal import read_records
+
+    serving = fp8_bmm_loop_call(m=40)
+    records = read_records(hook.layout, hook.monitor.sink.key) if hook.monitor.sink else {}
+    lookup = find_manifest(hook.request.model, hook.request.serving, hook.request.selection, GFX942, hook.layout,
+                           remember=False)  # fmt: skip
     return {
+        "serving": serving,
+        "recorded": {
+            "journal": lookup.journal_key == (hook.monitor.sink.key if hook.monitor.sink else None),
+            "kernels": sorted(record.kernel.rpartition(":")[2] for record in records.values()),
+            "replayable": all(record.replayable for record in records.values()),
+            "manifests": sorted({record.manifest for record in records.values()} - {lookup.key}),
+        },
         "events": list(hook.events),
         "started_background": started_background,
         "at_process_weights_after_loading": seen,
