@@ -16,7 +16,10 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from .cache.jobs import CompileJob
-from .cache.journal import Record
+from .cache.journal import Record, read_records
+from .cache.layout import CacheLayout
+from .cache.manifest import Manifest
+from .configuration import ManifestLookup
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,24 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
             jobs[job.key] = job
             outcomes[record.triton_key] = REPLAYED
     return Replay(tuple(jobs.values()), outcomes, time.perf_counter() - started)
+
+
+def recorded_here(layout: CacheLayout, lookup: ManifestLookup, target: Target) -> list[Record]:
+    """The journal's records made on `target` by this toolchain, oldest first; the others stay in
+    the journal for the builders they belong to."""
+    records = read_records(layout, lookup.journal_key).values()
+    toolchain = lookup.toolchain_digest
+    mine = [record for record in records if record.target == target.name and record.toolchain == toolchain]
+    if len(mine) < len(records):
+        logger.info("journal %s: %d records of other targets or toolchains kept, not replayed here",
+                    lookup.journal_key[:12], len(records) - len(mine))  # fmt: skip
+    return sorted(mine, key=lambda record: record.first_seen)
+
+
+def unsettled(records: Sequence[Record], manifest: Manifest | None) -> list[Record]:
+    """The records `manifest` has not settled (see `settled`): a warm has work to do."""
+    outcomes = manifest.recorded if manifest is not None else {}
+    return [record for record in records if not settled(record, outcomes.get(record.triton_key))]
 
 
 def settled(record: Record, outcome: str | None) -> bool:

@@ -2,7 +2,8 @@
 
 In-process and fast: the manifest key is recomputed from the live environment and toolchain
 (no torch, no tracing, no workers), its manifest read and every kernel's cache entry checked
-(sizes; checksums too with `deep`). Without a manifest for the key, the cache's other
+(sizes; checksums too with `deep`), and the configuration's journal for kernels serving
+processes compiled that no warm has compiled yet. Without a manifest for the key, the cache's other
 manifests for the same model, serving parameters, engine selection and target say what
 differs: the toolchain (Triton key, install path, Python, ptxas, versions) or a variable.
 """
@@ -19,11 +20,14 @@ from .cache.manifest import job_problems, read_all_manifest_parts
 from .configuration import SAME_CONFIGURATION, ManifestLookup, find_manifest
 from .engines import Selection, select
 from .models import ModelConfig
+from .replay import recorded_here, unsettled
 from .serving import ServingParams
 from .targets import Target
 from .toolchain import toolchain_differences
 
-Status = Literal["warm", "incomplete", "mismatch", "not_warmed"]
+# "recorded": every kernel of the manifest is there, but serving processes recorded kernels in
+# the configuration's journal that no warm has compiled yet (they would compile while serving).
+Status = Literal["warm", "incomplete", "recorded", "mismatch", "not_warmed"]
 
 
 @dataclass(frozen=True)
@@ -98,11 +102,30 @@ def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, 
             for job, problem in job_problems(layout, manifest, deep)
         )
         status: Status = "incomplete" if problems else "warm"
+        if not problems:
+            problems = tuple(
+                KernelProblem(
+                    record.kernel,
+                    _describe_record(record),
+                    record.triton_key,
+                    "compiled while serving, not by a warm yet",
+                )  # fmt: skip
+                for record in unsettled(recorded_here(layout, lookup, target), manifest)
+            )
+            status = "recorded" if problems else "warm"
         return TargetVerdict(target.name, status, str(lookup.path), len(manifest.jobs), problems, ())
     reasons = _differences(layout, lookup.parts)
     if reasons:
         return TargetVerdict(target.name, "mismatch", None, 0, (), reasons)
     return TargetVerdict(target.name, "not_warmed", None, 0, (), ("no manifest for this configuration",))
+
+
+def _describe_record(record) -> str:
+    import json
+
+    from .cache.jobs import describe_specialization_data
+
+    return describe_specialization_data(json.loads(record.specialization)) if record.replayable else "-"
 
 
 def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:

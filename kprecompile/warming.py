@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .cache.entries import has_entries, remove_entry
-from .cache.journal import Record, read_records
 from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from .cache.staging import remove_stale_staging
@@ -29,7 +28,7 @@ from .models import ModelConfig
 from .planning import FamilyPlan, compiled_families, plan, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .progress import Progress
-from .replay import RECORDED_FAMILY, Replay, replay, settled
+from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, unsettled
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
 from .targets import Target
@@ -100,18 +99,6 @@ def _build_launchers(
     for failure in report.failures:
         logger.warning("launcher not built: %s", failure)
     return report.kernels - len(report.failures)
-
-
-def recorded_here(layout: CacheLayout, lookup: ManifestLookup, target: Target) -> list[Record]:
-    """The journal's records made on `target` by this toolchain, oldest first; the others stay in
-    the journal for the builders they belong to."""
-    records = read_records(layout, lookup.journal_key).values()
-    toolchain = lookup.toolchain_digest
-    mine = [record for record in records if record.target == target.name and record.toolchain == toolchain]
-    if len(mine) < len(records):
-        logger.info("journal %s: %d records of other targets or toolchains kept, not replayed here",
-                    lookup.journal_key[:12], len(records) - len(mine))  # fmt: skip
-    return sorted(mine, key=lambda record: record.first_seen)
 
 
 def _recorded_row(target: Target, journal_key: str, replayed: Replay) -> FamilyPlan:
@@ -216,8 +203,7 @@ def _warm_locked(
             records = recorded_here(layout, lookup, target) if recorded else []
             manifest, damaged = _warm_from_manifest(layout, lookup)
             replaced += len(damaged)
-            if manifest is not None and all(settled(record, manifest.recorded.get(record.triton_key))
-                                            for record in records):  # fmt: skip
+            if manifest is not None and not unsettled(records, manifest):
                 logger.info("%s on %s is warm: manifest %s", model.name, target.name, lookup.key)
                 families += [FamilyPlan(**row) for row in manifest.families]
                 outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]

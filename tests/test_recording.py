@@ -94,6 +94,10 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert by_library["AITER"]["family"] == "fp8_bmm" and by_library[SAMPLE_MODULE]["family"] is None
     assert {miss["status"] for miss in misses["misses"]} == {"not replayed yet"}
     assert "BLOCK=64, EVEN=False" in by_library[SAMPLE_MODULE]["specialization"]
+    # `verify` (and so the vLLM plugin and `prepare`, which warm what is not warm) says so.
+    status, out, _ = run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))
+    assert status == 1
+    assert "not warm: 3 kernels compiled while serving, not by a warm yet (kprecompile misses lists them)" in out
 
     # The next warm compiles them (with no GPU, as a builder does) and lists them in the manifest.
     warmed = run_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))
@@ -105,6 +109,7 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert {miss["status"] for miss in run_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]
             ["misses"]} == {"compiled"}  # fmt: skip
 
+    assert run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # A new serving process loads them with the plan's and compiles nothing.
     again, _ = serve(layout.root, *UNPLANNED)
     assert again["preload"]["loaded"] == planned + 3 and again["compiles_per_call"] == [0] * 9

@@ -45,6 +45,11 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
             )
             for problem in verdict.problems:
                 output.data(f"  {problem.kernel} [{problem.specialization}] {problem.key}: {problem.problem}")
+        elif verdict.status == "recorded":
+            output.data(
+                f"{report.model} on {verdict.target}: not warm: {plural(len(verdict.problems), 'kernel')} "
+                f"compiled while serving, not by a warm yet (kprecompile misses lists them)"
+            )
         else:
             output.data(f"{report.model} on {verdict.target}: not warm")
             for reason in verdict.reasons:
