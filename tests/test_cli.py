@@ -75,7 +75,14 @@ def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
     assert status == 0
     families = json.loads(out)["families"]
-    assert [family["kernels"] for family in families] == [0, 0, 0, 0, 0]
+    assert [family["kernels"] for family in families] == [0, 0]
+    # vLLM's CUDA selection on an H100/H200: FlashAttention-3's MLA kernels, prebuilt.
+    assert [family["family"] for family in families] == ["triton_mla", "block_fp8_linear"]
+    assert families[0]["skip_reason"].startswith("FLASH_ATTN_MLA runs vLLM's prebuilt FlashAttention-3 MLA kernels")
+    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--engine", "aiter",
+                         "--json")  # fmt: skip
+    families = json.loads(out)["families"]
+    assert status == 0 and [family["kernels"] for family in families] == [0, 0, 0]
     assert "ROCm targets only" in families[0]["skip_reason"] and "ROCm targets only" in families[1]["skip_reason"]
 
 
@@ -214,7 +221,7 @@ def test_a_vllm_serve_line_is_understood(capsys):
     assert documents[0] == documents[1]
     assert documents[0]["serving"]["num_speculative_tokens"] == 1 and documents[0]["targets"] == ["gfx942"]
     status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target", "h200",
-                         "--family", "fp8_bmm", "--json")  # fmt: skip
+                         "--family", "triton_mla", "--json")  # fmt: skip
     assert status == 0 and json.loads(out)["targets"] == ["sm90"]
 
 

@@ -10,6 +10,7 @@ import pytest
 from kprecompile.engines import SELECTION_FLAGS, select
 from kprecompile.errors import InputError
 from kprecompile.models import load_model
+from kprecompile.targets import TARGETS
 
 DEEPSEEK = load_model("deepseek-r1")
 LLAMA = load_model("llama-3.1-8b-instruct")
@@ -235,3 +236,78 @@ def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only
                            timeout=300)  # fmt: skip
     assert named.returncode == 0, named.stderr
     assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.13.5"
+
+
+NVIDIA = {name: TARGETS[name] for name in ("sm80", "sm89", "sm90", "sm100")}
+V2_LITE = load_model("deepseek-v2-lite")
+
+
+@pytest.mark.parametrize(
+    "model, target, release, backend",
+    [
+        (LLAMA, "sm80", "0.12.0", "FLASH_ATTN"),
+        (LLAMA, "sm90", "0.12.0", "FLASH_ATTN"),
+        (LLAMA, "sm100", "0.12.0", "FLASHINFER"),
+        (V2_LITE, "sm80", "0.12.0", "TRITON_MLA"),
+        (V2_LITE, "sm89", "0.11.2", "TRITON_MLA"),
+        (V2_LITE, "sm90", "0.12.0", "FLASH_ATTN_MLA"),
+        (V2_LITE, "sm100", "0.12.0", "CUTLASS_MLA"),
+        (V2_LITE, "sm100", "0.33.0", "FLASHINFER_MLA"),
+    ],
+)
+def test_nvidia_targets_take_vllms_cuda_selection(model, target, release, backend):
+    """vLLM's CUDA priority list, first backend whose capability rule takes the GPU (held equal to
+    each release's own list in tests/test_vllm.py); the ROCm flags play no part."""
+    for environ in ({}, {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_MLA": "1"}):
+        selection = select(model, "vllm-aiter", None, environ, vllm_release=release, targets=[NVIDIA[target]])
+        assert selection.attention_backend == backend
+        [choice] = [choice for choice in selection.choices if choice.family in ("triton_attn", "triton_mla")]
+        if backend.startswith("TRITON"):
+            assert choice.skip_reason.startswith(f"{backend} runs vLLM's own Triton kernels, traced from an installed")
+        else:
+            triton = "TRITON_MLA" if model is V2_LITE else "TRITON_ATTN"
+            assert choice.skip_reason.startswith(f"{backend} runs ")
+            assert choice.skip_reason.endswith(f"not Triton: kprecompile plans Triton kernels "
+                                               f"(--attention-backend {triton} runs vLLM's own)")  # fmt: skip
+        assert "fp8_bmm" not in [choice.family for choice in selection.choices]
+
+
+def test_a_block_fp8_model_on_nvidia_lists_its_linear_layers_as_not_traced():
+    selection = select(DEEPSEEK, "vllm", None, {}, targets=[NVIDIA["sm90"]])
+    assert [choice.family for choice in selection.choices] == ["triton_mla", "block_fp8_linear"]
+    assert "not traced yet" in selection.choices[1].skip_reason
+
+
+def test_a_backend_named_for_nvidia_must_be_one_vllm_runs_there():
+    selection = select(LLAMA, "vllm", "TRITON_ATTN", {}, targets=[NVIDIA["sm90"]])
+    assert selection.attention_backend == "TRITON_ATTN"
+    with pytest.raises(InputError, match=r"--attention-backend: got 'ROCM_ATTN', expected one of FLASH_ATTN, "
+                                         r"FLASHINFER, TRITON_ATTN, FLEX_ATTENTION for llama-3.1-8b-instruct's "
+                                         r"grouped-query attention on sm90 in vLLM 0.12.0"):  # fmt: skip
+        select(LLAMA, "vllm", "ROCM_ATTN", {}, targets=[NVIDIA["sm90"]])
+    # FLASH_ATTN_MLA needs sm90: vLLM refuses it on sm89.
+    with pytest.raises(
+        InputError, match="expected one of TRITON_MLA for deepseek-v2-lite's multi-head latent attention on sm89"
+    ):  # noqa: E501
+        select(V2_LITE, "vllm", "FLASH_ATTN_MLA", {}, targets=[NVIDIA["sm89"]])
+
+
+def test_nvidia_targets_vllm_gives_different_backends_are_planned_apart():
+    with pytest.raises(InputError, match=r"--target: got 'sm89,sm90', expected targets vLLM gives one backend; it "
+                                         r"selects TRITON_MLA on sm89, FLASH_ATTN_MLA on sm90"):  # fmt: skip
+        select(V2_LITE, "vllm", None, {}, targets=[NVIDIA["sm89"], NVIDIA["sm90"]])
+    named = select(V2_LITE, "vllm", "TRITON_MLA", {}, targets=[NVIDIA["sm89"], NVIDIA["sm90"]])
+    assert named.attention_backend == "TRITON_MLA"
+
+
+def test_mixed_rocm_and_nvidia_targets_keep_the_rocm_selection():
+    """vLLM selects per platform: the ROCm choice says nothing of the NVIDIA one, so vLLM's own
+    kernels are planned on the NVIDIA targets only where the backend was named."""
+    targets = [TARGETS["gfx942"], NVIDIA["sm90"]]
+    unnamed = select(LLAMA, "vllm", None, {}, targets=targets)
+    assert unnamed.attention_backend == select(LLAMA, "vllm", None, {}).attention_backend == "TRITON_ATTN"
+    [choice] = unnamed.choices
+    assert choice.skip_reason_on("gfx942") is None
+    assert choice.skip_reason_on("sm90").startswith("vLLM selects another attention backend on NVIDIA GPUs")
+    [named] = select(LLAMA, "vllm", "TRITON_ATTN", {}, targets=targets).choices
+    assert named.skip_reason_on("sm90") is None
