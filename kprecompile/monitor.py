@@ -156,15 +156,18 @@ class JitMonitor:
             )  # fmt: skip
         if not self._pending:
             return
-        jit_function = fn.jit_function
-        kernel = jit_function.device_caches[compile["device"]][0].get(key)
-        waiting = self._pending.pop(getattr(kernel, "hash", None), None)
-        if waiting is None:
-            return
-        event, sighting = waiting
-        self._record(dataclasses.replace(sighting, source_hash=jit_function.cache_key,
-                                         specialization=compile["specialization_data"]))  # fmt: skip
-        self._report(event)
+        try:
+            jit_function = fn.jit_function
+            kernel = jit_function.device_caches[compile["device"]][0].get(key)
+            waiting = self._pending.pop(getattr(kernel, "hash", None), None)
+            if waiting is not None:
+                self._record(dataclasses.replace(waiting[1], source_hash=jit_function.cache_key,
+                                                 specialization=compile["specialization_data"]))  # fmt: skip
+        except Exception as error:  # another Triton's internals: the launch goes on unrecorded
+            waiting = None
+            logger.warning("kprecompile: a compile was not recorded (%s: %s)", type(error).__name__, error)
+        if waiting is not None:
+            self._report(waiting[0])
 
     def _report(self, event: JitCompile) -> None:
         if self.mode == "warn":

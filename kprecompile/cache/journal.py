@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..wording import plural
 from .files import FILE_MODE, write_atomic
 from .layout import CacheLayout
 
@@ -166,7 +165,8 @@ class JournalContents:
     def warn(self, path: Path) -> None:
         """One line for whatever had to be skipped, naming the journal."""
         if self.damaged:
-            logger.warning("journal %s: skipped %s", path, plural(self.damaged, "damaged line"))
+            lines = "1 damaged line" if self.damaged == 1 else f"{self.damaged:,} damaged lines"
+            logger.warning("journal %s: skipped %s", path, lines)
         if self.truncated:
             logger.warning("journal %s: larger than %d bytes; read up to that bound", path, MAX_JOURNAL_BYTES)
 
