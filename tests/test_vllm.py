@@ -516,3 +516,72 @@ def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(
     assert document["planned"] == ["pa_prefill"] and document["kernels"] > 0
     assert document["reason"].startswith("tracing rocm_attn failed at forward(")
     assert "NoSuchMetadata" in document["reason"] and "tested against vLLM 0.11.2, 0.12.0, 0.33.0" in document["reason"]
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_triton_attn_on_nvidia_keys_and_coverage(kernel_probes, version):
+    """TRITON_ATTN named on sm90 (vLLM's CUDA default is FLASH_ATTN), up to 0.18: traced under
+    vLLM's CUDA platform (e4m3fn's FP8 range), one kernel per integer class of the sequence count
+    and none per KV storage class (NVIDIA's backend does not specialize on it); keys are the launch
+    path's, random steps compile nothing outside the plan, and do outside a smaller plan."""
+    document = kernel_probes[version]["sm90"]["triton_attn"]
+    if version.startswith("0.33"):
+        assert document["choice"][0] == "triton_attn" and "not traced yet" in document["choice"][1]
+        return
+    assert document["choice"] == ["triton_attn", None]
+    assert document["fp8_range"] == [-448.0, 448.0]
+    # vLLM's CUDA launch of reshape-and-cache (16 warps, 10 stages; 8 and 4 under its ROCm platform).
+    assert document["reshape_launch"] == [16, 10] and kernel_probes[version]["triton_attn"]["reshape_launch"] == [8, 4]
+    expected = {"kernel_unified_attention_2d": 3, "kernel_unified_attention_3d": 2, "reduce_segments": 2,
+                "reshape_and_cache_kernel_flash": 1}  # fmt: skip
+    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
+        assert Counter(document[case]) == expected, case
+    reshape, decode, prefill = document["keys"]
+    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention_3d", "reduce_segments"]
+    assert decode["kernels"] == ["kernel_unified_attention_3d", "reduce_segments"]
+    assert prefill["kernels"] == ["kernel_unified_attention_2d"]
+    for row in (reshape, decode, prefill):
+        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row["step"]
+    rocm = {key for row in kernel_probes[version]["triton_attn"]["keys"] for key in row["traced"]}
+    assert rocm.isdisjoint(key for row in document["keys"] for key in row["traced"])
+    coverage = document["coverage"]
+    assert coverage["steps"] >= 60 and coverage["kernels"] == 8 and coverage["missing"] == 0
+    assert coverage["missing_from_smaller_plan"] > 0
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_triton_mla_on_nvidia_keys_and_coverage(kernel_probes, version):
+    """TRITON_MLA's decode on sm90 under vLLM's CUDA platform: stage 1 and 2 for 4 KV splits up
+    to 0.18, for each power-of-2 split count from 0.19; the prefill's merges there take vLLM's
+    compiled CUDA merge (the release's own dispatcher launches no Triton kernel), so none is
+    planned. Keys are the launch path's; random decode steps compile nothing outside the plan, and
+    do outside a plan of the prefill steps alone."""
+    document = kernel_probes[version]["sm90"]
+    mla = document["triton_mla"]
+    assert mla["choice"] == ["triton_mla", None]
+    splits = 5 if version.startswith("0.33") else 1
+    assert mla["kernels"] == ["_fwd_grouped_kernel_stage1"] * splits + ["_fwd_kernel_stage2"] * splits
+    assert document["merge"] == 0
+    keys = mla["keys"]
+    assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
+    assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
+    coverage = mla["coverage"]
+    assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] >= 2
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_the_cuda_selection_mirror_follows_the_releases_priority_list(kernel_probes, version):
+    """Without a backend named, kprecompile's mirror takes the backend vLLM's CUDA platform ranks
+    first among those whose compute-capability rule takes the target; where vLLM's class for a
+    higher-ranked backend cannot be imported on a builder (FlashInfer not installed, CUTLASS MLA
+    allocating on the GPU at import), the mirror's choice is that backend."""
+    rows = kernel_probes[version]["sm90"]["selection"]
+    assert len(rows) == 8
+    compared = [row for row in rows if not row["import_errors"]]
+    assert all(row["mirror"] == row["vllm"] for row in compared), compared
+    assert len(compared) >= 4
+    for row in rows:
+        assert row["mirror"] == row["vllm"] or row["mirror"] in row["import_errors"], row
+    defaults = {(row["target"], row["model"]): row["mirror"] for row in rows}
+    assert defaults["sm89", "deepseek-v2-lite"] == defaults["sm80", "deepseek-v2-lite"] == "TRITON_MLA"
+    assert defaults["sm90", "llama-3.1-8b-instruct"] == "FLASH_ATTN"

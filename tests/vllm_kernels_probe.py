@@ -28,7 +28,12 @@ plan traces them from the installed vLLM. Prints one JSON document.
    context, up to 0.18): kernels, the gather's key against the launch path, a random sweep of
    request mixes (extends, new tokens, cached contexts, KV storage classes) through the real
    metadata builder, and a plan without the large KV caches as the negative control.
-8. `block_fp8_linear` (vLLM's Triton block-FP8 GEMM and group quantization of DeepSeek-R1's linear
+8. NVIDIA targets (sm90): `triton_attn` and `triton_mla` traced under vLLM's CUDA platform, with
+   the same proofs (keys against the launch path, random sweeps, negative controls), the FP8
+   range the kernels take there (e4m3fn's), the release's merge dispatcher (its compiled CUDA
+   merge, no Triton kernel), and kprecompile's mirror of vLLM's CUDA backend selection against
+   the release's own priority list and each backend's compute-capability rule.
+9. `block_fp8_linear` (vLLM's Triton block-FP8 GEMM and group quantization of DeepSeek-R1's linear
    layers): the engine rule against the GEMM path vLLM's own linear method chooses per target and
    AITER setting; keys against the launch path; a random sweep of layers, token counts and devices
    against the plan; plans without the M multiples of 16, or without the tuned devices, as negative
@@ -58,6 +63,7 @@ from kprecompile.targets import TARGETS
 from kprecompile.trace import trace_calls
 
 GFX942 = TARGETS["gfx942"]
+SM90 = TARGETS["sm90"]
 FAMILY = FAMILIES["rocm_attn"]
 SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192}
 
@@ -73,10 +79,10 @@ def environment(**variables: str):
         os.environ.update(saved)
 
 
-def planned(preset: str, backend: str = "ROCM_ATTN", **serving: object):
+def planned(preset: str, backend: str = "ROCM_ATTN", target=GFX942, **serving: object):
     model = load_model(preset)
-    selection = select(model, "vllm", backend, environ={}, vllm_release=installed_release())
-    return plan(model, ServingParams(**{**SERVING, **serving}), [GFX942], selection)
+    selection = select(model, "vllm", backend, environ={}, vllm_release=installed_release(), targets=[target])
+    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
 
 
 def kernels(result) -> list[str]:
@@ -178,7 +184,7 @@ def coverage() -> dict[str, object]:
 TRITON = FAMILIES["triton_attn"]
 
 
-def _without_reshape_and_cache(shape):
+def _without_reshape_and_cache(shape, target=GFX942):
     """The step with vLLM's reshape-and-cache skipped, so that the attention kernel launches first."""
 
     def call():
@@ -186,44 +192,57 @@ def _without_reshape_and_cache(shape):
         original = module.triton_reshape_and_cache_flash
         module.triton_reshape_and_cache_flash = lambda *args, **kwargs: None
         try:
-            TRITON.launch(shape, GFX942)
+            TRITON.launch(shape, target)
         finally:
             module.triton_reshape_and_cache_flash = original
 
     return call
 
 
-def triton_attn() -> dict[str, object]:
+def constants_of(job) -> dict[str, object]:
+    data = json.loads(job.specialization)
+    names = list(data["signature"])
+    return {names[index]: value for (index,), value in zip(data["constant_keys"], data["constant_vals"], strict=True)}
+
+
+def triton_attn(target=GFX942) -> dict[str, object]:
     [choice] = select(load_model("mistral-7b-v0.1"), "vllm", "TRITON_ATTN", environ={},
-                      vllm_release=installed_release()).choices  # fmt: skip
+                      vllm_release=installed_release(), targets=[target]).choices  # fmt: skip
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
         return document
     for preset, serving in (("mistral-7b-v0.1", {}), ("llama-3.1-8b-instruct", {}),
                             ("llama-3.1-8b-instruct", {"kv_cache_dtype": "fp8"})):  # fmt: skip
         label = " ".join([preset, *serving.values()])
-        document[label] = sorted(kernels(planned(preset, "TRITON_ATTN", **serving)))
+        document[label] = sorted(kernels(planned(preset, "TRITON_ATTN", target, **serving)))
+    fp8 = planned("llama-3.1-8b-instruct", "TRITON_ATTN", target, kv_cache_dtype="fp8").jobs
+    reduce = constants_of(next(job for job in fp8 if job.kernel.endswith(":reduce_segments")))
+    document["fp8_range"] = [reduce["FP8_MIN"], reduce["FP8_MAX"]]
+    # vLLM launches reshape-and-cache with its platform's warps and stages (ROCm's or CUDA's).
+    reshape = next(job for job in fp8 if job.kernel.endswith(":reshape_and_cache_kernel_flash"))
+    options = json.loads(reshape.specialization)["options"]
+    document["reshape_launch"] = [options["num_warps"], options["num_stages"]]
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
     shapes = TRITON.enumerate_shapes(model, serving)
     small_decode = next(shape for shape in shapes if shape.max_query_len == 1 and shape.num_seqs == 3)
     prefill = next(shape for shape in shapes if shape.max_query_len > 1)
     rows = []
-    for step, call in (("reshape_and_cache", lambda: TRITON.launch(small_decode, GFX942)),
-                       ("decode", _without_reshape_and_cache(small_decode)),
-                       ("prefill", _without_reshape_and_cache(prefill))):  # fmt: skip
-        traced = trace_calls([("call", call)], GFX942, "triton_attn", TRITON.traced_modules)
+    for step, call in (("reshape_and_cache", lambda: TRITON.launch(small_decode, target)),
+                       ("decode", _without_reshape_and_cache(small_decode, target)),
+                       ("prefill", _without_reshape_and_cache(prefill, target))):  # fmt: skip
+        traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
         with tempfile.TemporaryDirectory() as cache:
-            launched = launch_path_keys(cache, GFX942, call, TRITON.traced_modules)
+            launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
         rows.append({"step": step, "traced": [job.key for job in traced.jobs], "launched": launched,
                      "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]})  # fmt: skip
     document["keys"] = rows
     rng = random.Random(7)
-    plan_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN").jobs}
+    plan_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", target).jobs}
     swept_shapes = sweep_shapes(model, serving, rng, 80, TRITON)
-    swept = trace_calls(TRITON.calls(tuple(swept_shapes), GFX942), GFX942, "triton_attn", TRITON.traced_modules)
+    swept = trace_calls(TRITON.calls(tuple(swept_shapes), target), target, "triton_attn", TRITON.traced_modules)
     swept_keys = {job.key for job in swept.jobs}
     # Negative control: the plan for at most 8 sequences lacks the kernels for multiples of 16.
-    small_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", max_num_seqs=8).jobs}
+    small_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", target, max_num_seqs=8).jobs}
     document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
                             "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
     return document
@@ -232,38 +251,108 @@ def triton_attn() -> dict[str, object]:
 MLA = FAMILIES["triton_mla"]
 
 
-def triton_mla() -> dict[str, object]:
+def triton_mla(target=GFX942) -> dict[str, object]:
     model = load_model("deepseek-v2-lite")
-    [_, choice] = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=installed_release()).choices
+    release = installed_release()
+    choices = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=release, targets=[target]).choices
+    [choice] = [choice for choice in choices if choice.family == "triton_mla"]
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
         return document
-    plan_jobs = planned("deepseek-v2-lite", "TRITON_MLA").jobs
+    plan_jobs = planned("deepseek-v2-lite", "TRITON_MLA", target).jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "triton_mla")
     serving = ServingParams(**SERVING)
     shapes = MLA.enumerate_shapes(model, serving)
 
     def call():
-        MLA.launch(shapes[1], GFX942)
+        MLA.launch(shapes[1], target)
 
-    traced = trace_calls([("call", call)], GFX942, "triton_mla", MLA.traced_modules)
+    traced = trace_calls([("call", call)], target, "triton_mla", MLA.traced_modules)
     with tempfile.TemporaryDirectory() as cache:
-        launched = launch_path_keys(cache, GFX942, call, MLA.traced_modules)
+        launched = launch_path_keys(cache, target, call, MLA.traced_modules)
     document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched,
                         "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
     rng = random.Random(3)
     swept_shapes = [replace(shapes[0], batch=rng.randint(1, serving.max_num_seqs),
                             max_seq_len=rng.randint(1, serving.model_len(model)),
                             kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])) for _ in range(20)]  # fmt: skip
-    swept = trace_calls(MLA.calls(tuple(swept_shapes), GFX942), GFX942, "triton_mla", MLA.traced_modules)
+    swept = trace_calls(MLA.calls(tuple(swept_shapes), target), target, "triton_mla", MLA.traced_modules)
     swept_keys = {job.key for job in swept.jobs}
     plan_keys = {job.key for job in plan_jobs}
-    small = [shape for shape in shapes if shape.kv_cache_storage == "under_2gib"]
-    small_keys = {job.key for job in trace_calls(MLA.calls(tuple(small), GFX942), GFX942, "triton_mla",
+    # Negative control: on ROCm a plan without the KV caches over 2 GiB (a pointer specialization
+    # NVIDIA's backend does not make); on NVIDIA one without the decode steps.
+    if target.is_rocm:
+        small = [shape for shape in shapes if shape.kv_cache_storage == "under_2gib"]
+    else:
+        small = [shape for shape in shapes if shape.context_chunks]
+    small_keys = {job.key for job in trace_calls(MLA.calls(tuple(small), target), target, "triton_mla",
                                                  MLA.traced_modules).jobs}  # fmt: skip
     document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
                             "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
     return document
+
+
+def cuda_merge() -> int:
+    """Triton kernels the release's own `merge_attn_states` dispatcher launches on sm90 for an MLA
+    prefill's merge (bfloat16, V head size 128): none, it takes vLLM's compiled CUDA merge."""
+    import importlib.util
+
+    import torch
+
+    from kprecompile.shapes._vllm_backend import prebuilt_ops_skipped
+
+    def exists(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # its parent package is not in this release
+            return False
+
+    module = next(name for name in ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
+                  if exists(name))  # fmt: skip
+
+    def call():
+        meta = torch.device("meta")
+        out = torch.empty((64, 16, 128), dtype=torch.bfloat16, device=meta)
+        lse = torch.empty((16, 64), dtype=torch.float32, device=meta)
+        with prebuilt_ops_skipped(("merge_attn_states",)):
+            import_library_module(module).merge_attn_states(out, out, lse, torch.empty_like(out), lse)
+
+    return len(trace_calls([("merge", call)], SM90, "merge", (module,)).jobs)
+
+
+def cuda_selection() -> list[dict[str, object]]:
+    """For each NVIDIA target and attention kind: the backend kprecompile's mirror selects, and
+    the first of the release's own priority list (`_get_backend_priorities`) whose class's
+    compute-capability rule takes the target (each class as vLLM imports it on that target; the
+    classes that cannot be imported without the GPU are named, and skipped)."""
+    import vllm.platforms as platforms
+
+    from kprecompile.driver import active_target
+    from kprecompile.engines import select as select_backend
+    from kprecompile.integrations.vllm.platform import target_imports
+
+    rows = []
+    for name in ("sm80", "sm89", "sm90", "sm100"):
+        target = TARGETS[name]
+        for preset in ("llama-3.1-8b-instruct", "deepseek-v2-lite"):
+            model = load_model(preset)
+            mirror = select_backend(model, "vllm", None, environ={}, vllm_release=installed_release(),
+                                    targets=[target]).attention_backend  # fmt: skip
+            with active_target(target), target_imports(target):
+                cuda = import_library_module("vllm.platforms.cuda")
+                capability = platforms.current_platform.get_device_capability()
+                first, refused = None, {}
+                for backend in cuda._get_backend_priorities(model.attention == "mla", capability):
+                    try:
+                        takes = backend.get_class().supports_compute_capability(capability)
+                    except Exception as error:  # modules that need the GPU or its libraries at import
+                        refused[backend.name] = f"{type(error).__name__}: {error}"
+                        continue
+                    if takes:
+                        first = backend.name
+                        break
+            rows.append({"target": name, "model": preset, "mirror": mirror, "vllm": first, "import_errors": refused})
+    return rows
 
 
 MERGE = FAMILIES["mla_merge"]
@@ -479,5 +568,8 @@ if __name__ == "__main__":
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
                 "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
-                "block_fp8_linear": linear, "untraceable": untraceable()}  # fmt: skip
+                "block_fp8_linear": linear, "untraceable": untraceable(),
+                # NVIDIA last: the ROCm families above keep their per-target imports as before.
+                "sm90": {"triton_attn": triton_attn(SM90), "triton_mla": triton_mla(SM90), "merge": cuda_merge(),
+                         "selection": cuda_selection()}}  # fmt: skip
     print(json.dumps(document))

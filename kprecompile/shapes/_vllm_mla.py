@@ -12,6 +12,7 @@ gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 from types import SimpleNamespace
@@ -36,7 +37,9 @@ def build_impl(module_name: str, backend_class: str, heads: int, config_json: st
     raw = json.loads(config_json)
     nope, rope, latent = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["kv_lora_rank"]
     refresh_switches()
-    with set_current_vllm_config(engine_config(config_json, serving, target)), aiter_attention_prebuilt():
+    # AITER's attention, which vLLM's ROCm MLA impls import when built; nothing of it on NVIDIA.
+    prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
+    with set_current_vllm_config(engine_config(config_json, serving, target)), prebuilt:
         return getattr(module, backend_class).get_impl_cls()(
             heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, kv_cache_dtype, None, "decoder", None,
             q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=latent, qk_nope_head_dim=nope, qk_rope_head_dim=rope,

@@ -25,7 +25,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
 
@@ -96,17 +96,18 @@ def cuda_platform(target: Target) -> Iterator[Any]:
 def _without_extensions(name: str) -> ModuleType:
     """Import `name` where vLLM's compiled extensions it imports cannot be loaded: each such
     extension is absent during the import, as ROCm's platform module leaves `vllm._C` when it
-    fails to load (see the module doc). Other import errors propagate."""
+    fails to load (see the module doc). An extension is a module the vLLM distribution ships as
+    a shared object (its RECORD says so), whether the file is here and does not load (no CUDA
+    runtime) or is not here (vLLM's Python files only). Other import errors propagate."""
     import importlib.machinery
 
-    package = Path(importlib.util.find_spec("vllm").origin).parent
     absent: list[str] = []
     try:
         while True:
             try:
                 return importlib.import_module(name)
             except ImportError as error:
-                extension = _extension_name(error, package)
+                extension = _extension_name(error)
                 if extension is None or extension in absent:
                     raise
                 module = ModuleType(extension, "vLLM's compiled extension, which cannot be loaded here")
@@ -119,16 +120,36 @@ def _without_extensions(name: str) -> ModuleType:
             sys.modules.pop(extension, None)
 
 
-def _extension_name(error: ImportError, package: Path) -> str | None:
-    """The module name of the vLLM extension whose shared object failed to load, else None."""
-    if not error.path or not error.path.endswith(".so"):
+def _extension_name(error: ImportError) -> str | None:
+    """The vLLM extension whose import failed (see `_without_extensions`), else None."""
+    if isinstance(error, ModuleNotFoundError):
+        name = error.name
+    elif error.path and error.path.endswith(".so"):
+        path = Path(error.path)
+        try:
+            relative = path.parent.relative_to(Path(importlib.util.find_spec("vllm").origin).parent.parent)
+        except ValueError:
+            return None
+        name = ".".join((*relative.parts, path.name.split(".")[0]))
+    else:
         return None
-    path = Path(error.path)
+    return name if name in _vllm_extensions() else None
+
+
+@functools.cache
+def _vllm_extensions() -> frozenset[str]:
+    """vLLM's compiled extensions by module name, from its distribution's RECORD (read as text:
+    `metadata.files` leaves out files that are not on disk from Python 3.12)."""
+    import csv
+    from importlib import metadata
+
     try:
-        relative = path.parent.relative_to(package.parent)
-    except ValueError:
-        return None
-    return ".".join((*relative.parts, path.name.split(".")[0]))
+        record = metadata.distribution("vllm").read_text("RECORD") or ""
+    except metadata.PackageNotFoundError:
+        return frozenset()
+    paths = [PurePosixPath(row[0]) for row in csv.reader(record.splitlines()) if row]
+    return frozenset(".".join((*path.parent.parts, path.name.split(".")[0])) for path in paths
+                     if path.parts[0] == "vllm" and path.name.endswith(".so"))  # fmt: skip
 
 
 @contextlib.contextmanager
