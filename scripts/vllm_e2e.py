@@ -19,7 +19,8 @@
 
 vLLM's Python files are enough (its compiled extensions are not needed for its Triton kernels):
 the serving process makes vLLM's CUDA platform current with `cuda_platform`, which imports it
-without the extensions that cannot be loaded.
+without the extensions that cannot be loaded. `scripts/vllm_carry.py` packs what a GPU host
+without vLLM needs (on the host: `source .e2e/setup.sh && python3 scripts/gpu_e2e.py --part vllm`).
 
     python scripts/vllm_e2e.py --serve CACHE | --scale-bake CACHE | --scale-preload CACHE
 """

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Build what `gpu_e2e.py --part vllm` needs on a GPU host that has no vLLM and no network.
+
+    python scripts/vllm_carry.py [--release 0.12.0] [--out .e2e]
+
+Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's `carry`):
+
+- `vllm-<release>.tgz`: the release's Python files (from `scripts/install_vllm.py`'s directory)
+  without its compiled extensions, and its dist-info (METADATA, RECORD, entry points): vLLM's
+  Triton kernels need no extension, and RECORD names the extensions that are absent.
+- `wheels/`: CPython 3.12 manylinux wheels of the packages vLLM's modules import, at the versions
+  installed beside the release, and kprecompile's pebble and platformdirs.
+- `vllm-cache/modelinfos/`: vLLM's model-info cache for DeepSeek-V2, written by the release
+  itself here. vLLM inspects a model's class in a child process that imports vLLM's platform;
+  on a GPU host with vLLM's Python files only, its CUDA platform cannot load the compiled
+  extension there, while on this builder (no GPU) the child runs.
+- `setup.sh`: sourced on the host from the repository root, it unpacks vLLM, installs the
+  wheels the host lacks (transformers, tokenizers and huggingface_hub always: vLLM up to 0.18
+  takes transformers 4), and sets PYTHONPATH and VLLM_CACHE_ROOT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# Distributions vLLM 0.12's config, attention and MLA modules import beyond what the H200 image
+# has for sure (torch, triton, numpy, filelock, tqdm, pyyaml, packaging, ...).
+DEPENDENCIES = (
+    "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "regex", "cbor2", "blake3", "msgspec",
+    "pyzmq", "cachetools", "pybase64", "py_cpuinfo", "openai_harmony", "prometheus_client", "gguf", "cloudpickle",
+    "aiohttp", "multidict", "yarl", "frozenlist", "aiosignal", "propcache", "aiohappyeyeballs", "attrs", "requests",
+    "urllib3", "certifi", "charset_normalizer", "idna", "transformers", "tokenizers", "huggingface_hub",
+)  # fmt: skip
+FORCED = ("transformers", "tokenizers", "huggingface_hub", "pebble", "platformdirs")
+
+SETUP = """\
+# Source on the GPU host from the repository root (written by scripts/vllm_carry.py).
+mkdir -p /tmp/vllm /tmp/site /tmp/deps
+tar xzf {out}/vllm-{release}.tgz -C /tmp/vllm
+forced="{forced}"
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \\
+    $(for n in $forced; do ls {out}/wheels/$n-*.whl; done)
+missing=$(for w in {out}/wheels/*.whl; do n=$(basename $w | cut -d- -f1); case " $forced " in *" $n "*) continue;; esac
+    python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" $n 2>/dev/null || echo $w; done)
+echo "installing where missing: $(for w in $missing; do basename $w | cut -d- -f1; done | tr '\\n' ' ')"
+[ -n "$missing" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/deps $missing
+export PYTHONPATH=$PWD:/tmp/vllm:/tmp/site:/tmp/deps
+export VLLM_CACHE_ROOT=$PWD/{out}/vllm-cache
+"""
+
+
+def _installer():
+    spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _version(release_dir: Path, name: str) -> str:
+    normalized = name.lower().replace("-", "_")
+    for info in release_dir.glob("*.dist-info"):
+        distribution, _, version = info.name[: -len(".dist-info")].partition("-")
+        if distribution.lower().replace("-", "_") == normalized:
+            return version
+    return metadata.version(name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--release", default="0.12.0")
+    parser.add_argument("--out", default=".e2e")
+    args = parser.parse_args()
+    out = ROOT / args.out
+    release_dir = _installer().install(args.release)
+    (out / "wheels").mkdir(parents=True, exist_ok=True)
+
+    info = release_dir / f"vllm-{args.release}.dist-info"
+    with tarfile.open(out / f"vllm-{args.release}.tgz", "w:gz") as archive:
+        for path in sorted((release_dir / "vllm").rglob("*")):
+            if path.is_file() and path.suffix != ".so" and "__pycache__" not in path.parts:
+                archive.add(path, str(path.relative_to(release_dir)))
+        for name in ("METADATA", "RECORD", "entry_points.txt"):
+            if (info / name).is_file():
+                archive.add(info / name, f"{info.name}/{name}")
+
+    pins = [f"{name}=={_version(release_dir, name)}" for name in DEPENDENCIES]
+    pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
+    tags = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+            "manylinux1_x86_64")  # fmt: skip
+    platforms = [arg for tag in tags for arg in ("--platform", tag)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(out / "wheels"),
+                    *pins], check=True)  # fmt: skip
+
+    # vLLM's own model-info cache, written while it builds DeepSeek-V2-Lite's engine configuration.
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(release_dir)]),
+                   "CUDA_VISIBLE_DEVICES": "", "VLLM_CACHE_ROOT": str(out / "vllm-cache")}  # fmt: skip
+    with tempfile.TemporaryDirectory() as cache:
+        subprocess.run([sys.executable, "-m", "kprecompile", "plan", "--model", "deepseek-v2-lite", "--engine", "vllm",
+                        "--attention-backend", "TRITON_MLA", "--target", "sm90", "--max-model-len", "4096",
+                        "--max-num-seqs", "64", "--cache-dir", cache], env=environment, check=True,
+                       stdout=subprocess.DEVNULL)  # fmt: skip
+    if not list((out / "vllm-cache" / "modelinfos").glob("*DeepseekV2*.json")):
+        sys.exit("vLLM wrote no model-info cache for DeepSeek-V2")
+
+    (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(FORCED)))
+    size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
+    print(f"{out}: {size / 1e6:.1f} MB to carry")
+
+
+if __name__ == "__main__":
+    main()
