@@ -18,7 +18,8 @@ sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and sm
 TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA platform); the
 others are listed as not planned with what they run. A request whose targets are all NVIDIA is
 selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm selection stands, and
-vLLM's own kernels are planned on its NVIDIA targets only where the backend was named.
+vLLM's own kernels are not planned on its NVIDIA targets (vLLM's config modules keep the platform
+they were first imported under: plan those targets in a request of their own).
 
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
@@ -207,10 +208,11 @@ def select(
     if model.fp8_block_size is not None:
         choices += (_block_fp8_linear(flags, line, release),)
     nvidia = tuple(target.name for target in targets if not target.is_rocm)
-    if nvidia and requested is None:
-        # vLLM selects per platform: what it takes on ROCm says nothing of its NVIDIA choice.
-        reason = ("vLLM selects another attention backend on NVIDIA GPUs (its CUDA priority list): plan NVIDIA "
-                  "targets in a request of their own, or name the backend")  # fmt: skip
+    if nvidia:
+        # vLLM selects per platform, and its config modules keep the platform they were first
+        # imported under: one process traces one platform's vLLM kernels.
+        reason = (f"vLLM selects its attention backend and binds its platform per platform: plan NVIDIA targets "
+                  f"in a request of their own (--target {nvidia[0]})")  # fmt: skip
         skipped = tuple((name, reason) for name in nvidia)
         vllm_kernels = ("triton_attn", "triton_mla")
         choices = tuple(replace(choice, skip_targets=choice.skip_targets + skipped)

@@ -301,13 +301,15 @@ def test_nvidia_targets_vllm_gives_different_backends_are_planned_apart():
 
 
 def test_mixed_rocm_and_nvidia_targets_keep_the_rocm_selection():
-    """vLLM selects per platform: the ROCm choice says nothing of the NVIDIA one, so vLLM's own
-    kernels are planned on the NVIDIA targets only where the backend was named."""
+    """vLLM selects per platform, and binds its platform in its config modules at import: vLLM's
+    own kernels are planned on the ROCm targets of a mixed request, not on its NVIDIA ones."""
     targets = [TARGETS["gfx942"], NVIDIA["sm90"]]
     unnamed = select(LLAMA, "vllm", None, {}, targets=targets)
     assert unnamed.attention_backend == select(LLAMA, "vllm", None, {}).attention_backend == "TRITON_ATTN"
-    [choice] = unnamed.choices
-    assert choice.skip_reason_on("gfx942") is None
-    assert choice.skip_reason_on("sm90").startswith("vLLM selects another attention backend on NVIDIA GPUs")
-    [named] = select(LLAMA, "vllm", "TRITON_ATTN", {}, targets=targets).choices
-    assert named.skip_reason_on("sm90") is None
+    for backend in (None, "TRITON_ATTN"):
+        [choice] = select(LLAMA, "vllm", backend, {}, targets=targets).choices
+        assert choice.skip_reason_on("gfx942") is None
+        assert choice.skip_reason_on("sm90") == (
+            "vLLM selects its attention backend and binds its platform per platform: plan NVIDIA targets in a "
+            "request of their own (--target sm90)"
+        )

@@ -12,8 +12,8 @@ GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learn
 model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
 questions have no answer. They decide which GEMM an FP8 linear layer takes, which no family
 traced on an NVIDIA target reads: while the configuration is built they answer that no CUTLASS
-GEMM is built in (`_no_cutlass_gemms`), and the modules that asked are imported again when a
-family next needs them.
+GEMM is built in (`_no_cutlass_gemms`), the answer those modules also read under vLLM's ROCm
+platform. The modules keep it (importing them again would register vLLM's operators twice).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import dataclasses
 import functools
 import logging
 import os
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -68,6 +67,10 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     }
     if serving.cudagraph_capture_sizes is not None:
         arguments["cuda_graph_sizes"] = list(serving.cudagraph_capture_sizes)
+    if not target.is_rocm and serving.tensor_parallel_size > 1:
+        # vLLM's CUDA platform checks that the ranks fit the GPUs it sees (none on a builder)
+        # before it picks its executor: on the serving host they fit, and it picks "mp".
+        arguments["distributed_executor_backend"] = "mp"
     names = {field.name for field in dataclasses.fields(EngineArgs)}
     # CPU swap space per rank is checked against this host's memory, which a builder's is not.
     if "swap_space" in names:
@@ -99,8 +102,7 @@ _CUTLASS_QUERIES = ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_support
 @contextlib.contextmanager
 def _no_cutlass_gemms(target: Target) -> Iterator[None]:
     """See the module doc: on an NVIDIA target whose vLLM extension cannot be loaded here, vLLM's
-    CUTLASS capability queries answer False in the block, and every vLLM module imported in it
-    that read them is forgotten after it."""
+    CUTLASS capability queries answer False in the block."""
     import torch
 
     from ...libraries import import_library_module
@@ -109,7 +111,6 @@ def _no_cutlass_gemms(target: Target) -> Iterator[None]:
     if target.is_rocm or hasattr(torch.ops._C, _CUTLASS_QUERIES[0]):
         yield
         return
-    before = set(sys.modules)
     saved = {name: getattr(ops, name) for name in _CUTLASS_QUERIES if hasattr(ops, name)}
     for name in saved:
         setattr(ops, name, lambda capability: False)
@@ -118,6 +119,3 @@ def _no_cutlass_gemms(target: Target) -> Iterator[None]:
     finally:
         for name, query in saved.items():
             setattr(ops, name, query)
-        for name in set(sys.modules) - before:
-            if name.startswith("vllm.") and "CUTLASS_FP8_SUPPORTED" in vars(sys.modules[name]):
-                del sys.modules[name]
