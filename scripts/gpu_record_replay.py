@@ -54,7 +54,11 @@ def run(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[int, 
 
 
 def last_json(text: str) -> dict:
-    return json.loads(text.strip().splitlines()[-1])
+    """A command's one JSON document, or a serving process's last line."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return json.loads(text.strip().splitlines()[-1])
 
 
 def main() -> None:
