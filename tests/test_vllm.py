@@ -231,6 +231,18 @@ def kernel_probes(tmp_path_factory):
         out, err = process.communicate(timeout=900)
         assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
         documents[version] = json.loads(out.strip().splitlines()[-1])
+    # NVIDIA targets in processes of their own, as an NVIDIA request is planned.
+    for version in SUPPORTED_RELEASES:
+        environment = {**vllm_environment(version, tmp_path_factory.mktemp(f"nvidia-{version}")),
+                       "VLLM_ROCM_USE_AITER": ""}  # fmt: skip
+        environment["PYTHONPATH"] += os.pathsep + str(HERE)
+        running[version] = subprocess.Popen([sys.executable, str(HERE / "vllm_kernels_probe.py"), "--nvidia"],
+                                            env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            text=True)  # fmt: skip
+    for version, process in running.items():
+        out, err = process.communicate(timeout=900)
+        assert process.returncode == 0, f"vLLM {version} (NVIDIA): {err[-3000:]}"
+        documents[version]["sm90"] = json.loads(out.strip().splitlines()[-1])
     for version, backend, model, _ in WARM_CASES:
         cache = tmp_path_factory.mktemp(f"warm-{version}")
         environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
@@ -567,6 +579,8 @@ def test_triton_mla_on_nvidia_keys_and_coverage(kernel_probes, version):
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
     coverage = mla["coverage"]
     assert coverage["steps"] == 20 and coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] >= 2
+    # At TP 2 too: vLLM's engine configuration for a serving host whose ranks its builder cannot see.
+    assert document["mla_tp2"] == mla["kernels"]
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)

@@ -1,7 +1,7 @@
 """Run inside a real vLLM release (PYTHONPATH=.vllm/<version>): vLLM's own Triton kernels as the
 plan traces them from the installed vLLM. Prints one JSON document.
 
-    python vllm_kernels_probe.py
+    python vllm_kernels_probe.py [--nvidia]
 
 1. Plans of the `rocm_attn` family (vLLM's ROCM_ATTN backend) on gfx942: which of vLLM's kernels
    each model and flag setting gets (vLLM's own rule sends decode to HIP or to Triton); the FP8
@@ -28,7 +28,8 @@ plan traces them from the installed vLLM. Prints one JSON document.
    context, up to 0.18): kernels, the gather's key against the launch path, a random sweep of
    request mixes (extends, new tokens, cached contexts, KV storage classes) through the real
    metadata builder, and a plan without the large KV caches as the negative control.
-8. NVIDIA targets (sm90): `triton_attn` and `triton_mla` traced under vLLM's CUDA platform, with
+8. NVIDIA targets (sm90, `--nvidia`, a process of its own as an NVIDIA request is planned):
+   `triton_attn` and `triton_mla` traced under vLLM's CUDA platform (at TP 1 and, for MLA, TP 2), with
    the same proofs (keys against the launch path, random sweeps, negative controls), the FP8
    range the kernels take there (e4m3fn's), the release's merge dispatcher (its compiled CUDA
    merge, no Triton kernel), and kprecompile's mirror of vLLM's CUDA backend selection against
@@ -47,6 +48,7 @@ import functools
 import json
 import os
 import random
+import sys
 import tempfile
 from dataclasses import replace
 
@@ -561,15 +563,25 @@ def untraceable() -> dict[str, object]:
             "kernels": len(result.jobs)}  # fmt: skip
 
 
+def nvidia() -> dict[str, object]:
+    """Section 8, in a process of its own, as a request for NVIDIA targets is planned: vLLM's config
+    modules keep the platform they were first imported under."""
+    model = load_model("deepseek-v2-lite")
+    tp2 = ServingParams(**SERVING, tensor_parallel_size=2)
+    selection = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=installed_release(), targets=[SM90])
+    return {"triton_attn": triton_attn(SM90), "triton_mla": triton_mla(SM90), "merge": cuda_merge(),
+            "selection": cuda_selection(), "mla_tp2": kernels(plan(model, tp2, [SM90], selection))}  # fmt: skip
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--nvidia"]:
+        print(json.dumps(nvidia()))
+        sys.exit(0)
     # block_fp8_linear first: it imports vLLM's model modules (some register operators at import)
     # outside any family's per-target re-import of vLLM's attention ops (see the report).
     linear = block_fp8_linear()
     document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
                 "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
                 "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
-                "block_fp8_linear": linear, "untraceable": untraceable(),
-                # NVIDIA last: the ROCm families above keep their per-target imports as before.
-                "sm90": {"triton_attn": triton_attn(SM90), "triton_mla": triton_mla(SM90), "merge": cuda_merge(),
-                         "selection": cuda_selection()}}  # fmt: skip
+                "block_fp8_linear": linear, "untraceable": untraceable()}  # fmt: skip
     print(json.dumps(document))
