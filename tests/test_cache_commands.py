@@ -191,6 +191,11 @@ def test_prune_waits_for_a_warm_in_progress(capsys, cache):
          "writable cache (see kprecompile cache ls)"),
         (["cache", "prune", "--max-size", "lots"], "kprecompile: --max-size: got 'lots', expected a size such as "
          "10G, 500MB, 2GiB or a number of bytes"),
+        (["misses", "zz"], "kprecompile: MANIFEST: got 'zz', expected a manifest key or its prefix (hex digits, see "
+         "kprecompile cache ls)"),
+        (["misses", "--target", "mi999"], "kprecompile: --target: got 'mi999', expected one of gfx90a, gfx942, "
+         "gfx950, sm80, sm89, sm90, sm100, a product (mi210, mi250, mi250x, mi300a, mi300x, mi325x, mi350x, mi355x, "
+         "a100, l40s, l4, h100, h200, h20, b200, gb200), or auto"),
     ],
 )  # fmt: skip
 def test_bad_cache_commands_are_one_line_and_exit_2(capsys, cache, argv, expected):
