@@ -10,13 +10,11 @@ to, and what became of it: compiled by a later warm, not replayed yet, or why no
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from .cache.inventory import configurations
-from .cache.jobs import describe_specialization_data
 from .cache.journal import Record, journal_keys, read_records
 from .cache.layout import CacheLayout
 from .configuration import journal_key, toolchain_digest
@@ -91,7 +89,7 @@ def _miss(record: Record, sharing: list, families: dict[str, str]) -> Miss:
         kernel=record.kernel,
         triton_key=record.triton_key,
         target=record.target,
-        specialization=_describe(record.specialization),
+        specialization=record.describe(),
         first_seen=_iso(record.first_seen),
         last_seen=_iso(record.last_seen),
         count=record.count,
@@ -121,15 +119,6 @@ def library_of(kernel: str) -> str:
         return "Inductor or triton.compile"
     top = module.partition(".")[0]
     return _LIBRARIES.get(top, top)
-
-
-def _describe(specialization: str | None) -> str:
-    if specialization is None:
-        return "-"
-    try:
-        return describe_specialization_data(json.loads(specialization))
-    except (ValueError, KeyError, TypeError, IndexError):
-        return "(unreadable specialization data)"
 
 
 def _iso(seconds: float) -> str:

@@ -101,6 +101,8 @@ class JitMonitor:
         self._pending: dict[str, tuple[JitCompile, Sighting]] = {}
         self._unsent: list[Sighting] = []
         self._recorded: set[str] = set()
+        # Recorded by name only, in case Triton's post-compile hook brings their data later.
+        self._unspecialized: dict[str, Sighting] = {}
         self._previous = self._previous_post_compile = None
         self._installed = False
 
@@ -145,6 +147,8 @@ class JitMonitor:
             # The post-compile hook follows in this thread, with the specialization data.
             self._pending[sighting.triton_key] = (event, sighting)
             return
+        # Not inside a launch (Inductor's compiles, Triton's async compile mode): recorded by name
+        # now; should the post-compile hook follow, it adds the specialization data.
         self._record(sighting)
         self._report(event)
 
@@ -154,18 +158,21 @@ class JitMonitor:
                 key=key, repr=repr, fn=fn, compile=compile, is_manual_warmup=is_manual_warmup,
                 already_compiled=already_compiled,
             )  # fmt: skip
-        if not self._pending:
-            return
         try:
             jit_function = fn.jit_function
             kernel = jit_function.device_caches[compile["device"]][0].get(key)
-            waiting = self._pending.pop(getattr(kernel, "hash", None), None)
-            if waiting is not None:
-                self._record(dataclasses.replace(waiting[1], source_hash=jit_function.cache_key,
+            triton_key = getattr(kernel, "hash", None)
+            waiting = self._pending.pop(triton_key, None)
+            sighting = waiting[1] if waiting else self._unspecialized.pop(triton_key, None)
+            if sighting is not None:
+                self._record(dataclasses.replace(sighting, source_hash=jit_function.cache_key,
                                                  specialization=compile["specialization_data"]))  # fmt: skip
-        except Exception as error:  # another Triton's internals: the launch goes on unrecorded
-            waiting = None
+        except Exception as error:  # another Triton's internals: reported, unrecorded
             logger.warning("kprecompile: a compile was not recorded (%s: %s)", type(error).__name__, error)
+            waiting = None
+            for event, _ in self._pending.values():
+                self._report(event)
+            self._pending.clear()
         if waiting is not None:
             self._report(waiting[0])
 
@@ -180,6 +187,8 @@ class JitMonitor:
             return
         if sighting.specialization is not None:
             self._recorded.add(sighting.triton_key)
+        elif len(self._unspecialized) < journal.MAX_RECORDS:
+            self._unspecialized[sighting.triton_key] = sighting
         if self.sink is None:
             if len(self._unsent) < journal.MAX_RECORDS:
                 self._unsent.append(sighting)
@@ -236,9 +245,12 @@ def _specialization(src: Any) -> str:
 def _inside_jit_launch() -> bool:
     """Whether this compile runs inside `JITFunction._do_compile` (a launch, a warmup, a preload),
     which calls the post-compile hook next."""
-    from triton.runtime.jit import JITFunction
+    try:
+        from triton.runtime.jit import JITFunction
 
-    code = JITFunction._do_compile.__code__
+        code = JITFunction._do_compile.__code__
+    except (ImportError, AttributeError):
+        return False
     frame = sys._getframe(1)
     for _ in range(16):
         if frame is None:

@@ -11,6 +11,7 @@ for). Every other record is skipped with one warning line saying why.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ logger = logging.getLogger(__name__)
 # The family name of replayed jobs in manifests and reports.
 RECORDED_FAMILY = "recorded"
 REPLAYED, PLANNED = "replayed", "planned"
+# The one retried outcome: "cannot import it here (no module NAME)", NAME a top-level module.
 NOT_IMPORTABLE = "cannot import it here"
 
 
@@ -51,8 +53,10 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
     started = time.perf_counter()
     jobs: dict[str, CompileJob] = {}
     outcomes: dict[str, str] = {}
-    modules = tuple(dict.fromkeys(record.kernel.partition(":")[0] for record in records))
-    with capturing(target, LIBRARY_MODULES + modules, triton_key) as capture:
+    # The libraries' modules are imported anew for the target, as tracing does; a record's own
+    # module is imported as it is (never matched by prefix: a record named `t:x` must not take
+    # `triton` and `torch` out of the process).
+    with capturing(target, LIBRARY_MODULES, triton_key) as capture:
         for record in records:
             if record.triton_key in planned:
                 outcomes[record.triton_key] = PLANNED
@@ -60,8 +64,8 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
             try:
                 job = _job(record, target, capture, resolve_kernel)
             except _Skip as skip:
-                outcomes[record.triton_key] = str(skip)
-                logger.warning("recorded %s [%s…] not compiled: %s", record.kernel, record.triton_key[:12], skip)
+                outcomes[record.triton_key] = reason = shorten(str(skip))
+                logger.warning("recorded %s [%s…] not compiled: %s", record.kernel, record.triton_key[:12], reason)
                 continue
             jobs[job.key] = job
             outcomes[record.triton_key] = REPLAYED
@@ -86,18 +90,26 @@ def unsettled(records: Sequence[Record], manifest: Manifest | None) -> list[Reco
     return [record for record in records if not settled(record, outcomes.get(record.triton_key))]
 
 
+# An outcome is a line in a manifest (whose fields are bounded) and a log line.
+MAX_OUTCOME = 300
+
+
+def shorten(text: str) -> str:
+    return text if len(text) <= MAX_OUTCOME else text[: MAX_OUTCOME - 1] + "…"
+
+
 def settled(record: Record, outcome: str | None) -> bool:
     """Whether a warm that reached `outcome` for `record` need not consider it again: anything
-    but a module that could not be imported then and can be found now (installed since, or on
-    this process's path)."""
+    but a top-level module that was not installed then and can be found now (installed since,
+    or on this process's path). Found without importing anything."""
     if outcome is None:
         return False
     if outcome.startswith(NOT_IMPORTABLE):
         import importlib.util
 
-        package = record.kernel.partition(":")[0].partition(".")[0]
+        missing = outcome.removeprefix(NOT_IMPORTABLE).strip(" ()").removeprefix("no module ")
         try:
-            return importlib.util.find_spec(package) is None
+            return importlib.util.find_spec(missing) is None
         except (ImportError, ValueError):
             return True
     return True
@@ -110,15 +122,25 @@ class _Skip(Exception):
 def _job(record: Record, target: Target, capture, resolve_kernel) -> CompileJob:
     if not record.replayable:
         raise _Skip("compiled outside a Triton kernel launch (Inductor's, or triton.compile): not replayable")
-    module = record.kernel.partition(":")[0]
+    module, _, qualname = record.kernel.partition(":")
     if module == "__main__":
         raise _Skip("defined in a script (__main__), which another process cannot import")
+    if "<locals>" in qualname:
+        raise _Skip("defined inside a function, which another process cannot look up by name")
+    if module.partition(".")[0] in sys.stdlib_module_names:
+        raise _Skip(f"{module} is a standard library module, not a kernel library")
     try:
         kernel = resolve_kernel(record.kernel)
     except TypeError as error:
         raise _Skip(str(error)) from None
-    except Exception as error:
-        raise _Skip(f"{NOT_IMPORTABLE} ({type(error).__name__}: {error})") from None
+    except ModuleNotFoundError as error:
+        if error.name and "." not in error.name and error.name == module.partition(".")[0]:
+            raise _Skip(f"{NOT_IMPORTABLE} (no module {error.name})") from None
+        raise _Skip(f"cannot resolve it here ({type(error).__name__}: {error})") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:  # a module that exits or fails at import: skipped, never fatal
+        raise _Skip(f"cannot resolve it here ({type(error).__name__}: {error})") from None
     if kernel.cache_key != record.source_hash:
         raise _Skip("its source changed since it was recorded")
     try:

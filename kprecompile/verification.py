@@ -106,7 +106,7 @@ def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, 
             problems = tuple(
                 KernelProblem(
                     record.kernel,
-                    _describe_record(record),
+                    record.describe(),
                     record.triton_key,
                     "compiled while serving, not by a warm yet",
                 )  # fmt: skip
@@ -118,14 +118,6 @@ def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, 
     if reasons:
         return TargetVerdict(target.name, "mismatch", None, 0, (), reasons)
     return TargetVerdict(target.name, "not_warmed", None, 0, (), ("no manifest for this configuration",))
-
-
-def _describe_record(record) -> str:
-    import json
-
-    from .cache.jobs import describe_specialization_data
-
-    return describe_specialization_data(json.loads(record.specialization)) if record.replayable else "-"
 
 
 def _differences(layout: CacheLayout, parts: dict[str, Any]) -> tuple[str, ...]:

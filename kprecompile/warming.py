@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .cache.entries import has_entries, remove_entry
+from .cache.jobs import CompileJob
 from .cache.layout import CacheLayout
 from .cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from .cache.staging import remove_stale_staging
@@ -28,7 +29,7 @@ from .models import ModelConfig
 from .planning import FamilyPlan, compiled_families, plan, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .progress import Progress
-from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, unsettled
+from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
 from .serving import ServingParams
 from .shapes import FAMILIES, FamilyName
 from .targets import Target
@@ -106,6 +107,26 @@ def _recorded_row(target: Target, journal_key: str, replayed: Replay) -> FamilyP
     parameters = {"journal": journal_key[:12], "replayed": len(replayed.jobs), "skipped": replayed.skipped}
     return FamilyPlan(RECORDED_FAMILY, target.name, len(replayed.outcomes), len(replayed.jobs), parameters,
                       None, "kernels compiled while serving")  # fmt: skip
+
+
+def _without_failed_replays(
+    outcomes: Sequence[JobOutcome], jobs: tuple[CompileJob, ...], replayed: Replay
+) -> tuple[list[JobOutcome], tuple[CompileJob, ...], Replay]:
+    """Recorded kernels are best effort: one that fails to compile here (a compiler that rejects
+    what a GPU host's took, a timeout) is one warning and an outcome in the manifest, never a
+    failed warm or bake."""
+    failed = {o.job.key: o.error or "" for o in outcomes if o.status == "failed" and o.job.family == RECORDED_FAMILY}
+    if not failed:
+        return list(outcomes), jobs, replayed
+    for outcome in outcomes:
+        if outcome.job.key in failed:
+            logger.warning("recorded %s [%s…] failed to compile here: %s", outcome.job.kernel, outcome.job.key[:12],
+                           shorten(failed[outcome.job.key]))  # fmt: skip
+    settled = dict(replayed.outcomes)
+    settled.update({key: shorten(f"failed to compile here: {error}") for key, error in failed.items()})
+    kept = tuple(job for job in replayed.jobs if job.key not in failed)
+    return ([o for o in outcomes if o.job.key not in failed], tuple(job for job in jobs if job.key not in failed),
+            Replay(kept, settled, replayed.seconds))  # fmt: skip
 
 
 def _pool(
@@ -230,9 +251,7 @@ def _warm_locked(
             replayed = None
             if records:
                 replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(layout))
-                target_families.append(_recorded_row(target, lookup.journal_key, replayed))
-            jobs = planned_jobs + tuple(job for job in (replayed.jobs if replayed else ()) if job.key not in
-                                        {planned.key for planned in planned_jobs})  # fmt: skip
+            jobs = planned_jobs + (replayed.jobs if replayed else ())
             if pool is None and jobs:
                 pool = _pool(layout, max_workers, job_timeout_seconds, ())
             compile_started = time.perf_counter()
@@ -244,6 +263,9 @@ def _warm_locked(
             target_outcomes = pool.compile(ordered, progress, label, damaged) if pool is not None else ()
             workers = max(workers, pool.workers if pool is not None else 0)
             compile_seconds += time.perf_counter() - compile_started
+            if replayed is not None:
+                target_outcomes, jobs, replayed = _without_failed_replays(target_outcomes, jobs, replayed)
+                target_families.append(_recorded_row(target, lookup.journal_key, replayed))
             families += target_families
             outcomes += target_outcomes
             if all(outcome.status != "failed" for outcome in target_outcomes):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import multiprocessing
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest
+from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest, sample_call
 from test_import import pack, unpack
 
 from kprecompile.cache import journal
@@ -26,6 +27,7 @@ from kprecompile.cli import main
 from kprecompile.engines import select
 from kprecompile.runtime import journal_sink
 from kprecompile.targets import TARGETS
+from kprecompile.trace import trace_calls
 
 HERE = Path(__file__).parent
 GFX942 = TARGETS["gfx942"]
@@ -147,17 +149,33 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     key = iter(hashlib.sha256(str(n).encode()).hexdigest() for n in range(100))
     gone = dataclasses.replace(real, triton_key=next(key), kernel="no_such_module_here:kernel")
     edited = dataclasses.replace(real, triton_key=next(key), source_hash="0" * 64)
-    not_a_kernel = dataclasses.replace(real, triton_key=next(key), kernel="json:dumps")
+    not_a_kernel = dataclasses.replace(real, triton_key=next(key), kernel=f"{SAMPLE_MODULE}:launch_add")
+    no_such_kernel = dataclasses.replace(real, triton_key=next(key), kernel=f"{SAMPLE_MODULE}:gone_kernel")
+    standard = dataclasses.replace(real, triton_key=next(key), kernel="json:dumps")
+    # A one-letter module must not take `triton` and `torch` out of the process for the others.
+    shadow = dataclasses.replace(real, triton_key=next(key), kernel="t:x")
+    local = dataclasses.replace(real, triton_key=next(key), kernel=f"{SAMPLE_MODULE}:make.<locals>.kernel")
+    data = json.loads(real.specialization)
+    misnamed = dataclasses.replace(real, triton_key=next(key),
+                                   specialization=json.dumps({**data, "name": "x" * 500}))  # fmt: skip
     script = dataclasses.replace(real, triton_key=next(key), kernel="__main__:kernel")
     inductor = dataclasses.replace(real, triton_key=next(key), kernel="triton_poi_fused_add_0", source_hash=None,
                                    specialization=None)  # fmt: skip
     other_env = dataclasses.replace(real, triton_key=next(key))
     foreign_toolchain = dataclasses.replace(real, triton_key=next(key), toolchain="f" * 64)
     other_target = dataclasses.replace(real, triton_key=next(key), target="gfx950")
-    skipped = [gone, edited, not_a_kernel, script, inductor, other_env]
-    path = _rewrite(layout, [real, *skipped, foreign_toolchain, other_target])
+    skipped = [gone, edited, not_a_kernel, no_such_kernel, standard, shadow, local, misnamed, script, inductor,
+               other_env]  # fmt: skip
+    # A specialization Triton's compiler refuses (a failing static assertion), as a compiler on a
+    # builder may refuse what a GPU host's took: one warning, never a failed warm.
+    [fault] = trace_calls([sample_call("launch_fault", 15)], GFX942, "test").jobs
+    source_hash = importlib.import_module(SAMPLE_MODULE).fault_kernel.cache_key
+    failing = dataclasses.replace(real, triton_key=fault.key, kernel=fault.kernel, specialization=fault.specialization,
+                                  source_hash=source_hash)  # fmt: skip
+    path = _rewrite(layout, [real, *skipped, failing, foreign_toolchain, other_target])
+    not_triton_data = dataclasses.replace(real, triton_key=next(key), specialization="not json").to_line()
     with path.open("ab") as file:
-        file.write(b"{not json\n" + b'{"record": 1, "triton_key": "x"}\n' + b"\xff\xfe\n")
+        file.write(b"{not json\n" + b'{"record": 1, "triton_key": "x"}\n' + b"\xff\xfe\n" + not_triton_data)
     shutil.rmtree(layout.triton_entry(real.triton_key))
     with caplog.at_level(logging.WARNING):
         status, out, err = run(capsys, "warm", *BAKED, "--cache-dir", str(layout.root), "--json")
@@ -165,17 +183,28 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     report = json.loads(out)
     assert report["compiled"] == 1 and report["failed"] == 0
     lines = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
-    assert sum("skipped 3 damaged lines" in line for line in lines) == 1
-    outcomes = baked_manifest(layout, GFX942).manifest.recorded
-    assert outcomes[real.triton_key] == "replayed"
-    assert outcomes[gone.triton_key].startswith("cannot import it here (ModuleNotFoundError")
+    assert sum("skipped 4 damaged lines" in line for line in lines) == 1
+    manifest = baked_manifest(layout, GFX942).manifest
+    outcomes = manifest.recorded
+    assert outcomes[real.triton_key] == "replayed" and real.triton_key in {job.key for job in manifest.jobs}
+    assert outcomes[gone.triton_key] == "cannot import it here (no module no_such_module_here)"
     assert outcomes[edited.triton_key] == "its source changed since it was recorded"
-    assert outcomes[not_a_kernel.triton_key] == "json:dumps is a function, not a Triton kernel"
+    assert outcomes[not_a_kernel.triton_key] == f"{SAMPLE_MODULE}:launch_add is a function, not a Triton kernel"
+    assert outcomes[no_such_kernel.triton_key].startswith("cannot resolve it here (AttributeError")
+    assert outcomes[standard.triton_key] == "json is a standard library module, not a kernel library"
+    assert outcomes[shadow.triton_key] == "cannot import it here (no module t)"
+    assert outcomes[local.triton_key].startswith("defined inside a function")
+    assert outcomes[misnamed.triton_key].startswith("its specialization does not replay")
+    assert len(outcomes[misnamed.triton_key]) <= 300
+    assert outcomes[failing.triton_key].startswith("failed to compile here: ")
+    assert failing.triton_key not in {job.key for job in manifest.jobs}
     assert outcomes[script.triton_key].startswith("defined in a script")
     assert outcomes[inductor.triton_key].startswith("compiled outside a Triton kernel launch")
     assert outcomes[other_env.triton_key].startswith("it compiles under Triton key")
-    for record in skipped:
+    for record in [*skipped, failing]:
         assert sum(record.triton_key[:12] in line for line in lines) == 1
+    # Every outcome is final: the configuration is warm, and the next warm has nothing to do.
+    assert run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # Records of another toolchain or target are kept for them, not replayed here.
     assert foreign_toolchain.triton_key not in outcomes and other_target.triton_key not in outcomes
     assert {foreign_toolchain.triton_key, other_target.triton_key} <= set(records_of(layout))
@@ -185,7 +214,9 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     assert statuses[gone.triton_key].startswith("cannot import it here")
 
 
-def _append_many(root: str, key: str, worker: int, count: int) -> None:
+def _append_many(root: str, key: str, worker: int, count: int, bound: int | None = None) -> None:
+    if bound is not None:
+        journal.MAX_JOURNAL_BYTES = bound  # this worker process's own module
     layout = CacheLayout.of(root)
     base = _sample_record()
     for n in range(count):
@@ -195,10 +226,15 @@ def _append_many(root: str, key: str, worker: int, count: int) -> None:
         journal.append(layout, key, [shared, own])
 
 
+# Triton's specialization data's shape (what `JITFunction.preload` reads), for records of tests.
+_SPECIALIZATION = json.dumps({"name": "k", "signature": {}, "constant_keys": [], "constant_vals": [], "attrs_keys": [],
+                              "attrs_vals": [], "options": {}, "key": None})  # fmt: skip
+
+
 def _sample_record() -> journal.Record:
     return journal.Record(triton_key="a" * 64, kernel="m:k", target="gfx942", toolchain="b" * 64,
-                          source_hash="c" * 64, specialization="{}", manifest="d" * 64, model="m", first_seen=1.0,
-                          last_seen=1.0, seconds=0.5, hosts={"h": 1})  # fmt: skip
+                          source_hash="c" * 64, specialization=_SPECIALIZATION, manifest="d" * 64, model="m",
+                          first_seen=1.0, last_seen=1.0, seconds=0.5, hosts={"h": 1})  # fmt: skip
 
 
 def test_ranks_appending_at_once_lose_nothing_and_duplicates_merge(tmp_path):
@@ -215,6 +251,25 @@ def test_ranks_appending_at_once_lose_nothing_and_duplicates_merge(tmp_path):
     assert contents.damaged == 0 and len(contents.records) == count + workers * count
     shared = contents.records[f"{0:064x}"]
     assert shared.count == workers and shared.first_seen == 1000.0
+
+
+def test_ranks_appending_while_others_compact_lose_no_recent_record(tmp_path):
+    """With a bound small enough that appends keep compacting the journal (a rewrite and rename),
+    the lock keeps every append on the file that stays: each worker's newest record is kept."""
+    key, workers, count, bound = "e" * 64, 4, 80, 24 << 10
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=_append_many, args=(str(tmp_path), key, worker, count, bound))
+                 for worker in range(workers)]  # fmt: skip
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(120)
+        assert process.exitcode == 0
+    path = journal.journal_path(CacheLayout.of(tmp_path), key)
+    contents = journal.read_journal(path)
+    assert contents.damaged == 0 and path.stat().st_size <= bound
+    for worker in range(workers):
+        assert f"{worker + 1:08x}{count - 1:056x}" in contents.records
 
 
 def test_the_journal_never_grows_past_its_bound(tmp_path, monkeypatch):
@@ -264,9 +319,18 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
     imported = run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     assert imported["journal_records"] == 3
     assert set(records_of(CacheLayout.of(builder))) == set(records_of(layout))
-    # Importing the same archive again changes nothing: the records merge.
+    # Importing the same archive again counts nothing twice; a later export of the host's grown
+    # history merges with what the builder recorded itself, per host the larger count.
     run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     assert {record.count for record in records_of(CacheLayout.of(builder)).values()} == {1}
+    recorded = next(iter(records_of(layout).values()))
+    [host] = recorded.hosts
+    journal.append(CacheLayout.of(builder), journal_of(layout), [dataclasses.replace(recorded, hosts={"builder": 5})])
+    journal.append(layout, journal_of(layout), [dataclasses.replace(recorded, hosts={host: 2})])
+    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
+    run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    merged = records_of(CacheLayout.of(builder))
+    assert merged[recorded.triton_key].hosts == {host: 3, "builder": 5} and len(merged) == 3
     image = tmp_path / "image"
     baked = run_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(image))
     assert baked["failed"] == 0

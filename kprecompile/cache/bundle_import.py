@@ -15,8 +15,8 @@ one a killed import left), then installs: each kernel entry under its compile lo
 concurrent warm or import waits instead of racing the rename; AITER's JIT files without
 overwriting; manifests, then journals, merged into the cache's own (their damaged lines skipped
 with one warning), last. An entry or manifest already there and intact is kept (a manifest is
-replaced by one listing more kernels: a warm that replayed recorded kernels), a damaged one
-replaced and reported. A failure undoes every step, and the cache is as it was.
+replaced by one listing all of its kernels and more: a warm that replayed recorded kernels), a
+damaged one replaced and reported. A failure undoes every step, and the cache is as it was.
 """
 
 from __future__ import annotations
@@ -654,17 +654,15 @@ def _merge_journal(
     journal: _Journal,
     counts: _Counts,
 ) -> None:
-    """Merge the bundle's records into the cache's journal; its previous content waits in staging
-    until the import succeeded."""
+    """Merge the bundle's records into the cache's journal; its previous content (copied under
+    the journal's lock) waits in staging until the import succeeded."""
     final = journals.journal_path(layout, key)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    displaced = None
-    if final.is_file() and not final.is_symlink():
-        displaced = staging / "displaced" / Bucket.JOURNALS.value / final.name
-        displaced.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(final, displaced)
-    journals.merge(layout, key, records.values())
-    journal.add("file", final, displaced)
+    for directory in _missing_directories(final.parent):
+        directory.mkdir()
+        journal.add("directory", directory)
+    backup = staging / "displaced" / Bucket.JOURNALS.value / final.name
+    journals.merge(layout, key, records.values(), backup=backup)
+    journal.add("file", final, backup if backup.exists() else None)
     counts.journal_records += len(records)
 
 
@@ -687,9 +685,9 @@ def _manifest_state(path: Path, key: str) -> tuple[EntryState, str]:
 def _install_manifest(
     key: str, staging: Path, layout: CacheLayout, journal: _Journal, counts: _Counts, incoming: Manifest
 ) -> None:
-    """Keep a valid manifest that lists every kernel the bundle's does (same key, same
-    configuration); replace a damaged one, or one listing fewer (the bundle's warm also compiled
-    recorded kernels), kept in staging until the import succeeded."""
+    """Keep a valid manifest (same key, same configuration) unless the bundle's lists every kernel
+    it does and more (the bundle's warm also compiled recorded kernels); replace a damaged one.
+    What is replaced waits in staging until the import succeeded."""
     staged = staging / Bucket.MANIFESTS.value / f"{key}.json"
     final = layout.manifest_path(key)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -704,8 +702,10 @@ def _install_manifest(
             counts.manifests_added += 1
             return
     if state == "intact":
-        present = parse_manifest(final.read_bytes(), key)
-        if {job.key for job in incoming.jobs} <= {job.key for job in present.jobs}:
+        present = {job.key for job in parse_manifest(final.read_bytes(), key).jobs}
+        if not present < {job.key for job in incoming.jobs}:
+            # Lists every kernel the bundle's does, or others (its own recorded ones): kept; the
+            # journal merged below lets the next warm settle the difference.
             counts.manifests_present += 1
             return
         logger.info("replacing manifest %s: the bundle's lists more kernels (recorded while serving)", final)

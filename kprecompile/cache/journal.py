@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
 import re
+import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import FILE_MODE, write_atomic
+from .jobs import describe_specialization_data
 from .layout import CacheLayout
 
 logger = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ RECORD_FORMAT = 1
 MAX_LINE_BYTES = 256 << 10
 MAX_JOURNAL_BYTES = 8 << 20
 MAX_RECORDS = 4096
+JOURNAL_LOCK_PREFIX = "journal-"
 MAX_HOSTS = 64
 _MAX_COUNT = 1 << 31
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -80,6 +84,15 @@ class Record:
     @property
     def count(self) -> int:
         return sum(self.hosts.values())
+
+    def describe(self) -> str:
+        """The specialization in short (constexprs and launch options), as reports show it."""
+        if self.specialization is None:
+            return "-"
+        try:
+            return describe_specialization_data(json.loads(self.specialization))
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
+            return "(unreadable specialization data)"
 
     def merged(self, other: Record, imported: bool = False) -> Record:
         """Both sightings of one kernel: first and last seen, the replayable one's data, and per
@@ -132,8 +145,8 @@ def _check_record(values: dict[str, Any]) -> None:
     for name in ("source_hash", "manifest"):
         if values[name] is not None and (not isinstance(values[name], str) or not HEX64.fullmatch(values[name])):
             raise ValueError(f"{name} is not 64 hex digits or null")
-    if values["specialization"] is not None and not isinstance(values["specialization"], str):
-        raise ValueError("specialization is not a string or null")
+    if values["specialization"] is not None:
+        _check_specialization(values["specialization"])
     if not isinstance(values["model"], str) or len(values["model"]) > _TEXT_LIMIT:
         raise ValueError("model is not a short string")
     for name in ("first_seen", "last_seen", "seconds"):
@@ -152,6 +165,29 @@ def _check_record(values: dict[str, Any]) -> None:
             or not 0 < count <= _MAX_COUNT
         ):
             raise ValueError("hosts is not host names with positive counts")
+
+
+# Triton's specialization data (`JITFunction.preload`'s input) as its fields and their JSON types.
+_SPECIALIZATION_FIELDS = {"name": str, "signature": dict, "constant_keys": list, "constant_vals": list,
+                          "attrs_keys": list, "attrs_vals": list, "options": dict, "key": object}  # fmt: skip
+
+
+def _check_specialization(text: Any) -> None:
+    if not isinstance(text, str):
+        raise ValueError("specialization is not a string or null")
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ValueError("specialization is not JSON") from None
+    if not isinstance(data, dict) or set(data) != set(_SPECIALIZATION_FIELDS):
+        raise ValueError("specialization is not Triton's specialization data")
+    for name, kind in _SPECIALIZATION_FIELDS.items():
+        if not isinstance(data[name], kind):
+            raise ValueError(f"specialization's {name} is not a JSON {kind.__name__}")
+    if len(data["constant_keys"]) != len(data["constant_vals"]) or len(data["attrs_keys"]) != len(data["attrs_vals"]):
+        raise ValueError("specialization's keys and values differ in number")
+    if len(data["name"]) > _TEXT_LIMIT or not all(isinstance(name, str) for name in data["signature"]):
+        raise ValueError("specialization names are not short strings")
 
 
 @dataclass(frozen=True)
@@ -175,9 +211,17 @@ def journal_path(layout: CacheLayout, key: str, root: Path | None = None) -> Pat
     return layout.journals_dir_of(root) / f"{key}.jsonl"
 
 
+def merge_records(into: dict[str, Record], records: Iterable[Record], imported: bool) -> dict[str, Record]:
+    """Add `records` to `into` (by Triton key), merged as `Record.merged` says; returns `into`."""
+    for record in records:
+        known = into.get(record.triton_key)
+        into[record.triton_key] = record if known is None else known.merged(record, imported)
+    return into
+
+
 def parse(data: bytes) -> JournalContents:
     """Merge the records of a journal's bytes (a torn last line, an append in progress, is ignored)."""
-    records: dict[str, Record] = {}
+    records: list[Record] = []
     damaged = 0
     lines = data.split(b"\n")
     if lines and lines[-1]:
@@ -186,13 +230,10 @@ def parse(data: bytes) -> JournalContents:
         if not line.strip():
             continue
         try:
-            record = Record.from_line(line)
+            records.append(Record.from_line(line))
         except ValueError:
             damaged += 1
-            continue
-        known = records.get(record.triton_key)
-        records[record.triton_key] = record if known is None else known.merged(record)
-    return JournalContents(records, damaged)
+    return JournalContents(merge_records({}, records, imported=False), damaged)
 
 
 def read_journal(path: Path) -> JournalContents:
@@ -214,15 +255,14 @@ def read_journal(path: Path) -> JournalContents:
 
 
 def read_records(layout: CacheLayout, key: str) -> dict[str, Record]:
-    """Every root's records for journal `key`, merged (the writable root's and each layer's)."""
+    """Every root's records for journal `key`, merged (the writable root's and each layer's: copies
+    of one history, such as a baked image's on the host that recorded it, count once)."""
     records: dict[str, Record] = {}
     for root in layout.roots:
         path = journal_path(layout, key, root)
         contents = read_journal(path)
         contents.warn(path)
-        for triton_key, record in contents.records.items():
-            known = records.get(triton_key)
-            records[triton_key] = record if known is None else known.merged(record)
+        merge_records(records, contents.records.values(), imported=True)
     return records
 
 
@@ -237,9 +277,10 @@ def journal_keys(layout: CacheLayout) -> list[str]:
     return list(keys)
 
 
-def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 30.0) -> None:
-    """Add `records` to journal `key` of the writable root, under its lock; compacts first when
-    the journal would pass its bound."""
+def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 2.0) -> None:
+    """Add `records` to journal `key` of the writable root, under its lock, in one `O_APPEND`
+    write; compacts first when the journal would pass its bound. A serving process calls this
+    after a compile: it waits for the lock a short time only."""
     lines = [record.to_line() for record in records]
     data = b"".join(line for line in lines if len(line) <= MAX_LINE_BYTES)
     if not data:
@@ -251,27 +292,33 @@ def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeou
         if size + len(data) > MAX_JOURNAL_BYTES:
             _compact(path, parse(data).records, imported=False)
             return
-        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
+        descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
-            os.write(descriptor, data)
+            if size and os.pread(descriptor, 1, size - 1) != b"\n":
+                data = b"\n" + data  # a writer died mid-line: the torn line stays one damaged line
+            while data:
+                data = data[os.write(descriptor, data) :]
         finally:
             os.close(descriptor)
 
 
-def merge(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeout_seconds: float = 30.0) -> None:
+def merge(
+    layout: CacheLayout,
+    key: str,
+    records: Iterable[Record],
+    lock_timeout_seconds: float = 30.0,
+    backup: Path | None = None,
+) -> None:
     """Merge `records` (an imported journal, another cache's) into journal `key` of the writable
-    root, compacted; per host the larger count (see the module's doc)."""
+    root, compacted; per host the larger count (see the module's doc). `backup`: where to copy
+    the journal as it was, under the same lock (an import's undo)."""
     path = journal_path(layout, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     with _journal_lock(layout, key, lock_timeout_seconds):
-        _regular_size(path)
-        _compact(path, {record.triton_key: record for record in records}, imported=True)
-
-
-def remove(layout: CacheLayout, key: str, lock_timeout_seconds: float = 30.0) -> None:
-    path = journal_path(layout, key)
-    with _journal_lock(layout, key, lock_timeout_seconds), contextlib.suppress(FileNotFoundError):
-        path.unlink()
+        if _regular_size(path) and backup is not None:
+            backup.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, backup)
+        _compact(path, merge_records({}, records, imported=True), imported=True)
 
 
 def bounded(records: Iterable[Record]) -> list[Record]:
@@ -290,10 +337,7 @@ def bounded(records: Iterable[Record]) -> list[Record]:
 def _compact(path: Path, incoming: dict[str, Record], imported: bool) -> None:
     """Rewrite the journal with `incoming` as one line per kernel, within its bounds (the lock is
     held)."""
-    merged = dict(read_journal(path).records)
-    for triton_key, record in incoming.items():
-        known = merged.get(triton_key)
-        merged[triton_key] = record if known is None else known.merged(record, imported)
+    merged = merge_records(dict(read_journal(path).records), incoming.values(), imported)
     kept = bounded(merged.values())
     if len(kept) < len(merged):
         logger.warning("journal %s: kept the %d most recently seen of %d kernels", path, len(kept), len(merged))
@@ -313,9 +357,19 @@ def _regular_size(path: Path) -> int:
 
 @contextlib.contextmanager
 def _journal_lock(layout: CacheLayout, key: str, timeout_seconds: float) -> Iterator[None]:
-    from .locks import hold_lock
+    """The journal's OS lock, held for one append or rewrite (milliseconds): a short wait, then an
+    OSError naming the lock (a serving process logs it and goes on)."""
+    from filelock import FileLock, Timeout
 
-    # Held for one append or rewrite: milliseconds, so a short timeout, not the compile lock's.
-    with hold_lock(layout.locks_dir / f"journal-{key}.lock", f"journal {key[:12]}", timeout_seconds,
-                   "the journal lock timeout"):  # fmt: skip
+    path = layout.locks_dir / f"{JOURNAL_LOCK_PREFIX}{key}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=timeout_seconds)
+    except Timeout:
+        raise OSError(errno.ETIMEDOUT, f"another process held the journal's lock for {timeout_seconds:g} s",
+                      str(path)) from None  # fmt: skip
+    try:
         yield
+    finally:
+        lock.release()

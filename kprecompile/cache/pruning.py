@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from .inventory import Configuration, configurations, directory_size
+from .journal import JOURNAL_LOCK_PREFIX
 from .layout import GROUP_PREFIX, Bucket, CacheLayout
 from .staging import dead_staging, is_held
 from .usage import USAGE_LOCK
@@ -189,6 +190,8 @@ def _free_locks(layout: CacheLayout) -> list[Removal]:
                 continue
             if item.name.startswith("import-"):
                 continue  # an import's ownership lock: `_dead_staging` decides
+            if item.name.startswith(JOURNAL_LOCK_PREFIX):
+                continue  # serving processes take it without the usage lock: never split it
             if is_held(item.path):
                 continue
             removals.append(Removal("lock", item.path, 0, "held by no process"))
