@@ -360,3 +360,14 @@ def test_an_imported_journal_with_damaged_lines_is_merged_without_them(warm_copy
     assert json.loads(out)["journal_records"] == 1 and len(records_of(CacheLayout.of(builder))) == 1
     assert caplog.text.count("skipped 3 damaged lines") == 1
     assert read_manifest(CacheLayout.of(builder), baked_manifest(layout, GFX942).key) is not None
+
+
+def test_a_journal_in_a_layer_and_in_the_writable_root_counts_each_compile_once(tmp_path):
+    """A baked image carries the journal of the host that then serves from it as a layer: the
+    copies are one history."""
+    key, record = "e" * 64, _sample_record()
+    image, user = CacheLayout.of(tmp_path / "image"), CacheLayout.of(tmp_path / "user")
+    journal.append(image, key, [dataclasses.replace(record, hosts={"h": 3})])
+    journal.append(user, key, [dataclasses.replace(record, hosts={"h": 3, "other": 1})])
+    [merged] = journal.read_records(CacheLayout.of(user.root, (image.root,)), key).values()
+    assert merged.hosts == {"h": 3, "other": 1}
