@@ -1,6 +1,9 @@
 """Helpers shared by the tests."""
 
 import importlib
+import json
+
+import pytest
 
 from kprecompile.configuration import find_manifest
 from kprecompile.engines import select
@@ -40,3 +43,20 @@ def baked_manifest(layout, target):
     lookup = find_manifest(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={}), target, layout, remember=False)
     assert lookup.manifest is not None, f"no baked manifest for {target.name} in {layout.root}"
     return lookup
+
+
+def run_cli(capsys, *argv):
+    """`kprecompile ARGV` in this process: (exit status, stdout, stderr)."""
+    from kprecompile.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    captured = capsys.readouterr()
+    return exited.value.code, captured.out, captured.err
+
+
+def run_cli_json(capsys, *argv):
+    """`kprecompile ARGV --json`, which must succeed: its document."""
+    status, out, err = run_cli(capsys, *argv, "--json")
+    assert status == 0, err
+    return json.loads(out)

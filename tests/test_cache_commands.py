@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import shutil
@@ -10,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import run_cli, run_cli_json
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
@@ -19,19 +19,6 @@ from kprecompile.cli import main
 SMALL = ["--model", "deepseek-v2-lite", "--family", "fp8_bmm", "--target", "gfx942"]
 # m = 1..3 and 1..17: the second adds the kernels of m >= 16 (a specialized integer class).
 FEW, MORE = ["--max-num-seqs", "3"], ["--max-num-seqs", "17"]
-
-
-def run(capsys, *argv):
-    with pytest.raises(SystemExit) as exited:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exited.value.code, captured.out, captured.err
-
-
-def run_json(capsys, *argv):
-    status, out, err = run(capsys, *argv, "--json")
-    assert status == 0, err
-    return json.loads(out)
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +40,15 @@ def cache(two_configurations, tmp_path):
 
 
 def verified(capsys, cache, serving) -> int:
-    return run(capsys, "verify", *SMALL, *serving, "--cache-dir", str(cache))[0]
+    return run_cli(capsys, "verify", *SMALL, *serving, "--cache-dir", str(cache))[0]
 
 
 def test_dir_ls_and_the_cachedir_tag(capsys, cache):
-    assert run(capsys, "cache", "dir", "--cache-dir", str(cache))[1].strip() == str(cache)
-    assert run_json(capsys, "cache", "dir", "--cache-dir", str(cache)) == {
+    assert run_cli(capsys, "cache", "dir", "--cache-dir", str(cache))[1].strip() == str(cache)
+    assert run_cli_json(capsys, "cache", "dir", "--cache-dir", str(cache)) == {
         "schema_version": 1, "cache_dir": str(cache), "layers": []}  # fmt: skip
     assert (cache / CACHEDIR_TAG).read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
-    listing = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    listing = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))
     assert listing["schema_version"] == 1
     configurations = listing["configurations"]
     assert sorted(c["serving"]["max_num_seqs"] for c in configurations) == [3, 17]
@@ -72,19 +59,19 @@ def test_dir_ls_and_the_cachedir_tag(capsys, cache):
     few, more = sorted(configurations, key=lambda c: c["serving"]["max_num_seqs"])
     # The shared kernels are counted once in the totals.
     assert few["kernels"] < more["kernels"] and listing["kernels"] == more["kernels"]
-    _, text, _ = run(capsys, "cache", "ls", "--cache-dir", str(cache))
+    _, text, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(cache))
     assert "deepseek-v2-lite  gfx942" in text and "2 configurations" in text
 
 
 def test_rm_removes_a_configuration_and_only_the_kernels_no_other_one_uses(capsys, cache):
     layout = CacheLayout.of(cache)
     entries = set(os.listdir(layout.triton_dir))
-    few = next(c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+    few = next(c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
                if c["serving"]["max_num_seqs"] == 17)  # fmt: skip
-    dry = run_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache), "--dry-run")
+    dry = run_cli_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache), "--dry-run")
     assert dry["dry_run"] and set(os.listdir(layout.triton_dir)) == entries
     assert verified(capsys, cache, MORE) == 0
-    done = run_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache))
+    done = run_cli_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache))
     assert done["removals"] == dry["removals"]
     kinds = [removal["kind"] for removal in done["removals"]]
     assert kinds.count("configuration") == 1 and kinds.count("entry") > 0
@@ -95,16 +82,16 @@ def test_rm_removes_a_configuration_and_only_the_kernels_no_other_one_uses(capsy
 
 
 def test_rm_by_target_takes_product_names_in_any_case(capsys, cache):
-    everything = run_json(capsys, "cache", "rm", "--all", "--dry-run", "--cache-dir", str(cache))
-    by_product = run_json(capsys, "cache", "rm", "--target", "MI300X", "--dry-run", "--cache-dir", str(cache))
+    everything = run_cli_json(capsys, "cache", "rm", "--all", "--dry-run", "--cache-dir", str(cache))
+    by_product = run_cli_json(capsys, "cache", "rm", "--target", "MI300X", "--dry-run", "--cache-dir", str(cache))
     assert by_product["removals"] == everything["removals"] and everything["removals"]
-    status, _, err = run(capsys, "cache", "rm", "--target", "mi355x", "--dry-run", "--cache-dir", str(cache))
+    status, _, err = run_cli(capsys, "cache", "rm", "--target", "mi355x", "--dry-run", "--cache-dir", str(cache))
     assert status == 2 and "configurations of the writable cache" in err
 
 
 def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can(capsys, cache):
     layout = CacheLayout.of(cache)
-    [current] = [c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+    [current] = [c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
                  if c["serving"]["max_num_seqs"] == 3]  # fmt: skip
     # A configuration another Triton built (a valid manifest, another toolchain in its parts).
     manifest = read_manifest(layout, current["manifest"])
@@ -127,7 +114,7 @@ def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can
     os.utime(launcher / "__triton_launcher.so", (0, 0))
     (cache / ".import-dead").mkdir()
     locks_before = len(os.listdir(layout.locks_dir))
-    plan = run_json(capsys, "cache", "prune", "--cache-dir", str(cache))
+    plan = run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))
     removed = {(removal["kind"], Path(removal["path"]).name) for removal in plan["removals"]}
     assert ("configuration", f"{foreign.key}.json") in removed
     assert ("bucket", "manifests-v5") in removed and ("entry", "ORPHAN") in removed
@@ -137,19 +124,19 @@ def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can
     assert not (cache / "manifests-v5").exists() and not orphan.exists() and not (cache / ".import-dead").exists()
     assert fresh.exists() and launcher.exists()
     assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 0
-    assert run_json(capsys, "cache", "prune", "--cache-dir", str(cache))["removals"] == []
+    assert run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))["removals"] == []
 
 
 def test_prune_max_size_evicts_the_least_recently_served(capsys, cache):
-    listing = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    listing = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))
     few, more = sorted(listing["configurations"], key=lambda c: c["serving"]["max_num_seqs"])
     os.utime(more["path"], (time.time() - 86400, time.time() - 86400))  # served a day ago
     limit = listing["cache_bytes"] - 1
-    plan = run_json(capsys, "cache", "prune", "--max-size", str(limit), "--cache-dir", str(cache))
+    plan = run_cli_json(capsys, "cache", "prune", "--max-size", str(limit), "--cache-dir", str(cache))
     evicted = [removal for removal in plan["removals"] if removal["kind"] == "configuration"]
     assert [Path(removal["path"]).stem for removal in evicted] == [more["manifest"]]
     assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 1
-    after = run_json(capsys, "cache", "ls", "--cache-dir", str(cache))
+    after = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))
     assert after["cache_bytes"] <= limit
 
 
@@ -176,7 +163,7 @@ def test_prune_waits_for_a_warm_in_progress(capsys, cache):
     warm = context.Process(target=_warm_in_progress, args=(str(cache), 3.0, started))
     warm.start()
     assert started.wait(60)
-    plan = run_json(capsys, "cache", "prune", "--cache-dir", str(cache))
+    plan = run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))
     warm.join()
     assert warm.exitcode == 0
     assert [removal for removal in plan["removals"] if removal["kind"] in ("configuration", "entry")] == []
@@ -200,6 +187,6 @@ def test_prune_waits_for_a_warm_in_progress(capsys, cache):
 )  # fmt: skip
 def test_bad_cache_commands_are_one_line_and_exit_2(capsys, cache, argv, expected):
     entries = sorted(os.listdir(CacheLayout.of(cache).triton_dir))
-    status, out, err = run(capsys, *argv, "--cache-dir", str(cache))
+    status, out, err = run_cli(capsys, *argv, "--cache-dir", str(cache))
     assert (status, out, err) == (2, "", expected + "\n")
     assert sorted(os.listdir(CacheLayout.of(cache).triton_dir)) == entries

@@ -4,22 +4,14 @@ import subprocess
 import sys
 
 import pytest
-
-from kprecompile.cli import main
-
-
-def run(capsys, *argv):
-    with pytest.raises(SystemExit) as exited:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exited.value.code, captured.out, captured.err
+from helpers import run_cli
 
 
 def test_auto_target_without_a_gpu_exits_2_and_writes_nothing(capsys, tmp_path, monkeypatch):
     """The rest of the bad-input table is in test_bad_input.py."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cache = tmp_path / "cache"
-    status, out, err = run(capsys, "warm", "--model", "deepseek-r1", "--target", "auto", "--cache-dir", str(cache))
+    status, out, err = run_cli(capsys, "warm", "--model", "deepseek-r1", "--target", "auto", "--cache-dir", str(cache))
     assert status == 2 and out == ""
     assert err.count("\n") == 1
     assert err.startswith("kprecompile: --target: got 'auto', expected a visible GPU for auto-detection"), err
@@ -27,7 +19,7 @@ def test_auto_target_without_a_gpu_exits_2_and_writes_nothing(capsys, tmp_path, 
 
 
 def test_plan_json_schema(capsys):
-    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "gfx942", "--json")
+    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "gfx942", "--json")
     assert status == 0
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_MLA"
@@ -49,7 +41,7 @@ def test_plan_json_schema(capsys):
 
 
 def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
-    status, out, _ = run(
+    status, out, _ = run_cli(
         capsys,
         "plan",
         "--model",
@@ -72,22 +64,22 @@ def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
 
 
 def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
-    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
+    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--json")
     assert status == 0
     families = json.loads(out)["families"]
     assert [family["kernels"] for family in families] == [0, 0]
     # vLLM's CUDA selection on an H100/H200: FlashAttention-3's MLA kernels, prebuilt.
     assert [family["family"] for family in families] == ["triton_mla", "block_fp8_linear"]
     assert families[0]["skip_reason"].startswith("FLASH_ATTN_MLA runs vLLM's prebuilt FlashAttention-3 MLA kernels")
-    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--engine", "aiter",
-                         "--json")  # fmt: skip
+    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90",
+                             "--engine", "aiter", "--json")  # fmt: skip
     families = json.loads(out)["families"]
     assert status == 0 and [family["kernels"] for family in families] == [0, 0, 0]
     assert "ROCm targets only" in families[0]["skip_reason"] and "ROCm targets only" in families[1]["skip_reason"]
 
 
 def test_plan_of_a_gqa_model_under_unified_attention(capsys):
-    status, out, _ = run(
+    status, out, _ = run_cli(
         capsys,
         "plan",
         "--model",
@@ -108,7 +100,7 @@ def test_plan_of_a_gqa_model_under_unified_attention(capsys):
 
 
 def test_plan_of_a_gqa_model_under_the_default_engine_says_nothing_compiles(capsys):
-    status, out, _ = run(capsys, "plan", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--json")
+    status, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--json")
     assert status == 0
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_FA" and document["kernels"] == 0
@@ -126,12 +118,12 @@ def small_warm(tmp_path, *extra):
 
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
     argv = small_warm(tmp_path)
-    status, out, err = run(capsys, *argv)
+    status, out, err = run_cli(capsys, *argv)
     first = json.loads(out)
     assert status == 0, err
     assert first["compiled"] == first["kernels"] > 0 and first["failed"] == 0 and first["cached"] == 0
 
-    status, out, _ = run(capsys, *argv)
+    status, out, _ = run_cli(capsys, *argv)
     second = json.loads(out)
     assert status == 0
     assert (second["compiled"], second["cached"], second["failed"]) == (0, first["kernels"], 0)
@@ -155,7 +147,7 @@ def test_console_script_prints_no_traceback(tmp_path):
 
 
 def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
-    status, out, _ = run(capsys, *small_warm(tmp_path, "--job-timeout", "0.01"))
+    status, out, _ = run_cli(capsys, *small_warm(tmp_path, "--job-timeout", "0.01"))
     report = json.loads(out)
     assert status == 1
     assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
@@ -169,7 +161,8 @@ def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path
 
 @pytest.mark.parametrize("model, target", [("llama-3.1-8b-instruct", "gfx942"), ("deepseek-r1", "sm90")])
 def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(capsys, tmp_path, model, target):
-    status, out, _ = run(capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path), "--json")
+    status, out, _ = run_cli(capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path),
+                             "--json")  # fmt: skip
     report = json.loads(out)
     assert status == 0
     assert (report["kernels"], report["compiled"], report["failed"]) == (0, 0, 0)
@@ -178,9 +171,9 @@ def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(cap
 
 def test_a_failed_bake_prints_its_json_names_the_model_and_writes_no_index(capsys, tmp_path):
     out = tmp_path / "bundle"
-    status, stdout, _ = run(capsys, "bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "1",
-                            "--family", "mla_decode", "--jobs", "1", "--job-timeout", "0.01", "--out", str(out),
-                            "--archive", str(tmp_path / "b.tgz"), "--json")  # fmt: skip
+    status, stdout, _ = run_cli(capsys, "bake", "--model", "deepseek-v2-lite", "--target", "gfx942",
+                                "--max-num-seqs", "1", "--family", "mla_decode", "--jobs", "1", "--job-timeout", "0.01",
+                                "--out", str(out), "--archive", str(tmp_path / "b.tgz"), "--json")  # fmt: skip
     report = json.loads(stdout)
     assert status == 1
     assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
@@ -214,14 +207,14 @@ def test_a_vllm_serve_line_is_understood(capsys):
            "--target", "gfx942", "--num-speculative-tokens", "1", "--json"]  # fmt: skip
     documents = []
     for argv in (vllm, own):
-        status, out, err = run(capsys, *argv)
+        status, out, err = run_cli(capsys, *argv)
         assert status == 0, err
         document = json.loads(out)
         documents.append({name: document[name] for name in ("serving", "targets", "families", "kernels")})
     assert documents[0] == documents[1]
     assert documents[0]["serving"]["num_speculative_tokens"] == 1 and documents[0]["targets"] == ["gfx942"]
-    status, out, _ = run(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target", "h200",
-                         "--family", "triton_mla", "--json")  # fmt: skip
+    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target",
+                             "h200", "--family", "triton_mla", "--json")  # fmt: skip
     assert status == 0 and json.loads(out)["targets"] == ["sm90"]
 
 
@@ -267,14 +260,14 @@ def test_progress_lines_come_every_tenth_and_at_the_end():
 def test_every_json_document_says_its_schema_version(capsys, tmp_path):
     for argv in (["plan", "--model", "deepseek-r1", "--family", "fp8_bmm", "--target", "gfx942", "--max-num-seqs", "2"],
                  ["env"], ["cache", "dir", "--cache-dir", str(tmp_path)]):  # fmt: skip
-        status, out, _ = run(capsys, *argv, "--json")
+        status, out, _ = run_cli(capsys, *argv, "--json")
         assert status == 0 and json.loads(out)["schema_version"] == 1
 
 
 def test_a_cache_dir_that_cannot_be_written_is_one_line_up_front(capsys):
     """Found out once before any work, not once per kernel (sysfs refuses new directories, even
     to root)."""
-    status, out, err = run(capsys, "warm", "--model", "deepseek-r1", "--target", "gfx942", "--family", "fp8_bmm",
+    status, out, err = run_cli(capsys, "warm", "--model", "deepseek-r1", "--target", "gfx942", "--family", "fp8_bmm",
                            "--cache-dir", "/sys/kprecompile-cache")  # fmt: skip
     assert (status, out) == (2, "")
     assert (
@@ -284,7 +277,7 @@ def test_a_cache_dir_that_cannot_be_written_is_one_line_up_front(capsys):
 
 
 def test_doctor_reports_each_part_and_what_works(capsys, tmp_path):
-    status, out, _ = run(capsys, "doctor", "--cache-dir", str(tmp_path), "--json")
+    status, out, _ = run_cli(capsys, "doctor", "--cache-dir", str(tmp_path), "--json")
     document = json.loads(out)
     checks = {check["name"]: check for check in document["checks"]}
     assert status == 0 and document["ok"] is True
@@ -305,6 +298,6 @@ def test_sizes_and_counts_read_as_people_write_them():
 
 
 def test_help_names_the_environment_variable_of_each_option_that_has_one(capsys):
-    status, out, _ = run(capsys, "warm", "--help")
+    status, out, _ = run_cli(capsys, "warm", "--help")
     text = " ".join(out.split())
     assert status == 0 and "[env: KPRECOMPILE_CACHE_DIR;" in text and "[env: VLLM_ATTENTION_BACKEND;" in text

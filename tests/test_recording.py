@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest, sample_call
+from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest, run_cli, run_cli_json, sample_call
 from test_import import pack, unpack
 
 from kprecompile.cache import journal
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import read_manifest
-from kprecompile.cli import main
 from kprecompile.engines import select
 from kprecompile.runtime import journal_sink
 from kprecompile.targets import TARGETS
@@ -45,19 +44,6 @@ def serve(cache_dir, *arguments, strict="warn"):
         capture_output=True, text=True, env=env, timeout=300, check=True,
     )  # fmt: skip
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
-
-
-def run(capsys, *argv):
-    with pytest.raises(SystemExit) as exited:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exited.value.code, captured.out, captured.err
-
-
-def run_json(capsys, *argv):
-    status, out, err = run(capsys, *argv, "--json")
-    assert status == 0, err
-    return json.loads(out)
 
 
 def journal_of(layout):
@@ -86,10 +72,10 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert {record.manifest for record in records.values()} == {baked_manifest(layout, GFX942).key}
     remove_entries(layout, records)
     # `cache ls` counts them; `misses` names them, with the family that plans the BMM kernel.
-    [listed] = [c for c in run_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
+    [listed] = [c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
                 if c["target"] == "gfx942"]  # fmt: skip
     assert listed["recorded"] == 3
-    report = run_json(capsys, "misses", "--cache-dir", str(layout.root), "--target", "MI300X")
+    report = run_cli_json(capsys, "misses", "--cache-dir", str(layout.root), "--target", "MI300X")
     [misses] = report["journals"]
     assert misses["model"] == "deepseek-v2-lite" and len(misses["misses"]) == 3
     by_library = {miss["library"]: miss for miss in misses["misses"]}
@@ -97,26 +83,26 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert {miss["status"] for miss in misses["misses"]} == {"not replayed yet"}
     assert "BLOCK=64, EVEN=False" in by_library[SAMPLE_MODULE]["specialization"]
     # `verify` (and so the vLLM plugin and `prepare`, which warm what is not warm) says so.
-    status, out, _ = run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))
+    status, out, _ = run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))
     assert status == 1
     assert "not warm: 3 kernels compiled while serving, not by a warm yet (kprecompile misses lists them)" in out
 
     # The next warm compiles them (with no GPU, as a builder does) and lists them in the manifest.
-    warmed = run_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))
+    warmed = run_cli_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))
     assert warmed["compiled"] == 3 and warmed["failed"] == 0
     [row] = [family for family in warmed["families"] if family["family"] == "recorded"]
     assert (row["calls"], row["kernels"], row["parameters"]["skipped"]) == (3, 3, 0)
     manifest = baked_manifest(layout, GFX942).manifest
     assert len(manifest.jobs) == planned + 3 and set(manifest.recorded.values()) == {"replayed"}
-    assert {miss["status"] for miss in run_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]
+    assert {miss["status"] for miss in run_cli_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]
             ["misses"]} == {"compiled"}  # fmt: skip
 
-    assert run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
+    assert run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # A new serving process loads them with the plan's and compiles nothing.
     again, _ = serve(layout.root, *UNPLANNED)
     assert again["preload"]["loaded"] == planned + 3 and again["compiles_per_call"] == [0] * 9
     # Warm again: nothing new in the journal, nothing to do.
-    assert run_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))["compiled"] == 0
+    assert run_cli_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))["compiled"] == 0
 
 
 def test_warm_no_recorded_leaves_the_journal_out(warm_copy, capsys):
@@ -124,7 +110,7 @@ def test_warm_no_recorded_leaves_the_journal_out(warm_copy, capsys):
     planned = len(baked_manifest(layout, GFX942).manifest.jobs)
     serve(layout.root, *UNPLANNED)
     remove_entries(layout, records_of(layout))
-    report = run_json(capsys, "warm", *BAKED, "--no-recorded", "--cache-dir", str(layout.root))
+    report = run_cli_json(capsys, "warm", *BAKED, "--no-recorded", "--cache-dir", str(layout.root))
     assert report["compiled"] == 0 and "recorded" not in {family["family"] for family in report["families"]}
     assert len(baked_manifest(layout, GFX942).manifest.jobs) == planned
 
@@ -178,7 +164,7 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
         file.write(b"{not json\n" + b'{"record": 1, "triton_key": "x"}\n' + b"\xff\xfe\n" + not_triton_data)
     shutil.rmtree(layout.triton_entry(real.triton_key))
     with caplog.at_level(logging.WARNING):
-        status, out, err = run(capsys, "warm", *BAKED, "--cache-dir", str(layout.root), "--json")
+        status, out, err = run_cli(capsys, "warm", *BAKED, "--cache-dir", str(layout.root), "--json")
     assert status == 0, err
     report = json.loads(out)
     assert report["compiled"] == 1 and report["failed"] == 0
@@ -204,11 +190,11 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     for record in [*skipped, failing]:
         assert sum(record.triton_key[:12] in line for line in lines) == 1
     # Every outcome is final: the configuration is warm, and the next warm has nothing to do.
-    assert run(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
+    assert run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # Records of another toolchain or target are kept for them, not replayed here.
     assert foreign_toolchain.triton_key not in outcomes and other_target.triton_key not in outcomes
     assert {foreign_toolchain.triton_key, other_target.triton_key} <= set(records_of(layout))
-    [listed] = run_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"]
+    [listed] = run_cli_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"]
     statuses = {miss["triton_key"]: miss["status"] for miss in listed["misses"]}
     assert statuses[foreign_toolchain.triton_key] == "other toolchain"
     assert statuses[gone.triton_key].startswith("cannot import it here")
@@ -237,16 +223,21 @@ def _sample_record() -> journal.Record:
                           first_seen=1.0, last_seen=1.0, seconds=0.5, hosts={"h": 1})  # fmt: skip
 
 
-def test_ranks_appending_at_once_lose_nothing_and_duplicates_merge(tmp_path):
-    key, workers, count = "e" * 64, 4, 60
+def _appending_at_once(root, key: str, workers: int, count: int, bound: int | None = None) -> None:
+    """`workers` processes running `_append_many` side by side."""
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_append_many, args=(str(tmp_path), key, worker, count))
+    processes = [context.Process(target=_append_many, args=(str(root), key, worker, count, bound))
                  for worker in range(workers)]  # fmt: skip
     for process in processes:
         process.start()
     for process in processes:
         process.join(120)
         assert process.exitcode == 0
+
+
+def test_ranks_appending_at_once_lose_nothing_and_duplicates_merge(tmp_path):
+    key, workers, count = "e" * 64, 4, 60
+    _appending_at_once(tmp_path, key, workers, count)
     contents = journal.read_journal(journal.journal_path(CacheLayout.of(tmp_path), key))
     assert contents.damaged == 0 and len(contents.records) == count + workers * count
     shared = contents.records[f"{0:064x}"]
@@ -257,14 +248,7 @@ def test_ranks_appending_while_others_compact_lose_no_recent_record(tmp_path):
     """With a bound small enough that appends keep compacting the journal (a rewrite and rename),
     the lock keeps every append on the file that stays: each worker's newest record is kept."""
     key, workers, count, bound = "e" * 64, 4, 80, 24 << 10
-    context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_append_many, args=(str(tmp_path), key, worker, count, bound))
-                 for worker in range(workers)]  # fmt: skip
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(120)
-        assert process.exitcode == 0
+    _appending_at_once(tmp_path, key, workers, count, bound)
     path = journal.journal_path(CacheLayout.of(tmp_path), key)
     contents = journal.read_journal(path)
     assert contents.damaged == 0 and path.stat().st_size <= bound
@@ -314,32 +298,32 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
     layout = warm_copy
     serve(layout.root, "40", "add=1000")
     archive = tmp_path / "host.tgz"
-    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
+    run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
     builder = tmp_path / "builder"
-    imported = run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    imported = run_cli_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     assert imported["journal_records"] == 3
     assert set(records_of(CacheLayout.of(builder))) == set(records_of(layout))
     # Importing the same archive again counts nothing twice; a later export of the host's grown
     # history merges with what the builder recorded itself, per host the larger count.
-    run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    run_cli_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     assert {record.count for record in records_of(CacheLayout.of(builder)).values()} == {1}
     recorded = next(iter(records_of(layout).values()))
     [host] = recorded.hosts
     journal.append(CacheLayout.of(builder), journal_of(layout), [dataclasses.replace(recorded, hosts={"builder": 5})])
     journal.append(layout, journal_of(layout), [dataclasses.replace(recorded, hosts={host: 2})])
-    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
-    run_json(capsys, "import", str(archive), "--cache-dir", str(builder))
+    run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
+    run_cli_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     merged = records_of(CacheLayout.of(builder))
     assert merged[recorded.triton_key].hosts == {host: 3, "builder": 5} and len(merged) == 3
     image = tmp_path / "image"
-    baked = run_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(image))
+    baked = run_cli_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(image))
     assert baked["failed"] == 0
     manifest = baked_manifest(CacheLayout.of(image), GFX942).manifest
     assert sum(job.family == "recorded" for job in manifest.jobs) == 3
     # The image carries the journal (listed in its bundle.json); with --no-recorded, none of it.
     assert any(name.startswith("journals-v1/") for name in json.loads((image / "bundle.json").read_text())["files"])
     plain = tmp_path / "plain"
-    run_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(plain), "--no-recorded")
+    run_cli_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(plain), "--no-recorded")
     assert not any(job.family == "recorded" for job in baked_manifest(CacheLayout.of(plain), GFX942).manifest.jobs)
 
 
@@ -347,7 +331,7 @@ def test_an_imported_journal_with_damaged_lines_is_merged_without_them(warm_copy
     layout = warm_copy
     serve(layout.root, "add=1000")
     exported = tmp_path / "host.tgz"
-    run_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(exported))
+    run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(exported))
     index, files = unpack(exported)
     [name] = [name for name in files if name.startswith("journals-v1/")]
     oversized = b'{"record": 1, "kernel": "' + b"x" * journal.MAX_LINE_BYTES + b'"}'
@@ -355,7 +339,7 @@ def test_an_imported_journal_with_damaged_lines_is_merged_without_them(warm_copy
     archive = pack(tmp_path / "edited.tgz", index, files)
     builder = tmp_path / "builder"
     with caplog.at_level(logging.WARNING):
-        status, out, err = run(capsys, "import", str(archive), "--cache-dir", str(builder), "--json")
+        status, out, err = run_cli(capsys, "import", str(archive), "--cache-dir", str(builder), "--json")
     assert status == 0, err
     assert json.loads(out)["journal_records"] == 1 and len(records_of(CacheLayout.of(builder))) == 1
     assert caplog.text.count("skipped 3 damaged lines") == 1
