@@ -5,7 +5,7 @@
 A journal belongs to a configuration without its toolchain (`configuration.journal_key`), so a
 builder with another Triton build still sees what GPU hosts recorded (and replays only records
 of its own toolchain and target). Ranks and hosts sharing the cache append under the journal's
-OS lock, each line with one `O_APPEND` write. Lines are merged by the kernel's Triton key when
+OS lock, each append one `O_APPEND` write of whole lines. Lines are merged by the kernel's Triton key when
 read (first and last seen, compiles per host), so one kernel compiled on eight ranks is one
 record seen 8 times. An imported journal merges per host by the larger count: importing the
 same export twice counts nothing twice.
