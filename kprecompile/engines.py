@@ -261,8 +261,6 @@ def _cuda_choices(model: ModelConfig, field: str, requested: str | None, line: L
         reason = (f"{backend} runs {_CUDA_RUNS[backend]}, not Triton: kprecompile plans Triton kernels "
                   f"(--attention-backend {triton} runs vLLM's own)")  # fmt: skip
         choice = FamilyChoice(family, backend, reason)
-    elif family == "triton_attn" and line == "0.19":
-        choice = FamilyChoice(family, backend, _TRITON_ATTN_0_19)
     else:
         choice = _vllm_kernels(family, backend, release)
     choices: tuple[FamilyChoice, ...] = (choice,)
@@ -393,14 +391,15 @@ def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> Famil
     return replace(choice, skip_targets=(("gfx942", reason),))
 
 
+# Read in 0.33.0's `rocm_aiter_fa.py`: extends still gather their context with vLLM's Triton
+# `cp_mha_gather_cache_kernel` (the merge after it is vLLM's compiled one on CDNA3), and new Triton
+# launches sit beside it: `reshape_and_cache_shuffle_kernel` (shuffled KV layout) and AITER's
+# `unified_attention` for decodes its paged kernels decline.
 _AITER_FA_0_19 = (
-    "ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet: its cached-context path, sliding-window tables and "
-    "shuffled KV-cache writes are new"
-)
-
-_TRITON_ATTN_0_19 = (
-    "TRITON_ATTN in vLLM 0.19 and newer is not traced yet: its KV cache is a view into one allocation for all "
-    "layers and its metadata builder picks the 3D kernel from the capture sizes"
+    "ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet: it still gathers cached context with vLLM's Triton "
+    "cp_mha_gather_cache_kernel, through a new cached-context path with sliding-window tables, and adds Triton "
+    "launches (reshape_and_cache_shuffle_kernel for the shuffled KV layout, AITER's unified_attention for decodes "
+    "with a sliding window, sinks, several tokens or a head size under 64)"
 )
 
 
@@ -408,8 +407,7 @@ def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, 
     if backend == "ROCM_ATTN":
         return (_vllm_kernels("rocm_attn", backend, release),)
     if backend == "TRITON_ATTN":
-        if line == "0.19":
-            return (FamilyChoice("triton_attn", backend, _TRITON_ATTN_0_19),)
+        # From 0.19 traced through the release's metadata builder and its KV-cache view (`triton_attn.py`).
         return (_vllm_kernels("triton_attn", backend, release),)
     # AITER's backends: unified attention is Triton; FA is prebuilt, with vLLM's own Triton kernels
     # around its prefill on steps with cached context.

@@ -48,9 +48,9 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     selection = select(LLAMA, "vllm", None, {})
     assert [(choice.family, choice.backend) for choice in selection.choices] == [("triton_attn", "TRITON_ATTN")]
     assert "pip install vllm==0.12.0" in selection.choices[0].skip_reason
-    # From 0.19 TRITON_ATTN's KV layout and metadata builder are not traced yet: said, not guessed.
+    # From 0.19 too TRITON_ATTN is traced from the installed release (its builder and KV-cache view).
     [newer] = select(LLAMA, "vllm", "TRITON_ATTN", {}, vllm_release="0.33.0").choices
-    assert newer.family == "triton_attn" and newer.skip_reason.startswith("TRITON_ATTN in vLLM 0.19 and newer is not")
+    assert newer.family == "triton_attn" and "pip install vllm==0.33.0" in newer.skip_reason
     # TRITON_MLA's decode is vLLM's own kernel too.
     [bmm, decode, _] = select(DEEPSEEK, "vllm", None, {}).choices
     assert (bmm.family, decode.family, decode.backend) == ("fp8_bmm", "triton_mla", "TRITON_MLA")

@@ -190,11 +190,13 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, versi
 
 
 # (release, backend, model, kernels) warmed for real and verified deep: vLLM's ROCM_ATTN kernels
-# for a sliding-window model in every release, TRITON_ATTN and TRITON_MLA in 0.12.0.
+# for a sliding-window model in every release, TRITON_ATTN and TRITON_MLA in 0.12.0, TRITON_ATTN
+# through 0.33.0's builder and KV-cache view.
 WARM_CASES = [
     *((version, "ROCM_ATTN", "mistral-7b-v0.1", 4) for version in SUPPORTED_RELEASES),
     ("0.12.0", "TRITON_ATTN", "mistral-7b-v0.1", 14),
     ("0.12.0", "TRITON_MLA", "deepseek-v2-lite", 5),
+    ("0.33.0", "TRITON_ATTN", "mistral-7b-v0.1", 24),
 ]
 
 
@@ -316,12 +318,11 @@ def test_vllm_kernels_warm_for_real_and_verify_deep(kernel_probes, version, back
 def test_triton_attn_kernels_keys_and_coverage(kernel_probes, version):
     """TRITON_ATTN up to 0.18: reshape-and-cache, the 2D kernel (steps with a prefill, large
     decode batches) and the 3D kernel with its reduce (small decode batches), one per integer
-    class of the sequence count and per KV storage class; from 0.19 not planned, with why."""
+    class of the sequence count and per KV storage class (0.19+: `test_triton_attn_from_0_19...`)."""
     document = kernel_probes[version]["triton_attn"]
-    if version.startswith("0.33"):
-        assert document["choice"][0] == "triton_attn" and "not traced yet" in document["choice"][1]
-        return
     assert document["choice"] == ["triton_attn", None]
+    if version.startswith("0.33"):
+        return
     expected = {"kernel_unified_attention_2d": 6, "kernel_unified_attention_3d": 4, "reduce_segments": 2,
                 "reshape_and_cache_kernel_flash": 2}  # fmt: skip
     for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
@@ -335,6 +336,55 @@ def test_triton_attn_kernels_keys_and_coverage(kernel_probes, version):
     coverage = document["coverage"]
     assert coverage["steps"] >= 60 and coverage["kernels"] >= 8 and coverage["missing"] == 0
     assert coverage["missing_from_smaller_plan"] > 0
+
+
+# vLLM 0.33's TRITON_ATTN per ROCm plan (llama-3.1-8b and mistral-7b, 8 KV heads: 3D threshold 16):
+# per KV storage class (under 2 GiB, over, keys over and values within) reshape-and-cache and the
+# one attention kernel in 3D (1 sequence, 2..15, 16) and 2D (1, other, multiples of 16); the
+# reduce after 3D once per integer class (it takes no KV cache).
+TRITON_ATTN_0_33_ROCM = {"kernel_unified_attention": 18, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 3}
+
+
+def test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view(kernel_probes):
+    """vLLM 0.33.0's TRITON_ATTN through its real metadata builder, KV-cache view and
+    `do_kv_cache_update` + `forward`, on gfx942, gfx950 and sm90: keys are the launch path's
+    (an FP8 KV cache takes an FP8 query); the 3D threshold follows the capture sizes (capture sizes
+    whose nearest to 16 is 8 lose the 3D kernel for 16 sequences); dense random steps (mixed
+    prefills, 3D-sized prefills, random layer sizes around 2 GiB, a sliding-window model, an FP8
+    KV cache, other capture sizes) compile nothing outside their plan, and do outside a plan for 8
+    sequences and (ROCm) one without the layers whose keys cross 2 GiB and values do not."""
+    rocm, nvidia = kernel_probes["0.33.0"]["triton_attn"], kernel_probes["0.33.0"]["sm90"]["triton_attn"]
+    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8",
+                 "gfx950 llama-3.1-8b-instruct", "gfx950 llama-3.1-8b-instruct fp8"):  # fmt: skip
+        assert Counter(rocm[case]) == TRITON_ATTN_0_33_ROCM, case
+    # NVIDIA's backend has no 2 GiB pointer classes: one reshape-and-cache, 3 + 3 attention kernels.
+    expected = {"kernel_unified_attention": 6, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 1}
+    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
+        assert Counter(nvidia[case]) == expected, case
+    # Threshold 8: 3D for 1 and 2..8 sequences only.
+    assert Counter(rocm["other_capture_sizes"]) == {"kernel_unified_attention": 15, "reduce_segments": 2,
+                                                    "reshape_and_cache_kernel_flash": 3}  # fmt: skip
+    assert Counter(nvidia["other_capture_sizes"]) == {"kernel_unified_attention": 5, "reduce_segments": 2,
+                                                      "reshape_and_cache_kernel_flash": 1}  # fmt: skip
+    assert rocm["fp8_range"] == [-240.0, 240.0] and nvidia["fp8_range"] == [-448.0, 448.0]
+    assert rocm["reshape_launch"] == [8, 4] and nvidia["reshape_launch"] == [16, 10]
+    for document in (rocm, nvidia):
+        reshape, decode, prefill = document["keys"]
+        assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention", "reduce_segments"]
+        assert decode["kernels"] == ["kernel_unified_attention", "reduce_segments"]
+        assert prefill["kernels"] == ["kernel_unified_attention"]
+        for row in (reshape, decode, prefill, document["fp8_keys"]):
+            assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row
+        assert document["fp8_keys"]["q_is_fp8"] == [True, None]
+        assert document["coverage"]["steps"] >= 60 and document["coverage"]["missing"] == 0
+        assert document["coverage"]["missing_from_smaller_plan"] > 0
+        for label, row in document["coverage_0_19"].items():
+            if label != "missing_without_straddling_layers":
+                assert row["steps"] >= 60 and row["kernels"] >= 7 and row["missing"] == 0, label
+    assert rocm["coverage_0_19"]["missing_without_straddling_layers"] > 0
+    assert nvidia["coverage_0_19"]["missing_without_straddling_layers"] == 0
+    rocm_keys = {key for row in rocm["keys"] for key in row["traced"]}
+    assert rocm_keys.isdisjoint(key for row in nvidia["keys"] for key in row["traced"])
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
@@ -479,6 +529,11 @@ def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
     document = kernel_probes[version]["aiter_fa_context"]
     if version.startswith("0.33"):
         assert document["choice"][0] == "aiter_fa_context" and "not traced yet" in document["choice"][1]
+        # The reason's evidence, read in the release's backend: it still launches the gather (and
+        # the shuffled cache write), and imports AITER's Triton unified attention for some decodes.
+        assert document["launches"] == ["cp_mha_gather_cache_kernel", "reshape_and_cache_shuffle_kernel"]
+        assert document["imports_aiter_unified_attention"]
+        assert all(name in document["choice"][1] for name in document["launches"])
         return
     assert document["choice"] == ["aiter_fa_context", None]
     assert document["kernels"].count("merge_attn_states_kernel") == 2
@@ -532,15 +587,14 @@ def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_triton_attn_on_nvidia_keys_and_coverage(kernel_probes, version):
-    """TRITON_ATTN named on sm90 (vLLM's CUDA default is FLASH_ATTN), up to 0.18: traced under
+    """TRITON_ATTN named on sm90 (vLLM's CUDA default is FLASH_ATTN), up to 0.18 (0.19+: test above): traced under
     vLLM's CUDA platform (e4m3fn's FP8 range), one kernel per integer class of the sequence count
     and none per KV storage class (NVIDIA's backend does not specialize on it); keys are the launch
     path's, random steps compile nothing outside the plan, and do outside a smaller plan."""
     document = kernel_probes[version]["sm90"]["triton_attn"]
-    if version.startswith("0.33"):
-        assert document["choice"][0] == "triton_attn" and "not traced yet" in document["choice"][1]
-        return
     assert document["choice"] == ["triton_attn", None]
+    if version.startswith("0.33"):
+        return  # test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view
     assert document["fp8_range"] == [-448.0, 448.0]
     # vLLM's CUDA launch of reshape-and-cache (16 warps, 10 stages; 8 and 4 under its ROCm platform).
     assert document["reshape_launch"] == [16, 10] and kernel_probes[version]["triton_attn"]["reshape_launch"] == [8, 4]

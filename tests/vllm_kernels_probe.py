@@ -11,11 +11,13 @@ plan traces them from the installed vLLM. Prints one JSON document.
 3. Coverage: a dense random sweep of engine steps (independent of the plan's enumeration: random
    batches of prefills and decodes, contexts, KV storage classes) is a subset of the plan; a plan
    missing one storage class is caught by the same sweep (negative control).
-4. The same for `triton_attn` (vLLM's TRITON_ATTN) where the release's is traced (up to 0.18):
-   kernels per model, keys of reshape-and-cache and of the 2D and 3D attention kernels (the
-   launch path stops at a step's first launch: the step runs once with reshape-and-cache skipped,
-   in the trace and the launch path alike), a random sweep, and a plan for fewer sequences as
-   the negative control.
+4. The same for `triton_attn` (vLLM's TRITON_ATTN): kernels per model, keys of reshape-and-cache
+   and of the 2D and 3D attention kernels (the launch path stops at a step's first launch: the
+   step runs once with reshape-and-cache skipped, in the trace and the launch path alike), a
+   random sweep, and a plan for fewer sequences as the negative control; for 0.33 also gfx950's
+   plans, a plan under other capture sizes (the builder's 3D threshold), an FP8 step's key,
+   sweeps with random layer sizes around 2 GiB, and a plan without the straddling layers as a
+   second negative control.
 5. The same for `triton_mla` (vLLM's TRITON_MLA decode, up to 0.18): kernels, the stage-1 key,
    a random sweep of decode batches and contexts, a plan without the large KV caches as the
    negative control.
@@ -45,12 +47,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import json
 import os
 import random
+import re
 import sys
 import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 from test_trace import launch_path_keys
 
@@ -247,6 +252,75 @@ def triton_attn(target=GFX942) -> dict[str, object]:
     small_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", target, max_num_seqs=8).jobs}
     document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
                             "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
+    if installed_release().startswith("0.33"):
+        document.update(triton_attn_0_19(target))
+    return document
+
+
+# Capture sizes whose nearest to 128 / 8 KV heads = 16 is 8: the builder's 3D threshold moves there.
+OTHER_CAPTURE_SIZES = (1, 2, 4, 8, 24, 32)
+
+
+def _random_layer_blocks(shape, rng: random.Random) -> int:
+    """A layer region's blocks as free memory makes them: small, large, or a few blocks either side
+    of 2 GiB (the sweep's own arithmetic: 2 x block x KV heads x head size x element bytes)."""
+    page = 2 * shape.block_size * shape.kv_heads * shape.head_size * (1 if shape.kv_cache_fp8 else 2)
+    boundary = 2**31 // page
+    return rng.choice([rng.randint(1, 4096), boundary + rng.randint(-2, 2), rng.randint(boundary, 4 * boundary)])
+
+
+def _sweep_keys_0_19(preset: str, target, seed: int, count: int, **serving: object) -> tuple[int, set[str]]:
+    """Random engine steps of vLLM 0.19 and newer (independent of the plan's enumeration): random
+    mixes of decodes and prefills (queries of 2 to 64 tokens, so also steps the 3D kernel takes),
+    contexts, and layer regions of random size, traced through the family's real call."""
+    model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
+    rng = random.Random(seed)
+    shapes = [replace(shape, kv_cache_blocks=_random_layer_blocks(shape, rng))
+              for shape in sweep_shapes(model, params, rng, count, TRITON)]  # fmt: skip
+    swept = trace_calls(TRITON.calls(tuple(shapes), target), target, "triton_attn", TRITON.traced_modules)
+    return swept.calls, {job.key for job in swept.jobs}
+
+
+def triton_attn_0_19(target) -> dict[str, object]:
+    """vLLM 0.19 and newer: the builder's 3D threshold follows the capture sizes; an FP8 step's key
+    (FP8 query) against the launch path; random sweeps (a sliding-window model, an FP8 KV cache,
+    other capture sizes) against their plans; a plan without the layers whose keys cross 2 GiB and
+    values do not (ROCm: vLLM bounds each view by its layer) as a negative control."""
+    document: dict[str, object] = {}
+    if target.is_rocm:
+        for serving in ({}, {"kv_cache_dtype": "fp8"}):
+            label = " ".join(["gfx950 llama-3.1-8b-instruct", *serving.values()])
+            document[label] = kernels(planned("llama-3.1-8b-instruct", "TRITON_ATTN", GFX950, **serving))
+    document["other_capture_sizes"] = kernels(planned("llama-3.1-8b-instruct", "TRITON_ATTN", target,
+                                                      cudagraph_capture_sizes=OTHER_CAPTURE_SIZES))  # fmt: skip
+    fp8_serving = ServingParams(**SERVING, kv_cache_dtype="fp8")
+    fp8_decode = next(shape for shape in TRITON.enumerate_shapes(load_model("llama-3.1-8b-instruct"), fp8_serving)
+                      if shape.max_query_len == 1 and shape.num_seqs == 3)  # fmt: skip
+    call = _without_reshape_and_cache(fp8_decode, target)
+    traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
+    with tempfile.TemporaryDirectory() as cache:
+        launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
+    document["fp8_keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched,
+                            "q_is_fp8": [constants_of(job).get("Q_IS_FP8") for job in traced.jobs]}  # fmt: skip
+    coverage = {}
+    llama, other = "llama-3.1-8b-instruct", {"cudagraph_capture_sizes": OTHER_CAPTURE_SIZES}
+    cases = {"mistral-7b-v0.1 auto": ("mistral-7b-v0.1", {}),
+             "llama-3.1-8b-instruct fp8": (llama, {"kv_cache_dtype": "fp8"}),
+             "llama-3.1-8b-instruct other capture sizes": (llama, other)}  # fmt: skip
+    for seed, (label, (preset, serving)) in enumerate(cases.items()):
+        plan_keys = {job.key for job in planned(preset, "TRITON_ATTN", target, **serving).jobs}
+        steps, swept_keys = _sweep_keys_0_19(preset, target, seed, 80, **serving)
+        coverage[label] = {"steps": steps, "kernels": len(swept_keys), "plan": len(plan_keys),
+                           "missing": len(swept_keys - plan_keys)}  # fmt: skip
+    # Negative control: the plan's own steps without the straddling layers miss what the sweep finds.
+    model, serving = load_model(llama), ServingParams(**SERVING)
+    kept = tuple(shape for shape in TRITON.enumerate_shapes(model, serving)
+                 if shape.kv_cache_storage != "straddles_2gib")  # fmt: skip
+    kept_keys = {job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn",
+                                                TRITON.traced_modules).jobs}  # fmt: skip
+    _, swept_keys = _sweep_keys_0_19(llama, target, 21, 80)
+    coverage["missing_without_straddling_layers"] = len(swept_keys - kept_keys)
+    document["coverage_0_19"] = coverage
     return document
 
 
@@ -428,6 +502,10 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     [choice] = [choice for choice in choices if choice.family == "aiter_fa_context"]
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
+        # The evidence behind the reason: what the release's backend source launches itself.
+        source = Path(importlib.util.find_spec("vllm.v1.attention.backends.rocm_aiter_fa").origin).read_text()
+        document["launches"] = sorted(set(re.findall(r"(\w+)\[grid\]\(", source)))
+        document["imports_aiter_unified_attention"] = "from aiter.ops.triton.unified_attention import" in source
         return document
     plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
 # On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
 # ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
 # side is reachable: attention families plan both.
-StorageClass = Literal["under_2gib", "over_2gib"]
+# From vLLM 0.19 its TRITON_ATTN bounds key and value views by their layer's region: the keys of a
+# layer can span more than 2 GiB while its values (one head later) do not (`triton_attn.py`).
+StorageClass = Literal["under_2gib", "over_2gib", "straddles_2gib"]
 KV_CACHE_STORAGE_CLASSES: tuple[StorageClass, ...] = ("under_2gib", "over_2gib")
 TWO_GIB = 2**31
 

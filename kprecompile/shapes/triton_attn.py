@@ -10,9 +10,24 @@ calls the backend's real `forward` on meta tensors.
 The kernels take the number of sequences as an integer Triton specializes (1, a multiple of
 16, other), on either side of the 2D/3D choice: the plan walks every decode batch size, steps
 with a prefill at one batch size per integer class, short and long contexts, both KV storage
-classes. From vLLM 0.19 the backend's KV cache is a view into one allocation for all layers,
-laid out by vLLM's KV-cache layout, and its metadata builder picks the 3D threshold from the
-capture sizes: not traced yet (`engines.py` says so).
+classes.
+
+From vLLM 0.19 (traced against 0.33.0) the step is the engine's: vLLM's `EngineArgs` build its
+`VllmConfig` from the model's config.json and the serving parameters; the backend's real
+metadata builder makes the step's metadata (its 3D threshold is 128 / KV heads moved to the
+nearest capture size, 16 softmax segments, scratch for that many sequences); the layer's KV
+cache is the view vLLM's runner binds (the KV-cache layout vLLM resolves, its planner's
+placement of all layers in one allocation, `create_kv_cache_views`); the impl writes it with
+`do_kv_cache_update` (the layer calls it before `forward`), then `forward` runs one
+`kernel_unified_attention` with `IS_3D` a constexpr (3D also for steps whose queries are at most
+8 tokens when they fit the threshold and the scratch) and `reduce_segments` after the 3D one. An
+FP8 KV cache takes an FP8 query (the attention layer quantizes it where the impl says it takes
+one). On ROCm vLLM bounds the key and value views by the layer's region, which decides Triton's
+2 GiB pointer class: the plan adds the layer whose keys cross 2 GiB and values do not, where whole
+blocks can end there. Not traced from 0.19: speculative decoding (the builder sizes its scratch
+from vLLM's speculative configuration), and AITER's fused rope-and-cache, which vLLM's
+compilation pass puts in place of reshape-and-cache where it enables it (AITER on, rotary
+embedding as a custom op).
 
 vLLM runs the same backend on NVIDIA GPUs where it is named (`--attention-backend TRITON_ATTN`):
 there the kernels are traced under vLLM's CUDA platform (its FP8 range is e4m3fn's ±448, and the
@@ -23,12 +38,25 @@ kernels of a ROCm one.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+from ..libraries import import_library_module
 from ..models import ModelConfig
+from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
+from ._paged_kv import (
+    KV_CACHE_STORAGE_CLASSES,
+    TWO_GIB,
+    PagedAttentionShape,
+    StorageClass,
+    kv_cache_parameters,
+    paged_kv_fields,
+)
 from ._points import int_class_representatives
-from ._vllm_backend import VllmBackend, vllm_backend_family
+from ._vllm_backend import VllmBackend, backend_step, vllm_backend_family, vllm_record
 
 # Contexts a step attends over: a short one and the longest (the kernels do not specialize on
 # it; both are walked so that a rule that did would be seen by the coverage sweep).
@@ -37,9 +65,12 @@ _SHORT_CONTEXT = 512
 
 def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
     """Decode steps at every batch size; steps with a prefill at one batch size per integer
-    class; short and long contexts; both KV storage classes."""
+    class; short and long contexts; both KV storage classes (from 0.19, also the one whose keys
+    span more than 2 GiB and values not, where whole blocks can end there)."""
     if model.mla is not None:
         return ()
+    if _traced_from_0_19():
+        return _enumerate_0_19(model, serving)
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
@@ -77,7 +108,196 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if serving.block_size % 16:
         return f"vLLM's TRITON_ATTN takes block sizes that are multiples of 16, not {serving.block_size}"
+    if serving.num_speculative_tokens and _traced_from_0_19():
+        # The builder sizes its 3D scratch and query lengths from vLLM's speculative configuration.
+        return "vLLM 0.19 and newer's TRITON_ATTN with speculative decoding is not traced yet"
     return None
+
+
+BACKEND_MODULE = "vllm.v1.attention.backends.triton_attn"
+
+
+@dataclass(frozen=True)
+class TritonAttentionStep(PagedAttentionShape):
+    """An engine step for vLLM 0.19 and newer, whose metadata builder and KV-cache layout read
+    the engine's configuration: the model's config.json and the serving parameters it is built from."""
+
+    config_json: str = ""
+    serving: ServingParams | None = None
+    # Blocks in each layer's region (vLLM sizes it from the GPU's free memory); 0: as few as the
+    # step needs that put the layer in `kv_cache_storage`'s class.
+    kv_cache_blocks: int = 0
+
+
+def _traced_from_0_19() -> bool:
+    release = installed_release()
+    return release is not None and line_of(release) == "0.19"
+
+
+def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonAttentionStep, ...]:
+    """Decode steps at every batch size (the builder's 3D threshold, taken from the capture sizes,
+    splits them between the 3D and the 2D kernel); steps with the longest prefill the budget
+    leaves (beyond the 3D kernel's query lengths: 2D) at one batch size per integer class; short
+    and long contexts; the KV storage classes of a layer's view (see `_storage_classes_0_19`)."""
+    base = paged_kv_fields(model, serving)
+    model_len = serving.model_len(model)
+    budget = serving.max_num_batched_tokens
+    steps = [(batch, 1, batch) for batch in serving.decode_batch_sizes() if batch <= budget]
+    for batch in int_class_representatives(min(serving.max_num_seqs, budget)):
+        # One sequence prefills as much as the step's budget leaves, the others decode.
+        query_len = min(budget - (batch - 1), model_len)
+        if query_len > 1:
+            steps.append((batch, query_len, query_len + batch - 1))
+    contexts = sorted({min(_SHORT_CONTEXT, model_len), model_len})
+    return tuple(
+        TritonAttentionStep(
+            **base,
+            num_seqs=batch,
+            tokens=tokens,
+            max_query_len=query_len,
+            max_seq_len=seq_len,
+            kv_cache_storage=storage,
+            config_json=model.config_json,
+            serving=serving,
+        )  # fmt: skip
+        for storage in _storage_classes_0_19(model, serving)
+        for seq_len in contexts
+        for batch, query_len, tokens in steps
+        if seq_len >= query_len
+    )
+
+
+def _storage_classes_0_19(model: ModelConfig, serving: ServingParams) -> tuple[StorageClass, ...]:
+    """From 0.19 vLLM bounds the KV cache's key and value views on ROCm by the end of the layer's
+    region (`set_triton_ptr_range`), which is what Triton's buffer-ops specialization then reads:
+    the value view starts one head later, so a layer of whole blocks that ends within one head's
+    bytes past 2 GiB gives keys over and values within ("straddles_2gib"). vLLM's default layout
+    gives every layer a region of its own (layer-compact)."""
+    element = 1 if serving.kv_cache_is_fp8 else 2
+    head_bytes = model.head_dim * element
+    page = 2 * serving.block_size * serving.kv_heads_per_rank(model) * head_bytes
+    first_over = -(-TWO_GIB // page) * page
+    straddles: tuple[StorageClass, ...] = ("straddles_2gib",) if first_over <= TWO_GIB - 1 + head_bytes else ()
+    return (*KV_CACHE_STORAGE_CLASSES, *straddles)
+
+
+def _layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: StorageClass) -> int:
+    """Blocks of a layer's region whose key and value views fall in `storage`'s classes."""
+    if storage == "under_2gib":
+        return max(needed, 1)
+    if storage == "straddles_2gib":
+        return max(needed, -(-TWO_GIB // page_bytes))
+    return max(needed, -(-(TWO_GIB + head_bytes) // page_bytes))
+
+
+def _layer_kv_cache(config: Any, backend: type, spec: Any, shape: TritonAttentionStep,
+                    target: Target) -> tuple[Any, int]:  # fmt: skip
+    """Layer 0's KV cache as vLLM's runner binds it: the engine's layout resolved by vLLM, its
+    planner's placement of every layer in one allocation, and its per-layer view; with the width
+    of the runner's block table."""
+    import torch
+
+    from ..integrations.vllm.engine_config import _no_cutlass_gemms
+
+    utils = import_library_module("vllm.v1.attention.backends.utils")
+    planning = import_library_module("vllm.v1.core.kv_cache_planning")
+    interface = import_library_module("vllm.v1.kv_cache_interface")
+    block_table = import_library_module("vllm.v1.worker.block_table")
+    # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
+    # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
+    with _no_cutlass_gemms(target):
+        worker = import_library_module("vllm.v1.worker.utils")
+    layers = config.model_config.get_num_layers(config.parallel_config)
+    names = [f"model.layers.{index}.self_attn.attn" for index in range(layers)]
+    spec = worker.customize_attention_spec(backend, spec)
+    supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
+    layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
+    kernel_block = worker.select_common_block_size(spec.block_size, [backend], [spec])
+    width = block_table.get_block_table_width(-(-config.model_config.max_model_len // kernel_block), kernel_block)
+    needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
+    element = torch.empty((), dtype=spec.dtype, device="meta").element_size()
+    if shape.kv_cache_blocks:
+        blocks = max(needed, shape.kv_cache_blocks)
+    else:
+        blocks = _layer_blocks(needed, spec.page_size_bytes, spec.head_size * element, shape.kv_cache_storage)
+    group = interface.KVCacheGroupSpec(names, spec)
+    kv_config = planning.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
+    [tensor] = kv_config.kv_cache_tensors
+    raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
+    views = interface.create_kv_cache_views(raw, spec, kv_config.num_blocks, layout, tensor,
+                                            kernel_block_size=kernel_block)  # fmt: skip
+    return views[0], width
+
+
+def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
+    """One step as vLLM 0.19 and newer run it: the metadata built by the backend's real builder
+    (its 3D threshold from the capture sizes, its segment count and scratch), the KV cache written
+    by the impl's `do_kv_cache_update` (the layer calls it before `forward`), then `forward`."""
+    import torch
+
+    from ..integrations.vllm.engine_config import engine_config
+    from ..integrations.vllm.platform import refresh_switches
+
+    assert shape.serving is not None
+    config = engine_config(shape.config_json, shape.serving, target)
+    module = import_library_module(BACKEND_MODULE)
+    backend = module.TritonAttentionBackend
+    attention = import_library_module("vllm.model_executor.layers.attention.attention")
+    torch_utils = import_library_module("vllm.utils.torch_utils")
+    api = import_library_module("vllm.v1.attention.backend")
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
+    sliding_window = shape.sliding_window or None
+    refresh_switches()
+    with import_library_module("vllm.config").set_current_vllm_config(config):
+        # The layer's own KV-cache spec (its method, on the fields it reads).
+        layer_fields = SimpleNamespace(
+            attn_type=api.AttentionType.DECODER, kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window,
+            attn_backend=backend, num_kv_heads=shape.kv_heads, head_size=shape.head_size,
+            head_size_v=shape.head_size,
+            kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
+        )  # fmt: skip
+        spec = attention.Attention.get_kv_cache_spec(layer_fields, config)
+        kv_cache, width = _layer_kv_cache(config, backend, spec, shape, target)
+        builder = backend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], config, meta)
+
+        def ints(*dims: int, dtype: Any = torch.int32) -> Any:
+            return torch.empty(dims, dtype=dtype, device=meta)
+
+        common = vllm_record(api.CommonAttentionMetadata, {
+            "query_start_loc": ints(shape.num_seqs + 1),
+            "query_start_loc_cpu": torch.empty(shape.num_seqs + 1, dtype=torch.int32),
+            "seq_lens": ints(shape.num_seqs),
+            "num_reqs": shape.num_seqs,
+            "num_actual_tokens": shape.tokens,
+            "max_query_len": shape.max_query_len,
+            "max_seq_len": shape.max_seq_len,
+            "block_table_tensor": ints(shape.num_seqs, width),
+            "slot_mapping": ints(shape.tokens, dtype=torch.int64),
+            "causal": True,
+        })  # fmt: skip
+        metadata = builder.build(0, common)
+        impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
+                                      sliding_window, kv_cache_dtype)  # fmt: skip
+    # vLLM's attention layer quantizes the query to the platform's FP8 before the backend when the
+    # KV cache is FP8 and the impl takes an FP8 query (`Attention.__init__`: `query_quant`).
+    query_type = target.fp8_dtype if shape.kv_cache_fp8 and impl.supports_quant_query_input else dtype
+    query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=query_type, device=meta)
+    key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
+    scale = torch.empty((), dtype=torch.float32, device=meta)
+    layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
+                            _v_scale_float=1.0)  # fmt: skip
+    output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+    impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+
+
+def launch(shape: PagedAttentionShape, target: Target) -> None:
+    if isinstance(shape, TritonAttentionStep):
+        _step_0_19(shape, target)
+    else:
+        backend_step(BACKEND, shape, target)
 
 
 BACKEND = VllmBackend(
@@ -87,11 +307,14 @@ BACKEND = VllmBackend(
 )
 
 
-FAMILY = vllm_backend_family(
-    "triton_attn",
-    "vLLM's TRITON_ATTN: reshape-and-cache, unified attention 2D/3D and its segment reduce",
-    BACKEND,
-    enumerate_triton_attn,
-    describe_shapes,
-    limits,
+FAMILY = replace(
+    vllm_backend_family(
+        "triton_attn",
+        "vLLM's TRITON_ATTN: reshape-and-cache, unified attention 2D/3D and its segment reduce",
+        BACKEND,
+        enumerate_triton_attn,
+        describe_shapes,
+        limits,
+    ),
+    launch=launch,
 )

@@ -65,13 +65,15 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
         "dtype": serving.dtype,
         "enforce_eager": serving.enforce_eager,
     }
+    names = {field.name for field in dataclasses.fields(EngineArgs)}
     if serving.cudagraph_capture_sizes is not None:
-        arguments["cuda_graph_sizes"] = list(serving.cudagraph_capture_sizes)
+        # `cuda_graph_sizes` up to 0.18 (beside `cudagraph_capture_sizes`), gone by 0.33.
+        option = "cuda_graph_sizes" if "cuda_graph_sizes" in names else "cudagraph_capture_sizes"
+        arguments[option] = list(serving.cudagraph_capture_sizes)
     if not target.is_rocm and serving.tensor_parallel_size > 1:
         # vLLM's CUDA platform checks that the ranks fit the GPUs it sees (none on a builder)
         # before it picks its executor: on the serving host they fit, and it picks "mp".
         arguments["distributed_executor_backend"] = "mp"
-    names = {field.name for field in dataclasses.fields(EngineArgs)}
     # CPU swap space per rank is checked against this host's memory, which a builder's is not.
     if "swap_space" in names:
         arguments["swap_space"] = 0
