@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .cache.inventory import configurations
+from .cache.inventory import Configuration, configurations
 from .cache.journal import Record, journal_keys, read_records
 from .cache.layout import CacheLayout
 from .configuration import journal_key, toolchain_digest
@@ -68,9 +68,11 @@ def find_misses(layout: CacheLayout, chosen: Selector = lambda record: True) -> 
     """Every journal with records that `chosen` accepts, most recently seen first."""
     known = configurations(layout)
     families = {job.kernel: job.family for c in known for job in c.manifest.jobs if job.family != RECORDED_FAMILY}
-    by_journal: dict[str, list] = {}
+    # Per journal key, the configurations sharing it, each with its toolchain digest.
+    by_journal: dict[str, list[tuple[Configuration, str]]] = {}
     for configuration in known:
-        by_journal.setdefault(journal_key(configuration.manifest.parts), []).append(configuration)
+        parts = configuration.manifest.parts
+        by_journal.setdefault(journal_key(parts), []).append((configuration, toolchain_digest(parts)))
     reports = []
     for key in journal_keys(layout):
         records = [record for record in read_records(layout, key).values() if chosen(record)]
@@ -78,13 +80,13 @@ def find_misses(layout: CacheLayout, chosen: Selector = lambda record: True) -> 
             continue
         sharing = by_journal.get(key, [])
         misses = tuple(_miss(record, sharing, families) for record in sorted(records, key=lambda r: -r.last_seen))
-        manifests = sorted({record.manifest for record in records if record.manifest} | {c.key for c in sharing})
+        manifests = sorted({record.manifest for record in records if record.manifest} | {c.key for c, _ in sharing})
         reports.append(JournalReport(key, records[0].model, tuple(sorted({r.target for r in records})),
                                      tuple(manifests), misses))  # fmt: skip
     return sorted(reports, key=lambda report: report.misses[0].last_seen, reverse=True)
 
 
-def _miss(record: Record, sharing: list, families: dict[str, str]) -> Miss:
+def _miss(record: Record, sharing: list[tuple[Configuration, str]], families: dict[str, str]) -> Miss:
     return Miss(
         kernel=record.kernel,
         triton_key=record.triton_key,
@@ -101,10 +103,10 @@ def _miss(record: Record, sharing: list, families: dict[str, str]) -> Miss:
     )
 
 
-def _status(record: Record, sharing: list) -> str:
+def _status(record: Record, sharing: list[tuple[Configuration, str]]) -> str:
     """What the configurations in this cache sharing the journal did with the record."""
-    same_target = [c for c in sharing if c.target == record.target]
-    mine = [c for c in same_target if toolchain_digest(c.manifest.parts) == record.toolchain]
+    same_target = [(c, toolchain) for c, toolchain in sharing if c.target == record.target]
+    mine = [c for c, toolchain in same_target if toolchain == record.toolchain]
     if same_target and not mine:
         return "other toolchain"
     outcomes = [c.manifest.recorded.get(record.triton_key) for c in mine]

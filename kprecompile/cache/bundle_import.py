@@ -666,20 +666,20 @@ def _merge_journal(
     counts.journal_records += len(records)
 
 
-def _manifest_state(path: Path, key: str) -> tuple[EntryState, str]:
+def _manifest_state(path: Path, key: str) -> tuple[EntryState, str, Manifest | None]:
+    """Whether the cache's manifest is absent, intact (then also the manifest) or damaged, and why."""
     try:
         status = path.lstat()
     except FileNotFoundError:
-        return "absent", ""
+        return "absent", "", None
     if not stat.S_ISREG(status.st_mode):
-        return "damaged", "not a regular file"
+        return "damaged", "not a regular file", None
     if status.st_size > MAX_MANIFEST_BYTES:
-        return "damaged", f"larger than {MAX_MANIFEST_BYTES:,} bytes"
+        return "damaged", f"larger than {MAX_MANIFEST_BYTES:,} bytes", None
     try:
-        parse_manifest(path.read_bytes(), key)
+        return "intact", "", parse_manifest(path.read_bytes(), key)
     except ValueError as error:
-        return "damaged", str(error)
-    return "intact", ""
+        return "damaged", str(error), None
 
 
 def _install_manifest(
@@ -691,19 +691,18 @@ def _install_manifest(
     staged = staging / Bucket.MANIFESTS.value / f"{key}.json"
     final = layout.manifest_path(key)
     final.parent.mkdir(parents=True, exist_ok=True)
-    state, reason = _manifest_state(final, key)
+    state, reason, present = _manifest_state(final, key)
     if state == "absent":
         try:
             os.link(staged, final)  # never replaces: another import or warm may have written it
         except FileExistsError:
-            state, reason = _manifest_state(final, key)
+            state, reason, present = _manifest_state(final, key)
         else:
             journal.add("file", final)
             counts.manifests_added += 1
             return
-    if state == "intact":
-        present = {job.key for job in parse_manifest(final.read_bytes(), key).jobs}
-        if not present < {job.key for job in incoming.jobs}:
+    if present is not None:
+        if not {job.key for job in present.jobs} < {job.key for job in incoming.jobs}:
             # Lists every kernel the bundle's does, or others (its own recorded ones): kept; the
             # journal merged below lets the next warm settle the difference.
             counts.manifests_present += 1

@@ -321,16 +321,16 @@ def merge(
         _compact(path, merge_records({}, records, imported=True), imported=True)
 
 
-def bounded(records: Iterable[Record]) -> list[Record]:
-    """The most recently seen records that fit the journal's bounds, oldest first."""
-    kept: list[Record] = []
+def _bounded_lines(records: Iterable[Record]) -> list[bytes]:
+    """The lines of the most recently seen records that fit the journal's bounds, oldest first."""
+    kept: list[bytes] = []
     size = 0
     for record in sorted(records, key=lambda record: record.last_seen, reverse=True)[:MAX_RECORDS]:
-        line = len(record.to_line())
-        if line > MAX_LINE_BYTES or size + line > MAX_JOURNAL_BYTES // 2:
+        line = record.to_line()
+        if len(line) > MAX_LINE_BYTES or size + len(line) > MAX_JOURNAL_BYTES // 2:
             continue
-        kept.append(record)
-        size += line
+        kept.append(line)
+        size += len(line)
     return kept[::-1]
 
 
@@ -338,10 +338,10 @@ def _compact(path: Path, incoming: dict[str, Record], imported: bool) -> None:
     """Rewrite the journal with `incoming` as one line per kernel, within its bounds (the lock is
     held)."""
     merged = merge_records(dict(read_journal(path).records), incoming.values(), imported)
-    kept = bounded(merged.values())
+    kept = _bounded_lines(merged.values())
     if len(kept) < len(merged):
         logger.warning("journal %s: kept the %d most recently seen of %d kernels", path, len(kept), len(merged))
-    write_atomic(path, b"".join(record.to_line() for record in kept))
+    write_atomic(path, b"".join(kept))
 
 
 def _regular_size(path: Path) -> int:
