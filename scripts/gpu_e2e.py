@@ -52,9 +52,11 @@ FIRST_CALL = (4, [70, 12, 130, 3], [250, 1000, 0, 64])
 
 
 def run_json(argv: list[str], env: dict[str, str]) -> dict:
+    """Run a command (these scripts' parts run as processes of their own) and return its JSON;
+    stop with its stderr when it fails."""
     result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        sys.exit(f"{' '.join(argv[:4])} failed:\n{result.stderr[-3000:]}")
+        sys.exit(f"{' '.join(argv[:6])} failed:\n{result.stderr[-4000:]}")
     try:
         return json.loads(result.stdout)  # a command's one JSON document
     except json.JSONDecodeError:

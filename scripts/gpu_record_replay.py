@@ -33,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from gpu_e2e import run_json  # noqa: E402
 
 MODEL, BACKEND = "llama-3.1-8b-instruct", "TRITON_ATTN"
 MAX_NUM_SEQS = 8
@@ -44,21 +45,6 @@ BEYOND = ([1] * 16, [61 * i + 5 for i in range(16)])
 
 def command(*words: str) -> list[str]:
     return [sys.executable, "-m", "kprecompile", *words]
-
-
-def run(argv: list[str], env: dict[str, str], check: bool = True) -> tuple[int, str]:
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    if check and result.returncode != 0:
-        sys.exit(f"{' '.join(argv[2:6])} failed:\n{result.stderr[-4000:]}")
-    return result.returncode, result.stdout
-
-
-def last_json(text: str) -> dict:
-    """A command's one JSON document, or a serving process's last line."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(text.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -78,16 +64,19 @@ def main() -> None:
     hidden = {**gpu, "CUDA_VISIBLE_DEVICES": ""}
     with tempfile.TemporaryDirectory(prefix="record-replay-") as scratch:
         host, builder, archive = (str(Path(scratch) / name) for name in ("host", "builder", "host.tgz"))
-        first_warm = last_json(run(command("warm", *selectors, "--cache-dir", host, "--json"), hidden)[1])
-        first = last_json(run([sys.executable, __file__, "--serve", host], gpu)[1])
-        run(command("export", *selectors, "--cache-dir", host, "--archive", archive), hidden)
-        imported = last_json(run(command("import", archive, "--cache-dir", builder, "--json"), hidden)[1])
-        status, verified = run(command("verify", *selectors, "--cache-dir", builder), hidden, check=False)
-        misses = last_json(run(command("misses", "--cache-dir", builder, "--json"), hidden)[1])
+        first_warm = run_json(command("warm", *selectors, "--cache-dir", host, "--json"), hidden)
+        first = run_json([sys.executable, __file__, "--serve", host], gpu)
+        run_json(command("export", *selectors, "--cache-dir", host, "--archive", archive, "--json"), hidden)
+        imported = run_json(command("import", archive, "--cache-dir", builder, "--json"), hidden)
+        # Not warm, by design: its exit status and first line are part of the proof.
+        verified = subprocess.run(command("verify", *selectors, "--cache-dir", builder), env=hidden,
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+        status, verified = verified.returncode, verified.stdout
+        misses = run_json(command("misses", "--cache-dir", builder, "--json"), hidden)
         started = time.perf_counter()
-        second_warm = last_json(run(command("warm", *selectors, "--cache-dir", builder, "--json"), hidden)[1])
+        second_warm = run_json(command("warm", *selectors, "--cache-dir", builder, "--json"), hidden)
         second_warm_seconds = time.perf_counter() - started
-        second = last_json(run([sys.executable, __file__, "--serve", builder], gpu)[1])
+        second = run_json([sys.executable, __file__, "--serve", builder], gpu)
     failed = report(target, first_warm, first, imported, status, verified, misses, second_warm, second_warm_seconds,
                     second)  # fmt: skip
     sys.exit(1 if failed else 0)

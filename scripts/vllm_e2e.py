@@ -32,12 +32,13 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+
+from gpu_e2e import run_json
 
 GQA_MODEL, MLA_MODEL = "llama-3.1-8b-instruct", "deepseek-v2-lite"
 MAX_NUM_SEQS, BATCHED_TOKENS, MODEL_LEN, BLOCK_SIZE = 64, 4096, 4096, 16
@@ -59,16 +60,6 @@ FIRST_GQA_STEP = ([1] * 9, [300, 7, 1200, 55, 3000, 18, 640, 2, 999])
 MLA_STEPS = [[5], [1, 2049, 37], [i * 97 + 1 for i in range(21)], [(i * 389) % 4000 + 1 for i in range(64)]]
 FIRST_MLA_STEP = [700, 3, 1500, 64, 260]
 SCALE_MODELS = ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "mistral-7b-v0.1", "qwen3-8b")
-
-
-def run_json(argv: list[str], env: dict[str, str]) -> dict:
-    result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        sys.exit(f"{' '.join(argv[:6])} failed:\n{result.stderr[-4000:]}")
-    try:
-        return json.loads(result.stdout)  # a command's one JSON document
-    except json.JSONDecodeError:
-        return json.loads(result.stdout.strip().splitlines()[-1])  # a process's last line
 
 
 def vllm_part(cache_dir: Path | None, target: str) -> bool:
@@ -208,7 +199,20 @@ class Paged:
         return table.cuda(), context_slots, torch.cat(new_slots).cuda()
 
 
-class TritonAttnCase:
+class TimedCase:
+    """A backend's engine steps: `prepare(step)` makes a step's inputs, `call(prepared)` runs it."""
+
+    def timed(self, step) -> float:
+        """One step's milliseconds on the GPU, its inputs made beforehand."""
+        prepared = self.prepare(step)
+        self.torch.cuda.synchronize()
+        started = time.perf_counter()
+        self.call(prepared)
+        self.torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1000
+
+
+class TritonAttnCase(TimedCase):
     """Steps through vLLM's TRITON_ATTN backend: its impl's real `forward`."""
 
     def __init__(self, model, serving, target):
@@ -270,14 +274,6 @@ class TritonAttnCase:
         self.impl.forward(self.layer, q, k, v, self.kv_cache, metadata, output=out)
         return out
 
-    def timed(self, step) -> float:
-        prepared = self.prepare(step)
-        self.torch.cuda.synchronize()
-        started = time.perf_counter()
-        self.call(prepared)
-        self.torch.cuda.synchronize()
-        return (time.perf_counter() - started) * 1000
-
     def error(self, step) -> float:
         torch = self.torch
         prepared = self.prepare(step)
@@ -305,7 +301,7 @@ class TritonAttnCase:
         return {"cache_mismatches": self.cache_mismatches}
 
 
-class TritonMlaCase:
+class TritonMlaCase(TimedCase):
     """Decode steps through vLLM's TRITON_MLA impl (built as vLLM builds it): `_forward_decode`."""
 
     def __init__(self, model, serving, target):
@@ -348,14 +344,6 @@ class TritonMlaCase:
         query, metadata, _ = prepared
         out, _ = self.impl._forward_decode(query, self.kv_cache, metadata, self.layer)
         return out
-
-    def timed(self, step) -> float:
-        prepared = self.prepare(step)
-        self.torch.cuda.synchronize()
-        started = time.perf_counter()
-        self.call(prepared)
-        self.torch.cuda.synchronize()
-        return (time.perf_counter() - started) * 1000
 
     def error(self, step) -> float:
         torch = self.torch

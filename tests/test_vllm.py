@@ -314,6 +314,20 @@ def test_vllm_kernels_warm_for_real_and_verify_deep(kernel_probes, version, back
     assert json.loads(preload[1].strip().splitlines()[-1]) == [kernels, kernels, 0, []]
 
 
+def assert_triton_attn_up_to_0_18(document: dict, expected: dict[str, int]) -> None:
+    """A TRITON_ATTN probe up to 0.18 on one target: the kernels each model's plan holds
+    (`expected`), and the keys of reshape-and-cache, a 3D decode and a 2D prefill step, each
+    the launch path's."""
+    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
+        assert Counter(document[case]) == expected, case
+    reshape, decode, prefill = document["keys"]
+    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention_3d", "reduce_segments"]
+    assert decode["kernels"] == ["kernel_unified_attention_3d", "reduce_segments"]
+    assert prefill["kernels"] == ["kernel_unified_attention_2d"]
+    for row in (reshape, decode, prefill):
+        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row["step"]
+
+
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_triton_attn_kernels_keys_and_coverage(kernel_probes, version):
     """TRITON_ATTN up to 0.18: reshape-and-cache, the 2D kernel (steps with a prefill, large
@@ -325,14 +339,7 @@ def test_triton_attn_kernels_keys_and_coverage(kernel_probes, version):
         return
     expected = {"kernel_unified_attention_2d": 6, "kernel_unified_attention_3d": 4, "reduce_segments": 2,
                 "reshape_and_cache_kernel_flash": 2}  # fmt: skip
-    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
-        assert Counter(document[case]) == expected, case
-    reshape, decode, prefill = document["keys"]
-    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention_3d", "reduce_segments"]
-    assert decode["kernels"] == ["kernel_unified_attention_3d", "reduce_segments"]
-    assert prefill["kernels"] == ["kernel_unified_attention_2d"]
-    for row in (reshape, decode, prefill):
-        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row["step"]
+    assert_triton_attn_up_to_0_18(document, expected)
     coverage = document["coverage"]
     assert coverage["steps"] >= 60 and coverage["kernels"] >= 8 and coverage["missing"] == 0
     assert coverage["missing_from_smaller_plan"] > 0
@@ -600,14 +607,7 @@ def test_triton_attn_on_nvidia_keys_and_coverage(kernel_probes, version):
     assert document["reshape_launch"] == [16, 10] and kernel_probes[version]["triton_attn"]["reshape_launch"] == [8, 4]
     expected = {"kernel_unified_attention_2d": 3, "kernel_unified_attention_3d": 2, "reduce_segments": 2,
                 "reshape_and_cache_kernel_flash": 1}  # fmt: skip
-    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
-        assert Counter(document[case]) == expected, case
-    reshape, decode, prefill = document["keys"]
-    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention_3d", "reduce_segments"]
-    assert decode["kernels"] == ["kernel_unified_attention_3d", "reduce_segments"]
-    assert prefill["kernels"] == ["kernel_unified_attention_2d"]
-    for row in (reshape, decode, prefill):
-        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row["step"]
+    assert_triton_attn_up_to_0_18(document, expected)
     rocm = {key for row in kernel_probes[version]["triton_attn"]["keys"] for key in row["traced"]}
     assert rocm.isdisjoint(key for row in document["keys"] for key in row["traced"])
     coverage = document["coverage"]

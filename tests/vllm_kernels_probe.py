@@ -373,10 +373,6 @@ def cuda_merge() -> int:
     prefill's merge (bfloat16, V head size 128): none, it takes vLLM's compiled CUDA merge."""
     import importlib.util
 
-    import torch
-
-    from kprecompile.shapes._vllm_backend import prebuilt_ops_skipped
-
     def exists(name: str) -> bool:
         try:
             return importlib.util.find_spec(name) is not None
@@ -385,6 +381,15 @@ def cuda_merge() -> int:
 
     module = next(name for name in ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
                   if exists(name))  # fmt: skip
+    return merge_kernels(module, SM90)
+
+
+def merge_kernels(module: str, target) -> int:
+    """Triton kernels `module`'s `merge_attn_states` launches on `target` for an MLA prefill's
+    merge (bfloat16, V head size 128); its compiled operator is prebuilt (skipped)."""
+    import torch
+
+    from kprecompile.shapes._vllm_backend import prebuilt_ops_skipped
 
     def call():
         meta = torch.device("meta")
@@ -393,7 +398,7 @@ def cuda_merge() -> int:
         with prebuilt_ops_skipped(("merge_attn_states",)):
             import_library_module(module).merge_attn_states(out, out, lse, torch.empty_like(out), lse)
 
-    return len(trace_calls([("merge", call)], SM90, "merge", (module,)).jobs)
+    return len(trace_calls([("merge", call)], target, "merge", (module,)).jobs)
 
 
 def cuda_selection() -> list[dict[str, object]]:
@@ -473,24 +478,8 @@ def merge_dispatch() -> dict[str, int]:
     """Triton kernels the release's own `merge_attn_states` dispatcher launches for an MLA
     prefill's merge (bfloat16, V head size 128), per ROCm target; its compiled operator is
     prebuilt (skipped)."""
-    import torch
-
-    from kprecompile.shapes._vllm_backend import prebuilt_ops_skipped
-
     module = "vllm.v1.attention.ops.merge_attn_states"
-    counts = {}
-    for name in ("gfx90a", "gfx942", "gfx950"):
-        target = TARGETS[name]
-
-        def call():
-            meta = torch.device("meta")
-            out = torch.empty((64, 16, 128), dtype=torch.bfloat16, device=meta)
-            lse = torch.empty((16, 64), dtype=torch.float32, device=meta)
-            with prebuilt_ops_skipped(("merge_attn_states",)):
-                import_library_module(module).merge_attn_states(out, out, lse, torch.empty_like(out), lse)
-
-        counts[name] = len(trace_calls([("merge", call)], target, "merge", (module,)).jobs)
-    return counts
+    return {name: merge_kernels(module, TARGETS[name]) for name in ("gfx90a", "gfx942", "gfx950")}
 
 
 CONTEXT = FAMILIES["aiter_fa_context"]
