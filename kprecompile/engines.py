@@ -204,7 +204,7 @@ def select(
     if model.attention == "mla":
         choices = _mla_choices(backend, flags, line, release)
     else:
-        choices = _gqa_choices(backend, release, line)
+        choices = _gqa_choices(backend, release)
     if model.fp8_block_size is not None:
         choices += (_block_fp8_linear(flags, line, release),)
     nvidia = tuple(target.name for target in targets if not target.is_rocm)
@@ -391,19 +391,7 @@ def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> Famil
     return replace(choice, skip_targets=(("gfx942", reason),))
 
 
-# Read in 0.33.0's `rocm_aiter_fa.py`: extends still gather their context with vLLM's Triton
-# `cp_mha_gather_cache_kernel` (the merge after it is vLLM's compiled one on CDNA3), and new Triton
-# launches sit beside it: `reshape_and_cache_shuffle_kernel` (shuffled KV layout) and AITER's
-# `unified_attention` for decodes its paged kernels decline.
-_AITER_FA_0_19 = (
-    "ROCM_AITER_FA in vLLM 0.19 and newer is not traced yet: it still gathers cached context with vLLM's Triton "
-    "cp_mha_gather_cache_kernel, through a new cached-context path with sliding-window tables, and adds Triton "
-    "launches (reshape_and_cache_shuffle_kernel for the shuffled KV layout, AITER's unified_attention for decodes "
-    "with a sliding window, sinks, several tokens or a head size under 64)"
-)
-
-
-def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, ...]:
+def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:
     if backend == "ROCM_ATTN":
         return (_vllm_kernels("rocm_attn", backend, release),)
     if backend == "TRITON_ATTN":
@@ -414,6 +402,7 @@ def _gqa_choices(backend: str, release: str, line: Line) -> tuple[FamilyChoice, 
     if backend != "ROCM_AITER_FA":
         return (FamilyChoice("prefix_prefill", backend), FamilyChoice("paged_decode", backend))
     reason = f"{backend} runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)"
-    context = (FamilyChoice("aiter_fa_context", backend, _AITER_FA_0_19) if line == "0.19"
-               else _vllm_kernels("aiter_fa_context", backend, release))  # fmt: skip
+    # From 0.19 traced through the release's metadata builder, attention layer and KV-cache view
+    # (`aiter_fa_context.py`), which also sends some decodes to AITER's Triton unified attention.
+    context = _vllm_kernels("aiter_fa_context", backend, release)
     return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason), context)

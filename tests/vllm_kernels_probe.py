@@ -27,9 +27,12 @@ plan traces them from the installed vLLM. Prints one JSON document.
    control; from 0.19, the release's own merge dispatcher on each target: no Triton kernel on
    CDNA3 and newer (the reason the plan gives), Triton's on gfx90a.
 7. `aiter_fa_context` (vLLM's gather and merge around ROCM_AITER_FA's prefill with cached
-   context, up to 0.18): kernels, the gather's key against the launch path, a random sweep of
-   request mixes (extends, new tokens, cached contexts, KV storage classes) through the real
-   metadata builder, and a plan without the large KV caches as the negative control.
+   context): kernels, the gather's key against the launch path, a random sweep of request mixes
+   (extends, new tokens, cached contexts, KV storage classes) through the real metadata builder,
+   and a plan without the large KV caches as the negative control; from 0.19 (0.33.0) through
+   the engine's attention layer and KV-cache view: the default, FP8 and shuffled layouts' kernels,
+   every chunk's gather key against the launch path, random engine steps with decodes and layer
+   regions around 2 GiB, and a plan of one-chunk contexts as the negative control.
 8. NVIDIA targets (sm90, `--nvidia`, a process of its own as an NVIDIA request is planned):
    `triton_attn` and `triton_mla` traced under vLLM's CUDA platform (at TP 1 and, for MLA, TP 2), with
    the same proofs (keys against the launch path, random sweeps, negative controls), the FP8
@@ -47,15 +50,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.util
 import json
 import os
 import random
-import re
 import sys
 import tempfile
 from dataclasses import replace
-from pathlib import Path
 
 from test_trace import launch_path_keys
 
@@ -491,11 +491,9 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     [choice] = [choice for choice in choices if choice.family == "aiter_fa_context"]
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
-        # The evidence behind the reason: what the release's backend source launches itself.
-        source = Path(importlib.util.find_spec("vllm.v1.attention.backends.rocm_aiter_fa").origin).read_text()
-        document["launches"] = sorted(set(re.findall(r"(\w+)\[grid\]\(", source)))
-        document["imports_aiter_unified_attention"] = "from aiter.ops.triton.unified_attention import" in source
         return document
+    if installed_release().startswith("0.33"):
+        return {**document, **aiter_fa_context_0_19(model, seed)}
     plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")
     serving = ServingParams(**SERVING)
@@ -514,15 +512,100 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
         contexts = tuple(rng.choice([1, rng.randint(1, 64), rng.randint(1, model_len - query)]) for query in queries)
         swept_shapes.append(replace(shapes[0], query_lens=queries, context_lens=contexts,
                                     kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])))  # fmt: skip
-    swept = trace_calls(CONTEXT.calls(tuple(swept_shapes), GFX942), GFX942, "aiter_fa_context",
-                        CONTEXT.traced_modules)  # fmt: skip
-    swept_keys = {job.key for job in swept.jobs}
+    swept_keys = _context_keys(swept_shapes)
     small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
-    smaller_plan = {job.key for job in trace_calls(CONTEXT.calls(small, GFX942), GFX942, "aiter_fa_context",
-                                                   CONTEXT.traced_modules).jobs}  # fmt: skip
-    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys),
+    document["coverage"] = {"steps": len(swept_shapes), "kernels": len(swept_keys),
                             "missing": len(swept_keys - {job.key for job in plan_jobs}),
-                            "missing_from_smaller_plan": len(swept_keys - smaller_plan)}  # fmt: skip
+                            "missing_from_smaller_plan": len(swept_keys - _context_keys(small))}  # fmt: skip
+    return document
+
+
+def _context_keys(shapes, target=GFX942) -> set[str]:
+    return {job.key for job in trace_calls(CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context",
+                                           CONTEXT.traced_modules).jobs}  # fmt: skip
+
+
+def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int) -> list:
+    """Engine steps as vLLM 0.19's runner orders them, independent of the plan's enumeration:
+    random decodes, then random extends (new tokens; cached contexts short, random, or near the
+    model length, so that several extends fill several context chunks), random layer regions."""
+    steps = []
+    for _ in range(count):
+        decodes = rng.choice([0, 0, 1, 2, 3, rng.randint(0, 12)])
+        extends = rng.choice([1, 2, 3, rng.randint(1, 16), rng.randint(5, 24)])
+        queries = tuple(rng.randint(2, 30) for _ in range(extends))
+        near_end = rng.random() < 0.5
+        contexts = tuple(rng.choice([1, rng.randint(1, 64), rng.randint(1, model_len - query)]
+                                    + [model_len - query - rng.randint(0, 40)] * (3 if near_end else 0))
+                         for query in queries)  # fmt: skip
+        shape = rng.choice(shapes)
+        steps.append(replace(shape, query_lens=(1,) * decodes + queries,
+                             context_lens=tuple(rng.randint(1, model_len - 1) for _ in range(decodes)) + contexts,
+                             kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+                             kv_cache_blocks=rng.choice([0, _random_layer_blocks(shape, rng)])))  # fmt: skip
+    return steps
+
+
+def _every_gather_launched(step) -> None:
+    """The step, going on past each gather the launch path refuses (it stops at a step's first
+    launch), so that every chunk's gather reaches Triton's launch path; a refusal is raised at the
+    end (tracing launches nothing and raises nothing)."""
+    from kprecompile.errors import LaunchRefusedError
+
+    module = import_library_module(CONTEXT.traced_modules[0])
+    gather = module.cp_mha_gather_cache
+    refused = []
+
+    def each_chunk(*args, **kwargs):
+        try:
+            gather(*args, **kwargs)
+        except LaunchRefusedError as error:
+            refused.append(error)
+
+    module.cp_mha_gather_cache = each_chunk
+    try:
+        CONTEXT.launch(step, GFX942)
+    finally:
+        module.cp_mha_gather_cache = gather
+    if refused:
+        raise refused[-1]
+
+
+def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
+    """ROCM_AITER_FA from vLLM 0.19 (0.33.0): the kernels of the plan in the default layout and in
+    the shuffled one (VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1), and with an FP8 KV cache; the keys of a
+    three-chunk step with decodes against the launch path; random engine steps (decodes, extends,
+    long and short contexts, layer regions around 2 GiB) against the plan, and against a plan
+    whose contexts fit one chunk (negative control); speculative decoding's reason."""
+    serving = ServingParams(**SERVING)
+    document: dict[str, object] = {"kernels": {}}
+    shuffled = {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
+    for label, variables, kv_cache in (("default", {}, "auto"), ("fp8", {}, "fp8"), ("shuffle", shuffled, "auto")):
+        with environment(**variables):
+            jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA", kv_cache_dtype=kv_cache).jobs
+            document["kernels"][label] = sorted(job.kernel.rpartition(":")[2] for job in jobs
+                                                if job.family == "aiter_fa_context")  # fmt: skip
+            if label == "default":
+                plan_keys = {job.key for job in jobs}
+    shapes = CONTEXT.enumerate_shapes(model, serving)
+    model_len = serving.model_len(model)
+    # Two decodes, then ten extends: one with three chunks of cached context (a chunk holds
+    # 32768 / extends tokens), the others short.
+    chunk = 32 * 1024 // 10
+    step = replace(shapes[0], query_lens=(1, 1, 5) + (2,) * 9, context_lens=(100, 7, 2 * chunk + 9) + (3,) * 9)
+    call = functools.partial(_every_gather_launched, step)
+    traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
+    with tempfile.TemporaryDirectory() as cache:
+        launched = launch_path_keys(cache, GFX942, call, CONTEXT.traced_modules)
+    document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched}
+    swept = _random_engine_steps(shapes, model_len, random.Random(seed), 60)
+    swept_keys = _context_keys(swept)
+    # The negative control: a plan whose extends' cached context always fits one chunk.
+    one_chunk = [shape for shape in shapes if max(shape.context_lens) <= 32 * 1024 // len(shape.context_lens)]
+    document["coverage"] = {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
+                            "missing_from_smaller_plan": len(swept_keys - _context_keys(one_chunk))}  # fmt: skip
+    speculative = CONTEXT.skip_reason(model, replace(serving, num_speculative_tokens=2), GFX942)
+    document["speculative"] = speculative
     return document
 
 

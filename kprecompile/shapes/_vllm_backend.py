@@ -83,19 +83,66 @@ def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: o
     return out
 
 
+def _prebuilt(*args: object, **kwargs: object) -> None:
+    """A prebuilt (HIP, CK, assembly) kernel's entry point while tracing: it compiles nothing."""
+
+
 @contextlib.contextmanager
 def aiter_attention_prebuilt() -> Iterator[None]:
-    """AITER's `flash_attn_varlen_func` (vLLM's AITER backends call it, or import it when built)
-    where the real `aiter` package is not initialized (a builder without ROCm: `libraries.py`)."""
+    """AITER's prebuilt attention where the real `aiter` package is not initialized (a builder
+    without ROCm: `libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
+    import it when built), `paged_attention_common` and the `torch.ops.aiter` paged attention
+    vLLM's ROCM_AITER_FA decodes with from 0.19."""
     package = import_library_module(AITER_PACKAGE)
-    if hasattr(package, "flash_attn_varlen_func"):
-        yield
-        return
-    package.flash_attn_varlen_func = prebuilt_varlen_attention
+    entries = {"flash_attn_varlen_func": prebuilt_varlen_attention, "paged_attention_common": _prebuilt}
+    missing = [name for name in entries if not hasattr(package, name)]
+    for name in missing:
+        setattr(package, name, entries[name])
+    try:
+        with compiled_ops_skipped("aiter.paged_attention_v1"):
+            yield
+    finally:
+        for name in missing:
+            delattr(package, name)
+
+
+@contextlib.contextmanager
+def compiled_ops_skipped(*names: str) -> Iterator[None]:
+    """Compiled torch operators (`namespace.name` under `torch.ops`) that vLLM's backends call
+    directly do nothing while tracing where no library registered them (a builder without
+    vLLM's or AITER's extensions); registered ones are left as they are."""
+    import torch
+
+    added = []
+    for qualified in names:
+        namespace, _, name = qualified.partition(".")
+        space = getattr(torch.ops, namespace)
+        if not hasattr(space, name):
+            setattr(space, name, _prebuilt)
+            added.append((space, name))
     try:
         yield
     finally:
-        del package.flash_attn_varlen_func
+        for space, name in added:
+            delattr(space, name)
+
+
+@contextlib.contextmanager
+def host_copies(values: dict[int, Any]) -> Iterator[None]:
+    """Device tensors whose host copy a metadata builder takes (`.cpu()`, which a meta tensor
+    cannot give) give the step's values: `values` maps the meta tensor's id to them, as vLLM's
+    runner filled the device tensor from them."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class HostCopies(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            if func is torch.Tensor.cpu and args and id(args[0]) in values:
+                return values[id(args[0])].clone()
+            return func(*args, **(kwargs or {}))
+
+    with HostCopies():
+        yield
 
 
 @contextlib.contextmanager

@@ -12,20 +12,48 @@ of 16, other). The plan runs the backend's real metadata builder on a step's req
 chunking and token counts are vLLM's own) and the impl's real `forward` on meta tensors; AITER's
 attention is prebuilt and skipped, and so is the KV-cache write (vLLM's compiled operator,
 skipped through the impl's own KV-sharing switch).
+
+From vLLM 0.19 (traced against 0.33.0) ROCM_AITER_FA is no longer vLLM's default (ROCM_ATTN is,
+`--attention-backend ROCM_AITER_FA` names it) and its step is the engine's: vLLM builds its
+`VllmConfig` from the model's config.json and the serving parameters, the layer is vLLM's real
+`Attention` (its impl, KV-cache spec and sliding window, which the builder reads from the
+registered layers), its KV cache the view vLLM's runner binds (`triton_attn._layer_kv_cache`),
+the metadata the backend's builder makes for the step (decodes first, then extends; chunking
+and tables its own). The impl writes the KV cache (`do_kv_cache_update`: vLLM's compiled
+`reshape_and_cache_flash`, or with VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 its Triton
+`reshape_and_cache_shuffle_kernel`), then `forward`: the gather takes slices of the builder's
+per-chunk tables as pointers (no token count any more), so its keys vary with where each
+chunk's rows start (the extend count modulo 4, the largest chunk total) and where the extends'
+rows of the block table start (after the decodes); the merge is vLLM's compiled one on CDNA3 and
+newer. Decodes go to AITER's paged attention (prebuilt), except where the impl sends them to
+AITER's Triton `unified_attention`: decodes of several tokens (speculative decoding, not traced
+yet: `limits`), attention sinks (models kprecompile does not read sinks from), head sizes under
+64 (which vLLM's selector refuses for this backend).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from ..libraries import VLLM_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
+from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
-from ._vllm_backend import VLLM_ATTENTION_OPS, aiter_attention_prebuilt, unpinned_host_memory, vllm_record
+from ._vllm_backend import (
+    VLLM_ATTENTION_OPS,
+    aiter_attention_prebuilt,
+    compiled_ops_skipped,
+    host_copies,
+    prebuilt_ops_skipped,
+    unpinned_host_memory,
+    vllm_record,
+)
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
@@ -52,14 +80,14 @@ class ExtendStep:
     serving: ServingParams
 
 
-def _context_mixes(model_len: int, max_extends: int) -> list[tuple[int, ...]]:
+def _context_mixes(model_len: int, max_extends: int, last_totals: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Cached-context lengths of a step's extends. The gather is launched once per chunk with
     slices of the builder's per-chunk tables, so its key depends on each chunk's token total
     (1, a multiple of 16, other; the program count `min(total, compute units)` likewise) and on
     where the chunk's slices start (the alignment of `chunk * (extends + 1)`, `chunk * extends`
     and `chunk * largest total` elements: what the extend count is modulo 4, not its size). The
     mixes: for each extend count, one long context whose last chunk (the 1st to 4th after the
-    first) holds a total of each integer class, beside short contexts of both parities."""
+    first) holds each of `last_totals`, beside short contexts of both parities."""
     longest = model_len - 2  # an extend has at least 2 new tokens
     # Up to 8 extends, and for each count modulo 4 the two smallest counts whose chunks are
     # small enough for five of them within the model length.
@@ -70,12 +98,40 @@ def _context_mixes(model_len: int, max_extends: int) -> list[tuple[int, ...]]:
     for count in counts:
         chunk = CONTEXT_TOKENS_PER_CHUNK // count
         for chunks_before in range(5):
-            for last in (1, 16, 17, 16 * 37 + 1):
+            for last in last_totals:
                 long = chunks_before * chunk + last
                 for short in (1, 2):
                     if long <= longest:
                         mixes.add((long, *(short,) * (count - 1)))
     return sorted(mixes)
+
+
+@dataclass(frozen=True)
+class EngineStep(ExtendStep):
+    """A step as vLLM 0.19 and newer run it: its requests in the runner's order (decodes, then
+    extends), each with its new and cached tokens."""
+
+    # Blocks in the layer's region (vLLM sizes it from the GPU's free memory); 0: as few as the
+    # step needs that put the layer in `kv_cache_storage`'s class.
+    kv_cache_blocks: int = 0
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(query + context for query, context in zip(self.query_lens, self.context_lens, strict=True))
+
+
+def _traced_from_0_19() -> bool:
+    release = installed_release()
+    return release is not None and line_of(release) == "0.19"
+
+
+# A chunk total of each of Triton's integer classes (1, a multiple of 16, other), as the last
+# chunk of a long context leaves it (up to 0.18 the gather takes the total).
+_TOTAL_CLASSES = (1, 16, 17, 16 * 37 + 1)
 
 
 def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[ExtendStep, ...]:
@@ -84,6 +140,8 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
     model_len = serving.model_len(model)
     if model_len < 3:
         return ()
+    if _traced_from_0_19():
+        return _enumerate_0_19(model, serving)
     base = paged_kv_fields(model, serving)
     max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
     return tuple(
@@ -96,7 +154,39 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
             serving=serving,
         )  # fmt: skip
         for storage in KV_CACHE_STORAGE_CLASSES
-        for contexts in _context_mixes(model_len, max_extends)
+        for contexts in _context_mixes(model_len, max_extends, _TOTAL_CLASSES)
+    )
+
+
+def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
+    """The extend mixes of `_context_mixes`, and one behind each of 1 to 3 decodes (where the
+    extends' rows of the block table start), in every KV storage class of a layer's view. Decodes
+    alone run AITER's prebuilt paged attention (see `limits` for those that would not)."""
+    from .triton_attn import _storage_classes_0_19
+
+    base = paged_kv_fields(model, serving)
+    model_len = serving.model_len(model)
+    budget = serving.max_num_batched_tokens
+    max_extends = min(serving.max_num_seqs, budget // 2)
+    steps: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
+        # The gather no longer takes the chunk's token total: one last chunk total is enough.
+        ((2,) * len(contexts), contexts)
+        for contexts in _context_mixes(model_len, max_extends, (1,))
+    ]
+    for decodes in range(1, 4):
+        if decodes + 1 <= serving.max_num_seqs and decodes + 2 <= budget:
+            steps.append(((1,) * decodes + (2,), (1,) * decodes + (1,)))
+    return tuple(
+        EngineStep(
+            **base,
+            kv_cache_storage=storage,
+            query_lens=queries,
+            context_lens=contexts,
+            config_json=model.config_json,
+            serving=serving,
+        )  # fmt: skip
+        for storage in _storage_classes_0_19(model, serving)
+        for queries, contexts in steps
     )
 
 
@@ -115,6 +205,10 @@ def describe_call(shape: ExtendStep) -> str:
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_AITER_FA runs on ROCm only"
+    if serving.num_speculative_tokens and _traced_from_0_19():
+        # The builder's decode threshold comes from vLLM's speculative configuration.
+        return ("vLLM 0.19 and newer's ROCM_AITER_FA with speculative decoding (its decodes of several tokens run "
+                "AITER's Triton unified attention) is not traced yet")  # fmt: skip
     return None
 
 
@@ -151,7 +245,86 @@ def _common_metadata(shape: ExtendStep) -> Any:
 def launch(shape: ExtendStep, target: Target) -> None:
     # The backend's module imports `aiter` and calls its attention.
     with aiter_attention_prebuilt():
-        _extend_step(shape, target)
+        if isinstance(shape, EngineStep):
+            _engine_step(shape, target)
+        else:
+            _extend_step(shape, target)
+
+
+LAYER_NAME = "model.layers.0.self_attn.attn"
+
+
+@contextlib.contextmanager
+def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[Any]:
+    """vLLM's `Attention` layer for the step, built as the model builds it (on meta, under the
+    model's dtype) and registered in the engine configuration, whose builder reads its sliding
+    window there; unregistered after the block (the configuration is shared by the plan's steps)."""
+    import torch
+
+    attention = import_library_module("vllm.model_executor.layers.attention.attention")
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, shape.dtype))
+    try:
+        with torch.device("meta"):
+            layer = attention.Attention(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads,
+                                        cache_config=config.cache_config, prefix=LAYER_NAME,
+                                        per_layer_sliding_window=shape.sliding_window or None,
+                                        attn_backend=backend)  # fmt: skip
+    finally:
+        torch.set_default_dtype(default_dtype)
+    try:
+        yield layer
+    finally:
+        config.compilation_config.static_forward_context.pop(LAYER_NAME, None)
+
+
+def _engine_step(shape: EngineStep, target: Target) -> None:
+    """One step as vLLM 0.19 and newer run it (see the module doc), on meta tensors."""
+    import torch
+
+    from ..integrations.vllm.engine_config import engine_config
+    from ..integrations.vllm.platform import refresh_switches
+    from .triton_attn import _layer_kv_cache
+
+    module = import_library_module(BACKEND_MODULE)
+    api = import_library_module("vllm.v1.attention.backend")
+    meta = torch.device("meta")
+    config = engine_config(shape.config_json, shape.serving, target)
+    refresh_switches()
+    backend = module.AiterFlashAttentionBackend
+    with import_library_module("vllm.config").set_current_vllm_config(config), \
+            _attention_layer(config, shape, backend) as layer:  # fmt: skip
+        spec = layer.get_kv_cache_spec(config)
+        kv_cache, width = _layer_kv_cache(config, backend, spec, shape, target)
+        builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
+        query_lens = torch.tensor(shape.query_lens, dtype=torch.int32)
+        query_start_loc = torch.zeros(shape.num_seqs + 1, dtype=torch.int32)
+        torch.cumsum(query_lens, 0, out=query_start_loc[1:])
+        seq_lens = query_lens + torch.tensor(shape.context_lens, dtype=torch.int32)
+        tokens = sum(shape.query_lens)
+        common = vllm_record(api.CommonAttentionMetadata, {
+            "query_start_loc": query_start_loc.to(meta),
+            "query_start_loc_cpu": query_start_loc,
+            "seq_lens": seq_lens.to(meta),
+            "seq_lens_cpu_upper_bound": seq_lens,
+            "num_reqs": shape.num_seqs,
+            "num_actual_tokens": tokens,
+            "max_query_len": max(shape.query_lens),
+            "max_seq_len": shape.max_seq_len,
+            "block_table_tensor": torch.empty((shape.num_seqs, width), dtype=torch.int32, device=meta),
+            "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
+            "causal": True,
+        })  # fmt: skip
+        with unpinned_host_memory(), host_copies({id(common.seq_lens): seq_lens}):
+            metadata = builder.build(0, common)
+        query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=getattr(torch, shape.dtype), device=meta)
+        key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=query.dtype, device=meta)
+        output = torch.empty_like(query)
+        # vLLM's compiled KV-cache write and merge (on CDNA3 and newer) are prebuilt.
+        with compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"), \
+                prebuilt_ops_skipped(("merge_attn_states",)):  # fmt: skip
+            layer.impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+            layer.impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
 
 def _extend_step(shape: ExtendStep, target: Target) -> None:

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -181,11 +182,15 @@ def _quiet_logging() -> None:
     """kprecompile's stdout carries its data (`--json`); vLLM logs to stdout, and on a builder
     without a GPU it warns about every GPU extension it cannot load. Before vLLM configures its
     logging in a kprecompile process: to stderr, critical messages only, unless the user chose otherwise
-    (these variables are vLLM's own)."""
+    (these variables are vLLM's own). From 0.19 vLLM configures its loggers only when an engine
+    starts, so until then its records reach the root logger (kprecompile's handler): its `vllm`
+    logger gets the same level."""
     if "vllm.logger" in sys.modules:
         return
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
+    level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
+    with contextlib.suppress(ValueError):
+        logging.getLogger("vllm").setLevel(level.upper())
 
 
 def _real_triton(target: Target) -> None:
