@@ -24,10 +24,12 @@ placement of all layers in one allocation, `create_kv_cache_views`); the impl wr
 FP8 KV cache takes an FP8 query (the attention layer quantizes it where the impl says it takes
 one). On ROCm vLLM bounds the key and value views by the layer's region, which decides Triton's
 2 GiB pointer class: the plan adds the layer whose keys cross 2 GiB and values do not, where whole
-blocks can end there. Not traced from 0.19: speculative decoding (the builder sizes its scratch
-from vLLM's speculative configuration), and AITER's fused rope-and-cache, which vLLM's
-compilation pass puts in place of reshape-and-cache where it enables it (AITER on, rotary
-embedding as a custom op).
+blocks can end there. With speculative decoding the engine's configuration carries vLLM's
+speculative configuration (`engine_config`): the builder sizes its 3D scratch for 1 + k query
+tokens per sequence (up to the 3D kernel's 8), the capture sizes (and with them the 3D threshold)
+take the 1 + k factor, and the plan walks verify steps of every query length up to 1 + k at every
+batch size. Not traced from 0.19: AITER's fused rope-and-cache, which vLLM's compilation pass
+puts in place of reshape-and-cache where it enables it (AITER on, rotary embedding as a custom op).
 
 vLLM runs the same backend on NVIDIA GPUs where it is named (`--attention-backend TRITON_ATTN`):
 there the kernels are traced under vLLM's CUDA platform (its FP8 range is e4m3fn's ±448, and the
@@ -95,8 +97,9 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[P
 
 
 def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
-    decode = min(shape.max_query_len for shape in shapes)
-    batches = sorted({shape.num_seqs for shape in shapes if shape.max_query_len == decode})
+    serving = getattr(shapes[0], "serving", None)
+    decode = serving.decode_query_len if serving is not None else min(shape.max_query_len for shape in shapes)
+    batches = sorted({shape.num_seqs for shape in shapes if shape.max_query_len <= decode})
     prefill = sorted({shape.num_seqs for shape in shapes if shape.max_query_len > decode})
     return kv_cache_parameters(
         shapes[0],
@@ -108,9 +111,6 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if serving.block_size % 16:
         return f"vLLM's TRITON_ATTN takes block sizes that are multiples of 16, not {serving.block_size}"
-    if serving.num_speculative_tokens and _traced_from_0_19():
-        # The builder sizes its 3D scratch and query lengths from vLLM's speculative configuration.
-        return "vLLM 0.19 and newer's TRITON_ATTN with speculative decoding is not traced yet"
     return None
 
 
@@ -136,18 +136,23 @@ def _traced_from_0_19() -> bool:
 
 def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonAttentionStep, ...]:
     """Decode steps at every batch size (the builder's 3D threshold, taken from the capture sizes,
-    splits them between the 3D and the 2D kernel); steps with the longest prefill the budget
-    leaves (beyond the 3D kernel's query lengths: 2D) at one batch size per integer class; short
-    and long contexts; the KV storage classes of a layer's view (see `_storage_classes_0_19`)."""
+    splits them between the 3D and the 2D kernel); with speculative decoding, at every query
+    length up to 1 + k (requests verify 0 to k drafts: ngram proposes none where nothing matches,
+    and whether a step fits the 3D kernel depends on its query blocks); steps with the longest
+    prefill the budget leaves beside decodes (beyond the 3D kernel's query lengths: 2D) at one
+    batch size per integer class; short and long contexts; the KV storage classes of a layer's
+    view (see `_storage_classes_0_19`)."""
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
-    steps = [(batch, 1, batch) for batch in serving.decode_batch_sizes() if batch <= budget]
+    decode = serving.decode_query_len
+    steps = [(batch, query_len, batch * query_len) for query_len in range(1, decode + 1)
+             for batch in range(1, serving.max_num_seqs + 1) if batch * query_len <= budget]  # fmt: skip
     for batch in int_class_representatives(min(serving.max_num_seqs, budget)):
         # One sequence prefills as much as the step's budget leaves, the others decode.
-        query_len = min(budget - (batch - 1), model_len)
+        query_len = min(budget - (batch - 1) * decode, model_len)
         if query_len > 1:
-            steps.append((batch, query_len, query_len + batch - 1))
+            steps.append((batch, query_len, query_len + (batch - 1) * decode))
     contexts = sorted({min(_SHORT_CONTEXT, model_len), model_len})
     return tuple(
         TritonAttentionStep(

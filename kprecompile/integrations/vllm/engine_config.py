@@ -7,6 +7,12 @@ temporary model directory: no weights, no tokenizer) and the serving parameters,
 target's platform, once per (model, serving, target) in a process. kprecompile's own vLLM
 plugin stays out of it (`KPRECOMPILE_VLLM_HOOK=0` while vLLM loads its plugins).
 
+With speculative decoding the configuration carries vLLM's `SpeculativeConfig` for the same number
+of draft tokens, with the `ngram` method: it needs no draft model, and what the target model's
+attention reads from it (the verify steps' 1 + k query tokens, the capture sizes' 1 + k factor,
+the scheduler's token budget) is the same for every method that drafts one token per position.
+Methods that draft in parallel (DFlash, DSpark: 1 + 2k query tokens) are not modelled.
+
 Under vLLM's CUDA platform, vLLM up to 0.18 asks its compiled extension at import which CUTLASS
 GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learned about the
 model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
@@ -46,6 +52,7 @@ def engine_config(config_json: str, serving: ServingParams, target: Target) -> A
 @functools.cache
 def _engine_config(config_json: str, serving: ServingParams, target: Target, flags: tuple) -> Any:
     from ...libraries import aiter_hip_absent, import_library_module
+    from .platform import target_imports
 
     EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806
 
@@ -66,6 +73,9 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
         "enforce_eager": serving.enforce_eager,
     }
     names = {field.name for field in dataclasses.fields(EngineArgs)}
+    if serving.num_speculative_tokens:
+        # The lightest method vLLM accepts without a draft model (see the module doc).
+        arguments["speculative_config"] = {"method": "ngram", "num_speculative_tokens": serving.num_speculative_tokens}
     if serving.cudagraph_capture_sizes is not None:
         # `cuda_graph_sizes` up to 0.18 (beside `cudagraph_capture_sizes`), gone by 0.33.
         option = "cuda_graph_sizes" if "cuda_graph_sizes" in names else "cudagraph_capture_sizes"
@@ -84,8 +94,9 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     level = transformers_logger.level
     transformers_logger.setLevel(logging.ERROR)
     try:
-        # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops.
-        with aiter_hip_absent(), _no_cutlass_gemms(target):
+        # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
+        # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
+        with target_imports(target), aiter_hip_absent(), _no_cutlass_gemms(target):
             return EngineArgs(
                 **{name: value for name, value in arguments.items() if name in names}
             ).create_engine_config()

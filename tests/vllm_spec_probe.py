@@ -1,0 +1,167 @@
+"""Run inside vLLM 0.33.0 (PYTHONPATH=.vllm/0.33.0:tests): vLLM's TRITON_ATTN with speculative
+decoding as the plan traces it from the installed vLLM. Prints one JSON document.
+
+    python vllm_spec_probe.py [--nvidia]
+
+1. What vLLM's real metadata builder makes of the speculative configuration `engine_config` gives
+   it (the 3D threshold and scratch rows the backend hands `unified_attention`, seen at the call).
+2. Kernels per plan: without speculative decoding and with k draft tokens.
+3. Keys: the plan's key equals Triton's launch path's for a 3D and a 2D verify step (a step
+   stops at its first launch: reshape-and-cache skipped, in the trace and the launch path alike).
+4. Coverage: random engine steps (independent of the plan's enumeration: each request verifies
+   a random number of drafts up to a random cap, some prefill, random contexts and layer sizes)
+   compile nothing outside the plan; the same sweep against smaller plans: one without
+   speculative decoding, and one whose decodes all verify k drafts (none shorter).
+
+`--nvidia` runs sections 1-4 for sm90 (a process of its own, as an NVIDIA request is planned).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import replace
+
+from test_trace import launch_path_keys
+from vllm_kernels_probe import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
+
+from kprecompile.engines import select
+from kprecompile.libraries import import_library_module
+from kprecompile.models import load_model
+from kprecompile.planning import plan
+from kprecompile.releases import installed_release
+from kprecompile.serving import ServingParams
+from kprecompile.trace import trace_calls
+
+LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
+
+
+def planned(preset: str, target, **serving: object):
+    model = load_model(preset)
+    selection = select(model, "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(), targets=[target])
+    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
+
+
+def kernels_of(jobs) -> list[str]:
+    return [job.kernel.rpartition(":")[2] for job in jobs]
+
+
+def plan_keys(preset: str, target, **serving: object) -> set[str]:
+    return {job.key for job in planned(preset, target, **serving).jobs}
+
+
+def builder_view(preset: str, target, num_speculative_tokens: int) -> dict[str, int]:
+    """The threshold and scratch rows vLLM's builder passes `unified_attention` for a 3-sequence
+    verify step (seen at the call, which then runs as usual; in the traced process's fresh vLLM)."""
+    serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
+    step = next(shape for shape in TRITON.enumerate_shapes(load_model(preset), serving)
+                if shape.num_seqs == 3 and shape.max_query_len == serving.decode_query_len)  # fmt: skip
+    seen: dict[str, int] = {}
+
+    def call():
+        module = import_library_module("vllm.v1.attention.backends.triton_attn")
+        original = module.unified_attention
+
+        def watched(**kwargs):
+            seen.update(threshold=kwargs["seq_threshold_3D"], rows=kwargs["softmax_segm_max"].shape[0],
+                        segments=kwargs["num_par_softmax_segments"], max_query_len=kwargs["max_seqlen_q"])  # fmt: skip
+            return original(**kwargs)
+
+        module.unified_attention = watched
+        try:
+            TRITON.launch(step, target)
+        finally:
+            module.unified_attention = original
+
+    trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
+    return seen
+
+
+def spec_sweep(preset: str, target, seed: int, count: int, **serving: object) -> tuple[int, set[str]]:
+    """Random engine steps with speculative decoding: each decoding request verifies 0..cap drafts
+    (a random cap up to k per step), some requests prefill 2 to 64 tokens, random contexts, layer
+    regions of random size; traced through the family's real call."""
+    model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
+    template = TRITON.enumerate_shapes(model, params)[0]
+    model_len = params.model_len(model)
+    rng = random.Random(seed)
+    shapes = []
+    while len(shapes) < count:
+        num_seqs = rng.randint(1, params.max_num_seqs)
+        prefills = rng.choice([0, 0, 0, 1, rng.randint(1, num_seqs)])
+        cap = rng.randint(0, params.num_speculative_tokens)
+        query_lens = [1 + rng.randint(0, cap) for _ in range(num_seqs - prefills)]
+        query_lens += [rng.randint(2, 64) for _ in range(prefills)]
+        tokens = sum(query_lens)
+        if tokens > params.max_num_batched_tokens:
+            continue
+        step = replace(template, num_seqs=num_seqs, tokens=tokens, max_query_len=max(query_lens),
+                       max_seq_len=rng.randint(max(query_lens), model_len),
+                       kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]))  # fmt: skip
+        shapes.append(replace(step, kv_cache_blocks=_random_layer_blocks(step, rng)))
+    swept = trace_calls(TRITON.calls(tuple(shapes), target), target, "triton_attn", TRITON.traced_modules)
+    return swept.calls, {job.key for job in swept.jobs}
+
+
+def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
+    """The plan's own steps without the decodes that verify fewer than k drafts."""
+    model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
+    kept = tuple(shape for shape in TRITON.enumerate_shapes(model, params)
+                 if shape.max_query_len >= params.decode_query_len)  # fmt: skip
+    return {job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn",
+                                           TRITON.traced_modules).jobs}  # fmt: skip
+
+
+def key_rows(preset: str, target, num_speculative_tokens: int) -> dict[str, dict[str, list]]:
+    serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
+    shapes = TRITON.enumerate_shapes(load_model(preset), serving)
+    verify = serving.decode_query_len
+    steps = {"verify 3d": next(s for s in shapes if s.num_seqs == 3 and s.max_query_len == verify),
+             "verify 2d": next(s for s in shapes if s.num_seqs == 16 and s.max_query_len == verify)}  # fmt: skip
+    rows = {}
+    for label, step in steps.items():
+        call = _without_reshape_and_cache(step, target)
+        traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
+        with tempfile.TemporaryDirectory() as cache:
+            launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
+        rows[label] = {"traced": [job.key for job in traced.jobs], "launched": launched,
+                       "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+    return rows
+
+
+# (preset, k) cases: Llama-3.1-8B (4 queries per KV head: query blocks of 4) and Llama-3.1-70B
+# (8 per KV head: blocks of 2, so a verify of 3 tokens takes two blocks).
+CASES = {"llama-3.1-8b k=3": (LLAMA_8B, 3), "llama-3.1-8b k=4 fp8": (LLAMA_8B, 4), "llama-3.1-70b k=2": (LLAMA_70B, 2)}
+
+
+def probe(target) -> dict[str, object]:
+    [choice] = select(load_model(LLAMA_8B), "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(),
+                      targets=[target]).choices  # fmt: skip
+    document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
+    document["builder"] = {str(k): builder_view(LLAMA_8B, target, k) for k in (0, 3, 4)}
+    document["plans"] = {}
+    for preset in (LLAMA_8B, LLAMA_70B):
+        for k in (0, 2, 4):
+            jobs = planned(preset, target, num_speculative_tokens=k).jobs
+            document["plans"][f"{preset} k={k}"] = {"kernels": dict(Counter(kernels_of(jobs))),
+                                                     "keys": sorted(job.key for job in jobs)}  # fmt: skip
+    document["keys"] = key_rows(LLAMA_70B, target, 2)
+    coverage = {}
+    for seed, (label, (preset, k)) in enumerate(CASES.items()):
+        serving = {"num_speculative_tokens": k, **({"kv_cache_dtype": "fp8"} if "fp8" in label else {})}
+        steps, swept = spec_sweep(preset, target, seed, 80, **serving)
+        without_spec = plan_keys(preset, target, **{**serving, "num_speculative_tokens": 0})
+        coverage[label] = {"steps": steps, "kernels": len(swept),
+                           "missing": len(swept - plan_keys(preset, target, **serving)),
+                           "missing_from_plan_without_spec": len(swept - without_spec),
+                           "missing_from_full_verify_only": len(swept - full_verify_only_keys(preset, target,
+                                                                                               **serving))}  # fmt: skip
+    document["coverage"] = coverage
+    return document
+
+
+if __name__ == "__main__":
+    print(json.dumps({"release": installed_release(), **probe(SM90 if sys.argv[1:] == ["--nvidia"] else GFX942)}))
