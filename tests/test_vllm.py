@@ -536,7 +536,8 @@ def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
     key is the launch path's; random request mixes through vLLM's own metadata builder compile
     nothing outside the plan, and do outside a plan without the large KV caches. From 0.19 the
     step is the engine's (its attention layer, KV-cache view and builder): the merge is compiled,
-    the shuffled layout adds its Triton cache write, and decodes are mixed in."""
+    the shuffled layout adds its Triton cache write, decodes are mixed in, and with speculative
+    decoding the verify steps run AITER's Triton unified attention."""
     document = kernel_probes[version]["aiter_fa_context"]
     assert document["choice"] == ["aiter_fa_context", None]
     keys = document["keys"]
@@ -554,7 +555,13 @@ def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
         # One gather per chunk, each with its own slices of the builder's tables.
         assert len(keys["traced"]) == 3 and keys["traced"] == keys["launched"]
         assert coverage["steps"] == 60 and coverage["kernels"] >= 6
-        assert "speculative decoding" in document["speculative"]
+        # Speculative decoding's verify steps decode with AITER's Triton unified attention.
+        speculative = document["speculative"]
+        assert set(speculative["kernels"]) == {"cp_mha_gather_cache_kernel", "kernel_unified_attention_2d",
+                                               "kernel_unified_attention_3d", "reduce_segments"}  # fmt: skip
+        launched = speculative["keys"]["launched"]
+        assert len(launched) == 1 and speculative["keys"]["traced"][:1] == launched
+        assert speculative["coverage"]["missing"] == 0 and speculative["coverage"]["missing_without_speculation"] > 0
         return
     assert document["kernels"].count("merge_attn_states_kernel") == 2
     assert set(document["kernels"]) == {"cp_mha_gather_cache_kernel", "merge_attn_states_kernel"}

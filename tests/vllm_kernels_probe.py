@@ -32,7 +32,9 @@ plan traces them from the installed vLLM. Prints one JSON document.
    and a plan without the large KV caches as the negative control; from 0.19 (0.33.0) through
    the engine's attention layer and KV-cache view: the default, FP8 and shuffled layouts' kernels,
    every chunk's gather key against the launch path, random engine steps with decodes and layer
-   regions around 2 GiB, and a plan of one-chunk contexts as the negative control.
+   regions around 2 GiB, and a plan of one-chunk contexts as the negative control; with
+   speculative decoding, AITER's Triton unified attention for the verify steps (its key against
+   the launch path, random steps, the plan without speculation as the negative control).
 8. NVIDIA targets (sm90, `--nvidia`, a process of its own as an NVIDIA request is planned):
    `triton_attn` and `triton_mla` traced under vLLM's CUDA platform (at TP 1 and, for MLA, TP 2), with
    the same proofs (keys against the launch path, random sweeps, negative controls), the FP8
@@ -576,7 +578,7 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     the shuffled one (VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1), and with an FP8 KV cache; the keys of a
     three-chunk step with decodes against the launch path; random engine steps (decodes, extends,
     long and short contexts, layer regions around 2 GiB) against the plan, and against a plan
-    whose contexts fit one chunk (negative control); speculative decoding's reason."""
+    whose contexts fit one chunk (negative control); speculative decoding's verify steps."""
     serving = ServingParams(**SERVING)
     document: dict[str, object] = {"kernels": {}}
     shuffled = {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
@@ -604,9 +606,45 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     one_chunk = [shape for shape in shapes if max(shape.context_lens) <= 32 * 1024 // len(shape.context_lens)]
     document["coverage"] = {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
                             "missing_from_smaller_plan": len(swept_keys - _context_keys(one_chunk))}  # fmt: skip
-    speculative = CONTEXT.skip_reason(model, replace(serving, num_speculative_tokens=2), GFX942)
-    document["speculative"] = speculative
+    document["speculative"] = _aiter_fa_speculative(model, seed)
     return document
+
+
+def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
+    """With two draft tokens: the plan's kernels (AITER's Triton unified attention for the verify
+    steps' decodes beside the gathers), a decode step's first key against the launch path, random
+    steps of decodes of 1 to 3 tokens (contexts short, around the 2D bound, long; random
+    allocations) with random extends against the plan, and against the plan without speculative
+    decoding (negative control)."""
+    serving = ServingParams(**SERVING, num_speculative_tokens=2)
+    shapes = CONTEXT.enumerate_shapes(model, serving)
+    plan_keys = _context_keys(shapes)
+    kernels = sorted(job.kernel.rpartition(":")[2] for job in trace_calls(
+        CONTEXT.calls(shapes, GFX942), GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs)  # fmt: skip
+    step = replace(shapes[0], query_lens=(3, 2, 3), context_lens=(4000, 700, 9))
+    call = functools.partial(CONTEXT.launch, step, GFX942)
+    traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
+    with tempfile.TemporaryDirectory() as cache:
+        launched = launch_path_keys(cache, GFX942, call, CONTEXT.traced_modules)
+    rng = random.Random(seed)
+    model_len = serving.model_len(model)
+    swept = []
+    for _ in range(80):
+        decodes = rng.randint(1, serving.max_num_seqs)
+        queries = tuple(rng.choice([1, 2, 3]) for _ in range(decodes))
+        contexts = tuple(rng.choice([rng.randint(1, 600), rng.randint(1, 3000), rng.randint(1, model_len - 3)])
+                         for _ in range(decodes))  # fmt: skip
+        extends = rng.choice([0, 0, 1, rng.randint(2, 8)])
+        queries += tuple(rng.randint(4, 20) for _ in range(extends))
+        contexts += tuple(rng.choice([1, rng.randint(1, 64), model_len - 30]) for _ in range(extends))
+        swept.append(replace(shapes[0], query_lens=queries, context_lens=contexts,
+                             kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+                             kv_cache_blocks=rng.choice([0, 0, rng.randint(1, 9000)])))  # fmt: skip
+    swept_keys = _context_keys(swept)
+    without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING)))
+    return {"kernels": kernels, "keys": {"traced": [job.key for job in traced.jobs], "launched": launched},
+            "coverage": {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
+                         "missing_without_speculation": len(swept_keys - without)}}  # fmt: skip
 
 
 LINEAR = FAMILIES["block_fp8_linear"]

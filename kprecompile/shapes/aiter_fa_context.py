@@ -26,9 +26,10 @@ per-chunk tables as pointers (no token count any more), so its keys vary with wh
 chunk's rows start (the extend count modulo 4, the largest chunk total) and where the extends'
 rows of the block table start (after the decodes); the merge is vLLM's compiled one on CDNA3 and
 newer. Decodes go to AITER's paged attention (prebuilt), except where the impl sends them to
-AITER's Triton `unified_attention`: decodes of several tokens (speculative decoding, not traced
-yet: `limits`), attention sinks (models kprecompile does not read sinks from), head sizes under
-64 (which vLLM's selector refuses for this backend).
+AITER's Triton `unified_attention`: decodes of several tokens (speculative decoding: the engine
+configuration carries vLLM's speculative config, whose draft count sets the builder's decode
+threshold), attention sinks (models kprecompile does not read sinks from), head sizes under 64
+(which vLLM's selector refuses for this backend).
 """
 
 from __future__ import annotations
@@ -129,6 +130,9 @@ def _traced_from_0_19() -> bool:
     return release is not None and line_of(release) == "0.19"
 
 
+# Keys decode steps attend over: a short span and the longest (AITER's unified attention takes its
+# 2D kernel up to 512 keys).
+_SHORT_CONTEXT = 512
 # A chunk total of each of Triton's integer classes (1, a multiple of 16, other), as the last
 # chunk of a long context leaves it (up to 0.18 the gather takes the total).
 _TOTAL_CLASSES = (1, 16, 17, 16 * 37 + 1)
@@ -160,22 +164,33 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
 
 def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes`, and one behind each of 1 to 3 decodes (where the
-    extends' rows of the block table start), in every KV storage class of a layer's view. Decodes
-    alone run AITER's prebuilt paged attention (see `limits` for those that would not)."""
-    from .triton_attn import _storage_classes_0_19
-
+    extends' rows of the block table start); with speculative decoding, decode steps (which then
+    run AITER's Triton unified attention) at every batch size, each longest query from 2 to 1 + k
+    tokens, over keys up to 512 (its 2D kernel), just past, and the longest. Decodes of one token
+    run AITER's prebuilt paged attention. Each in both storage classes: unlike TRITON_ATTN's, this
+    backend's key and value views are not bounded by the layer's region, so Triton reads the whole
+    KV allocation's size, which is under 2 GiB only where the step's own blocks fit ("under_2gib":
+    as few blocks as the step needs, in every layer)."""
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
-    max_extends = min(serving.max_num_seqs, budget // 2)
+    # An extend has more new tokens than a decode (1 + k with speculative decoding).
+    extend = serving.decode_query_len + 1
+    max_extends = min(serving.max_num_seqs, budget // extend)
     steps: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
         # The gather no longer takes the chunk's token total: one last chunk total is enough.
-        ((2,) * len(contexts), contexts)
-        for contexts in _context_mixes(model_len, max_extends, (1,))
+        ((extend,) * len(contexts), contexts)
+        for contexts in _context_mixes(model_len - extend + 2, max_extends, (1,))
     ]
     for decodes in range(1, 4):
-        if decodes + 1 <= serving.max_num_seqs and decodes + 2 <= budget:
-            steps.append(((1,) * decodes + (2,), (1,) * decodes + (1,)))
+        if decodes + 1 <= serving.max_num_seqs and decodes + extend <= budget:
+            steps.append(((1,) * decodes + (extend,), (1,) * decodes + (1,)))
+    for longest in range(2, serving.decode_query_len + 1):
+        # Keys up to the 2D bound, just past it, and the longest.
+        spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
+        for context in sorted({max(1, span - longest) for span in spans}):
+            steps += [((longest,) * batch, (context,) * batch)
+                      for batch in serving.decode_batch_sizes() if batch * longest <= budget]  # fmt: skip
     return tuple(
         EngineStep(
             **base,
@@ -185,7 +200,7 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineS
             config_json=model.config_json,
             serving=serving,
         )  # fmt: skip
-        for storage in _storage_classes_0_19(model, serving)
+        for storage in KV_CACHE_STORAGE_CLASSES
         for queries, contexts in steps
     )
 
@@ -205,10 +220,6 @@ def describe_call(shape: ExtendStep) -> str:
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_AITER_FA runs on ROCm only"
-    if serving.num_speculative_tokens and _traced_from_0_19():
-        # The builder's decode threshold comes from vLLM's speculative configuration.
-        return ("vLLM 0.19 and newer's ROCM_AITER_FA with speculative decoding (its decodes of several tokens run "
-                "AITER's Triton unified attention) is not traced yet")  # fmt: skip
     return None
 
 
@@ -374,7 +385,8 @@ FAMILY = KernelFamily(
     name="aiter_fa_context",
     description="vLLM's cp_mha_gather_cache and merge_attn_states around ROCM_AITER_FA's prefill with cached context",
     library=VLLM_DISTRIBUTION,
-    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS),
+    # AITER's Triton unified attention (speculative decoding's decodes) reads the target at import.
+    traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS, "aiter.ops.triton"),
     enumerate_shapes=enumerate_extends,
     describe_shapes=describe_shapes,
     describe_call=describe_call,
