@@ -265,10 +265,25 @@ def _cuda_choices(model: ModelConfig, field: str, requested: str | None, line: L
         choice = _vllm_kernels(family, backend, release)
     choices: tuple[FamilyChoice, ...] = (choice,)
     if model.fp8_block_size is not None:
-        reason = ("vLLM's block-FP8 linear layers on NVIDIA GPUs (CUTLASS or DeepGEMM from sm90, its Triton GEMM "
-                  "below) are not traced yet")  # fmt: skip
-        choices += (FamilyChoice("block_fp8_linear", "Fp8LinearMethod", reason),)
+        choices += (_cuda_block_fp8_linear(line, release, targets),)
     return choices
+
+
+def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target]) -> FamilyChoice:
+    """vLLM's block-FP8 linear layers on NVIDIA GPUs (read in each release, and asked of its linear
+    method in tests/vllm_linear_probe.py): from sm90 CUTLASS, or DeepGEMM where installed; below
+    sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19."""
+    cutlass = "vLLM runs block-FP8 linear layers with CUTLASS (DeepGEMM where installed) from sm90: nothing to compile"
+    marlin = f"vLLM {release} runs block-FP8 linear layers with Marlin's weight-only FP8 on {{}}: nothing to compile"
+    skipped = []
+    for target in targets:
+        if int(target.arch) >= 90:
+            skipped.append((target.name, cutlass))
+        elif int(target.arch) < 89 or line == "0.19":
+            skipped.append((target.name, marlin.format(target.name)))
+    if len(skipped) == len(targets):
+        return FamilyChoice("block_fp8_linear", "Fp8LinearMethod", "; ".join(dict.fromkeys(r for _, r in skipped)))
+    return replace(_vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release), skip_targets=tuple(skipped))
 
 
 def _filtered(
@@ -380,15 +395,30 @@ def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> Famil
     if not aiter_linear:
         return choice
     if line == "0.19":
-        reason = (
-            "vLLM 0.19 and newer run block-FP8 linear layers through AITER's blockscale GEMM with "
-            "VLLM_ROCM_USE_AITER_LINEAR=1 (AITER's Triton GEMM for its tuned shapes on gfx950, its CK "
-            "GEMM otherwise): not traced yet (with VLLM_ROCM_USE_AITER_LINEAR=0, vLLM's Triton GEMM: planned)"
-        )
-        return FamilyChoice("block_fp8_linear", "AITER blockscale GEMM", reason)
+        return FamilyChoice("block_fp8_linear", "AiterFp8BlockScaledMMKernel", _aiter_blockscale_reason())
     reason = (f"vLLM {release} runs block-FP8 linear layers on gfx942 through AITER's CK blockscale GEMM with "
               "VLLM_ROCM_USE_AITER_LINEAR=1 (its rule needs e4m3fnuz): nothing to compile")  # fmt: skip
     return replace(choice, skip_targets=(("gfx942", reason),))
+
+
+def _aiter_blockscale_reason() -> str:
+    """vLLM 0.19 and newer with AITER's linear path (`AiterFp8BlockScaledMMKernel`, as its linear
+    method chooses it in tests/vllm_linear_probe.py): AITER's Triton GEMM on gfx950 only for (N, K)
+    that AITER's tuned-config lookup lists, else its CK GEMM; the activation quantization is
+    AITER's HIP group quantization (or Inductor's code under torch.compile)."""
+    from .shapes.block_fp8_linear import AITER_TUNED_LOOKUP, aiter_has_tuned_lookup, installed_aiter
+
+    head = ("vLLM 0.19 and newer run block-FP8 linear layers through AITER with VLLM_ROCM_USE_AITER_LINEAR=1: "
+            "AITER's CK GEMM on gfx942 (e4m3fnuz) and, on gfx950, for every (N, K) AITER's Triton GEMM is not "
+            "tuned for, after AITER's HIP group quantization")  # fmt: skip
+    tail = "(with VLLM_ROCM_USE_AITER_LINEAR=0, vLLM's Triton GEMM: planned)"
+    if not aiter_has_tuned_lookup():
+        return (f"{head}; vLLM asks {AITER_TUNED_LOOKUP} which shapes are tuned, and the installed "
+                f"amd-aiter {installed_aiter()} has no such module, so every layer runs CK: nothing to compile "
+                f"{tail}")  # fmt: skip
+    return (f"{head}; the installed amd-aiter {installed_aiter()} lists tuned shapes ({AITER_TUNED_LOOKUP}), "
+            "and their Triton GEMM is not traced yet (kprecompile is tested with amd-aiter 0.1.7.post2.dev18, "
+            f"which has no such module) {tail}")  # fmt: skip
 
 
 def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:

@@ -106,7 +106,9 @@ def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ,
     if planned_on:
         assert choice.skip_reason.endswith(f"traced from an installed vLLM: pip install vllm=={release}")
     else:
-        assert choice.skip_reason.startswith("vLLM 0.19 and newer run block-FP8 linear layers through AITER's")
+        assert choice.skip_reason.startswith("vLLM 0.19 and newer run block-FP8 linear layers through AITER with")
+        # The installed amd-aiter lacks the tuned-shape lookup vLLM asks: CK for every layer.
+        assert "has no such module, so every layer runs CK: nothing to compile" in choice.skip_reason
     on_targets = tuple(target for target in ("gfx942", "gfx950") if choice.skip_reason_on(target) is None)
     assert on_targets == (planned_on or ("gfx942", "gfx950"))
     if planned_on == ("gfx950",):
@@ -273,10 +275,24 @@ def test_nvidia_targets_take_vllms_cuda_selection(model, target, release, backen
         assert "fp8_bmm" not in [choice.family for choice in selection.choices]
 
 
-def test_a_block_fp8_model_on_nvidia_lists_its_linear_layers_as_not_traced():
-    selection = select(DEEPSEEK, "vllm", None, {}, targets=[NVIDIA["sm90"]])
-    assert [choice.family for choice in selection.choices] == ["triton_mla", "block_fp8_linear"]
-    assert "not traced yet" in selection.choices[1].skip_reason
+@pytest.mark.parametrize("release", ["0.11.2", "0.12.0", "0.33.0"])
+def test_a_block_fp8_model_on_nvidia_plans_its_linear_layers_where_vllm_takes_its_triton_gemm(release):
+    """sm89 up to 0.18 (tests/test_vllm_linear.py checks each release's own choice); Marlin on sm80
+    (and sm89 from 0.19), CUTLASS from sm90: listed with that reason."""
+    reasons = {}
+    for name in ("sm80", "sm89", "sm90", "sm100"):
+        selection = select(DEEPSEEK, "vllm", None, {}, vllm_release=release, targets=[NVIDIA[name]])
+        assert [choice.family for choice in selection.choices] == ["triton_mla", "block_fp8_linear"]
+        reasons[name] = selection.choices[1].skip_reason
+    assert "Marlin" in reasons["sm80"] and "CUTLASS" in reasons["sm90"] and "CUTLASS" in reasons["sm100"]
+    if release == "0.33.0":
+        assert "Marlin" in reasons["sm89"]
+    else:
+        assert reasons["sm89"].endswith(f"traced from an installed vLLM: pip install vllm=={release}")
+        targets = [NVIDIA["sm89"], NVIDIA["sm90"]]
+        both = select(DEEPSEEK, "vllm", "TRITON_MLA", {}, vllm_release=release, targets=targets)
+        [choice] = [c for c in both.choices if c.family == "block_fp8_linear"]
+        assert choice.skip_reason_on("sm89") is None and "CUTLASS" in choice.skip_reason_on("sm90")
 
 
 def test_a_backend_named_for_nvidia_must_be_one_vllm_runs_there():

@@ -583,7 +583,8 @@ def test_block_fp8_linear_keys_and_coverage(kernel_probes, version):
         assert planned == (path in ("_run_triton", "TritonFp8BlockScaledMMKernel")), setting
     assert choices["gfx950 aiter=0"] is None and choices["gfx942 aiter=0"] is None
     if version.startswith("0.33"):
-        assert "not traced yet" in choices["gfx950 aiter=1"] and "not traced yet" in choices["gfx942 aiter=1"]
+        # AITER's kernel: CK for every layer with the installed AITER (tests/test_vllm_linear.py).
+        assert "nothing to compile" in choices["gfx950 aiter=1"] and "nothing to compile" in choices["gfx942 aiter=1"]
     else:
         assert choices["gfx950 aiter=1"] is None and "e4m3fnuz" in choices["gfx942 aiter=1"]
     keys = document["keys"]

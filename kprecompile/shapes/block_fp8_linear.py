@@ -1,5 +1,6 @@
-"""vLLM's block-FP8 linear layers on ROCm: its Triton block-scaled GEMM and per-token-group
-quantization, traced from the installed vLLM.
+"""vLLM's block-FP8 linear layers where vLLM runs its Triton block-scaled GEMM (and per-token-group
+quantization), traced from the installed vLLM: on ROCm, and on NVIDIA's sm89 up to 0.18 (sm80 runs
+Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `engines.py`).
 
 A model whose config says `quantization_config: {quant_method: fp8, weight_block_size: [bn, bk]}`
 (DeepSeek-V3/R1) runs every quantized linear layer through vLLM's `Fp8LinearMethod.apply`. On
@@ -10,6 +11,12 @@ ROCm, where vLLM takes its Triton path (see `engines.py`), that is:
   only), then `w8a8_triton_block_scaled_mm`'s `_w8a8_triton_block_scaled_mm`;
 - from 0.19: the same GEMM behind `TritonFp8BlockScaledMMKernel`; the quantization is vLLM's
   compiled `per_token_group_fp8_quant` (prebuilt).
+
+From 0.19 with AITER's linear path on, vLLM takes `AiterFp8BlockScaledMMKernel` instead, which runs
+AITER's Triton GEMM on gfx950 only where AITER's `gemm_config_utils` reports (N, K) tuned; the
+installed amd-aiter has no such module, so vLLM runs AITER's CK GEMM (`aiter_has_tuned_lookup`).
+On NVIDIA, where vLLM's compiled extension is not loaded, its CUTLASS query is answered as its
+C++ answers it (`_compiled_queries`); its compiled quantization is prebuilt.
 
 The GEMM's launch configuration comes from a tuned JSON per (N, K, device name) in vLLM's
 `quantization/utils/configs` (the entry whose batch size is nearest to M), else a fixed default;
@@ -42,7 +49,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ModelConfigError
-from ..libraries import VLLM_DISTRIBUTION, aiter_hip_absent, import_library_module
+from ..libraries import AITER_DISTRIBUTION, AITER_PACKAGE, VLLM_DISTRIBUTION, aiter_hip_absent, import_library_module
 from ..models import FieldReader, ModelConfig
 from ..serving import ServingParams
 from ..targets import Target
@@ -61,7 +68,18 @@ DEVICE_NAMES = {
     "gfx942": ("AMD_Instinct_MI300X", "AMD_Instinct_MI325X", "AMD_Instinct_MI325_OAM", "AMD_Instinct_MI300X_HF",
                "AMD_Instinct_MI300A", "AMD_Instinct_MI308X"),
     "gfx950": ("AMD_Instinct_MI350X", "AMD_Instinct_MI355X"),
+    # NVIDIA's as torch names them (spaces as underscores): Ada parts with a table, and the L4 for
+    # those without.
+    "sm89": ("NVIDIA_L40S", "NVIDIA_L20", "NVIDIA_L20Y", "NVIDIA_L4"),
 }  # fmt: skip
+# vLLM's compiled query of CUTLASS's block-FP8 support, asked when its FP8 modules are imported
+# and when a linear method is built. Its answer where vLLM's extension cannot be loaded (a
+# builder): its C++ (`cutlass_scaled_mm_supports_block_fp8`, csrc/.../scaled_mm_entry.cu) says
+# sm90 and newer for the CUDA 12.8+ builds vLLM releases.
+CUTLASS_QUERY = "cutlass_scaled_mm_supports_block_fp8"
+# The module vLLM 0.19+ imports from AITER to ask whether its Triton block-scale GEMM is tuned.
+AITER_TUNED_LOOKUP = "aiter.ops.triton.utils.gemm_config_utils"
+CUTLASS_BLOCK_FP8_FROM = 90
 
 
 @dataclass(frozen=True)
@@ -155,6 +173,27 @@ def _mlp(name: str, intermediate: int, hidden: int, tp: int) -> list[_Layer]:
             _Layer(f"{name}.down_proj", (hidden,), intermediate, intermediate * tp, hidden, tp)]  # fmt: skip
 
 
+def aiter_has_tuned_lookup() -> bool:
+    """Whether the installed AITER has the module vLLM 0.19+ asks which (N, K) AITER's Triton
+    block-scale GEMM is tuned for (`_triton_gemm_config_is_tuned`): where it is missing, vLLM's
+    import fails, it takes that as untuned, and runs AITER's CK GEMM (read as files: `import aiter`
+    needs ROCm)."""
+    spec = importlib.util.find_spec(AITER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    directory = Path(next(iter(spec.submodule_search_locations)))
+    return directory.joinpath(*AITER_TUNED_LOOKUP.split(".")[1:]).with_suffix(".py").is_file()
+
+
+def installed_aiter() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(AITER_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def _tuned_batch_sizes(n: int, k: int, device_name: str, block: tuple[int, int]) -> tuple[int, ...] | None:
     """The batch sizes of vLLM's tuned table for (N, K) on this device, in the file's order, or
     None where the installed vLLM has none (read as files: vLLM is not imported)."""
@@ -218,10 +257,9 @@ def describe_call(shape: BlockFp8LinearShape) -> str:
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
-    if not target.is_rocm:
-        return "on CUDA, vLLM runs block-FP8 linear layers with CUTLASS or DeepGEMM (this family is ROCm's Triton path)"
     if target.name not in DEVICE_NAMES:
-        return f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (the ROCm FP8 archs)"
+        return (f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (where vLLM takes it; "
+                "CUTLASS, DeepGEMM or Marlin elsewhere on NVIDIA GPUs)")  # fmt: skip
     return None
 
 
@@ -264,6 +302,27 @@ def _target_platform_bound(platform: Any) -> list[tuple[object, str, object]]:
             and module.current_platform is not platform]  # fmt: skip
 
 
+def _compiled_queries(target: Target) -> list[tuple[object, str, object]]:
+    """On NVIDIA targets where vLLM's extension is not loaded: its CUTLASS query (CUTLASS_QUERY)
+    answering for the target, as the extension would on its GPU."""
+    import torch
+
+    if target.is_rocm or hasattr(torch.ops._C, CUTLASS_QUERY):
+        return []
+    return [(torch.ops._C, CUTLASS_QUERY, lambda capability: capability >= CUTLASS_BLOCK_FP8_FROM)]
+
+
+def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
+    """vLLM's modules keep the query's answer from their import (`CUTLASS_BLOCK_FP8_SUPPORTED`),
+    whichever target that was: the target's answer for the call, as `_target_platform_bound`
+    does for the platform."""
+    import sys
+
+    answer, name = int(target.arch) >= CUTLASS_BLOCK_FP8_FROM, "CUTLASS_BLOCK_FP8_SUPPORTED"
+    return [(module, name, answer) for module_name, module in list(sys.modules.items())
+            if module_name.startswith("vllm.") and isinstance(getattr(module, name, None), bool)]  # fmt: skip
+
+
 def _gemm_implementation() -> Any:
     for module_name in GEMM_MODULES:
         with contextlib.suppress(ModuleNotFoundError):
@@ -276,24 +335,26 @@ def _gemm_implementation() -> Any:
 def chose_triton(method: Any) -> bool:
     """Whether vLLM's linear method chose its Triton GEMM (0.11-0.18: the op's `_run_triton`; from
     0.19: `TritonFp8BlockScaledMMKernel`)."""
-    op = getattr(method, "w8a8_block_fp8_linear", None)
-    if op is not None:
-        return op.w8a8_blockscale_op.__name__ == "_run_triton"
-    return type(getattr(method, "fp8_linear", None)).__name__ == "TritonFp8BlockScaledMMKernel"
+    return chosen_path(method) in ("_run_triton", "TritonFp8BlockScaledMMKernel")
 
 
 @contextlib.contextmanager
-def built_layer(shape: BlockFp8LinearShape, target: Target) -> Iterator[tuple[Any, Any]]:
+def built_layer(shape: BlockFp8LinearShape, target: Target, loaded: bool = True) -> Iterator[tuple[Any, Any]]:
     """vLLM's linear method and one rank's layer, built and loaded as vLLM does (`create_weights`,
-    `process_weights_after_loading`) on meta tensors; the block is where vLLM would call it."""
+    `process_weights_after_loading`) on meta tensors; the block is where vLLM would call it. Not
+    `loaded`: before loading, where the method has chosen its path (loading for paths with
+    compiled weight repacking, Marlin's, needs vLLM's extension)."""
     import torch
 
     from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
+    from ..integrations.vllm.platform import refresh_switches, target_imports
 
-    config = engine_config(shape.config_json, shape.serving, target)
+    queries = _compiled_queries(target)
+    # vLLM inspects the model's class when it builds its config: its modules import as on the GPU host.
+    with target_imports(target), _attributes(*queries):
+        config = engine_config(shape.config_json, shape.serving, target)
     refresh_switches()
-    with aiter_hip_absent():
+    with aiter_hip_absent(), _attributes(*queries):
         fp8 = import_library_module(FP8_MODULE)
         fp8_utils = import_library_module(FP8_UTILS_MODULE)
         set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
@@ -302,6 +363,8 @@ def built_layer(shape: BlockFp8LinearShape, target: Target) -> Iterator[tuple[An
         quantization = import_library_module(QUANT_MODULE)
         gemm = _gemm_implementation()
     changes = [
+        *queries,
+        *(_cutlass_answers_bound(target) if queries else []),
         *_target_platform_bound(platform),
         (quantization, "_FP8_DTYPE", platform.fp8_dtype()),
         # The rank's tensor-parallel group as vLLM's layers read it (no process group here).
@@ -342,7 +405,8 @@ def built_layer(shape: BlockFp8LinearShape, target: Target) -> Iterator[tuple[An
             layer.tp_size = shape.tp_size
             method.create_weights(layer, shape.k, list(shape.output_sizes), shape.input_size, shape.output_size,
                                   getattr(torch, shape.dtype), weight_loader=lambda *args, **kwargs: None)  # fmt: skip
-            method.process_weights_after_loading(layer)
+            if loaded:
+                method.process_weights_after_loading(layer)
             yield method, layer
     finally:
         for memo in memos:
@@ -362,9 +426,12 @@ def launch(shape: BlockFp8LinearShape, target: Target) -> None:
 
 
 def chosen_path(method: Any) -> str:
-    """The GEMM path vLLM's linear method chose (its op's method, or its kernel class)."""
+    """The GEMM path vLLM's linear method chose (its op's method, or its kernel class); up to 0.18
+    Marlin (weight-only FP8, GPUs below sm89) goes before the op."""
     op = getattr(method, "w8a8_block_fp8_linear", None)
-    return op.w8a8_blockscale_op.__name__ if op is not None else type(getattr(method, "fp8_linear", None)).__name__
+    if op is None:
+        return type(getattr(method, "fp8_linear", None)).__name__
+    return "apply_fp8_marlin_linear" if getattr(method, "use_marlin", False) else op.w8a8_blockscale_op.__name__
 
 
 FAMILY = KernelFamily(
