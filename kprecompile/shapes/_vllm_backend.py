@@ -21,9 +21,10 @@ from typing import Any
 
 from ..libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
+from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
-from ._paged_kv import PagedAttentionShape, block_count
+from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
 
 # vLLM's attention kernels (moved under v1/ in later releases): imported anew per traced target
@@ -167,6 +168,62 @@ def unpinned_host_memory() -> Iterator[None]:
         return
     with Unpinned():
         yield
+
+
+def traced_from_0_19() -> bool:
+    """Whether the installed vLLM is of the 0.19 line (whose steps the families trace through the
+    engine's own configuration, builder and KV-cache view)."""
+    release = installed_release()
+    return release is not None and line_of(release) == "0.19"
+
+
+def layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: StorageClass) -> int:
+    """Blocks of a layer's region whose key and value views fall in `storage`'s classes."""
+    if storage == "under_2gib":
+        return max(needed, 1)
+    if storage == "straddles_2gib":
+        return max(needed, -(-TWO_GIB // page_bytes))
+    return max(needed, -(-(TWO_GIB + head_bytes) // page_bytes))
+
+
+def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
+                    target: Target) -> tuple[Any, int]:  # fmt: skip
+    """Layer 0's KV cache as vLLM 0.19 and newer's runner binds it: the engine's layout resolved by
+    vLLM, its planner's placement of every layer in one allocation, and its per-layer view; with
+    the width of the runner's block table. `shape` gives the step's `num_seqs`, `max_seq_len`,
+    `kv_cache_storage` and `kv_cache_blocks` (0: as few as `layer_blocks` gives)."""
+    import torch
+
+    from ..integrations.vllm.engine_config import _no_cutlass_gemms
+
+    utils = import_library_module("vllm.v1.attention.backends.utils")
+    planning = import_library_module("vllm.v1.core.kv_cache_planning")
+    interface = import_library_module("vllm.v1.kv_cache_interface")
+    block_table = import_library_module("vllm.v1.worker.block_table")
+    # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
+    # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
+    with _no_cutlass_gemms(target):
+        worker = import_library_module("vllm.v1.worker.utils")
+    layers = config.model_config.get_num_layers(config.parallel_config)
+    names = [f"model.layers.{index}.self_attn.attn" for index in range(layers)]
+    spec = worker.customize_attention_spec(backend, spec)
+    supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
+    layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
+    kernel_block = worker.select_common_block_size(spec.block_size, [backend], [spec])
+    width = block_table.get_block_table_width(-(-config.model_config.max_model_len // kernel_block), kernel_block)
+    needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
+    element = torch.empty((), dtype=spec.dtype, device="meta").element_size()
+    if shape.kv_cache_blocks:
+        blocks = max(needed, shape.kv_cache_blocks)
+    else:
+        blocks = layer_blocks(needed, spec.page_size_bytes, spec.head_size * element, shape.kv_cache_storage)
+    group = interface.KVCacheGroupSpec(names, spec)
+    kv_config = planning.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
+    [tensor] = kv_config.kv_cache_tensors
+    raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
+    views = interface.create_kv_cache_views(raw, spec, kv_config.num_blocks, layout, tensor,
+                                            kernel_block_size=kernel_block)  # fmt: skip
+    return views[0], width
 
 
 def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, element_type: Any, blocks: int) -> Any:

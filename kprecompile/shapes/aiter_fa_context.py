@@ -17,7 +17,7 @@ From vLLM 0.19 (traced against 0.33.0) ROCM_AITER_FA is no longer vLLM's default
 `--attention-backend ROCM_AITER_FA` names it) and its step is the engine's: vLLM builds its
 `VllmConfig` from the model's config.json and the serving parameters, the layer is vLLM's real
 `Attention` (its impl, KV-cache spec and sliding window, which the builder reads from the
-registered layers), its KV cache the view vLLM's runner binds (`triton_attn._layer_kv_cache`),
+registered layers), its KV cache the view vLLM's runner binds (`_vllm_backend.layer_kv_cache`),
 the metadata the backend's builder makes for the step (decodes first, then extends; chunking
 and tables its own). The impl writes the KV cache (`do_kv_cache_update`: vLLM's compiled
 `reshape_and_cache_flash`, or with VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 its Triton
@@ -42,7 +42,6 @@ from typing import Any
 
 from ..libraries import VLLM_DISTRIBUTION, import_library_module
 from ..models import ModelConfig
-from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
@@ -51,7 +50,9 @@ from ._vllm_backend import (
     aiter_attention_prebuilt,
     compiled_ops_skipped,
     host_copies,
+    layer_kv_cache,
     prebuilt_ops_skipped,
+    traced_from_0_19,
     unpinned_host_memory,
     vllm_record,
 )
@@ -125,11 +126,6 @@ class EngineStep(ExtendStep):
         return max(query + context for query, context in zip(self.query_lens, self.context_lens, strict=True))
 
 
-def _traced_from_0_19() -> bool:
-    release = installed_release()
-    return release is not None and line_of(release) == "0.19"
-
-
 # Keys decode steps attend over: a short span and the longest (AITER's unified attention takes its
 # 2D kernel up to 512 keys).
 _SHORT_CONTEXT = 512
@@ -144,7 +140,7 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
     model_len = serving.model_len(model)
     if model_len < 3:
         return ()
-    if _traced_from_0_19():
+    if traced_from_0_19():
         return _enumerate_0_19(model, serving)
     base = paged_kv_fields(model, serving)
     max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
@@ -295,7 +291,6 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
 
     from ..integrations.vllm.engine_config import engine_config
     from ..integrations.vllm.platform import refresh_switches
-    from .triton_attn import _layer_kv_cache
 
     module = import_library_module(BACKEND_MODULE)
     api = import_library_module("vllm.v1.attention.backend")
@@ -306,7 +301,7 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     with import_library_module("vllm.config").set_current_vllm_config(config), \
             _attention_layer(config, shape, backend) as layer:  # fmt: skip
         spec = layer.get_kv_cache_spec(config)
-        kv_cache, width = _layer_kv_cache(config, backend, spec, shape, target)
+        kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
         query_lens = torch.tensor(shape.query_lens, dtype=torch.int32)
         query_start_loc = torch.zeros(shape.num_seqs + 1, dtype=torch.int32)

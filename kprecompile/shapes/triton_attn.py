@@ -46,7 +46,6 @@ from typing import Any
 
 from ..libraries import import_library_module
 from ..models import ModelConfig
-from ..releases import installed_release, line_of
 from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import (
@@ -58,7 +57,14 @@ from ._paged_kv import (
     paged_kv_fields,
 )
 from ._points import int_class_representatives
-from ._vllm_backend import VllmBackend, backend_step, vllm_backend_family, vllm_record
+from ._vllm_backend import (
+    VllmBackend,
+    backend_step,
+    layer_kv_cache,
+    traced_from_0_19,
+    vllm_backend_family,
+    vllm_record,
+)
 
 # Contexts a step attends over: a short one and the longest (the kernels do not specialize on
 # it; both are walked so that a rule that did would be seen by the coverage sweep).
@@ -71,7 +77,7 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[P
     span more than 2 GiB and values not, where whole blocks can end there)."""
     if model.mla is not None:
         return ()
-    if _traced_from_0_19():
+    if traced_from_0_19():
         return _enumerate_0_19(model, serving)
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
@@ -129,11 +135,6 @@ class TritonAttentionStep(PagedAttentionShape):
     kv_cache_blocks: int = 0
 
 
-def _traced_from_0_19() -> bool:
-    release = installed_release()
-    return release is not None and line_of(release) == "0.19"
-
-
 def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonAttentionStep, ...]:
     """Decode steps at every batch size (the builder's 3D threshold, taken from the capture sizes,
     splits them between the 3D and the 2D kernel); with speculative decoding, at every query
@@ -186,54 +187,6 @@ def _storage_classes_0_19(model: ModelConfig, serving: ServingParams) -> tuple[S
     return (*KV_CACHE_STORAGE_CLASSES, *straddles)
 
 
-def _layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: StorageClass) -> int:
-    """Blocks of a layer's region whose key and value views fall in `storage`'s classes."""
-    if storage == "under_2gib":
-        return max(needed, 1)
-    if storage == "straddles_2gib":
-        return max(needed, -(-TWO_GIB // page_bytes))
-    return max(needed, -(-(TWO_GIB + head_bytes) // page_bytes))
-
-
-def _layer_kv_cache(config: Any, backend: type, spec: Any, shape: TritonAttentionStep,
-                    target: Target) -> tuple[Any, int]:  # fmt: skip
-    """Layer 0's KV cache as vLLM's runner binds it: the engine's layout resolved by vLLM, its
-    planner's placement of every layer in one allocation, and its per-layer view; with the width
-    of the runner's block table."""
-    import torch
-
-    from ..integrations.vllm.engine_config import _no_cutlass_gemms
-
-    utils = import_library_module("vllm.v1.attention.backends.utils")
-    planning = import_library_module("vllm.v1.core.kv_cache_planning")
-    interface = import_library_module("vllm.v1.kv_cache_interface")
-    block_table = import_library_module("vllm.v1.worker.block_table")
-    # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
-    # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
-    with _no_cutlass_gemms(target):
-        worker = import_library_module("vllm.v1.worker.utils")
-    layers = config.model_config.get_num_layers(config.parallel_config)
-    names = [f"model.layers.{index}.self_attn.attn" for index in range(layers)]
-    spec = worker.customize_attention_spec(backend, spec)
-    supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
-    layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
-    kernel_block = worker.select_common_block_size(spec.block_size, [backend], [spec])
-    width = block_table.get_block_table_width(-(-config.model_config.max_model_len // kernel_block), kernel_block)
-    needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
-    element = torch.empty((), dtype=spec.dtype, device="meta").element_size()
-    if shape.kv_cache_blocks:
-        blocks = max(needed, shape.kv_cache_blocks)
-    else:
-        blocks = _layer_blocks(needed, spec.page_size_bytes, spec.head_size * element, shape.kv_cache_storage)
-    group = interface.KVCacheGroupSpec(names, spec)
-    kv_config = planning.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
-    [tensor] = kv_config.kv_cache_tensors
-    raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
-    views = interface.create_kv_cache_views(raw, spec, kv_config.num_blocks, layout, tensor,
-                                            kernel_block_size=kernel_block)  # fmt: skip
-    return views[0], width
-
-
 def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
     """One step as vLLM 0.19 and newer run it: the metadata built by the backend's real builder
     (its 3D threshold from the capture sizes, its segment count and scratch), the KV cache written
@@ -264,7 +217,7 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
             kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
         )  # fmt: skip
         spec = attention.Attention.get_kv_cache_spec(layer_fields, config)
-        kv_cache, width = _layer_kv_cache(config, backend, spec, shape, target)
+        kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], config, meta)
 
         def ints(*dims: int, dtype: Any = torch.int32) -> Any:
