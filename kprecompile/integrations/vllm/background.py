@@ -87,11 +87,13 @@ def main(request_file: str) -> None:
     if serving["cudagraph_capture_sizes"] is not None:
         serving["cudagraph_capture_sizes"] = tuple(serving["cudagraph_capture_sizes"])
     # The same environment as the serving process: the flags select the same families.
-    selection = select(model, document["engine"], document["attention_backend"])
+    target = TARGETS[document["target"]]
+    selection = select(model, document["engine"], document["attention_backend"], block_size=serving["block_size"],
+                       targets=[target])  # fmt: skip
     report = warm(
         model,
         ServingParams(**serving),
-        [TARGETS[document["target"]]],
+        [target],
         cache_layout(document["cache_dir"], tuple(document["layers"])),
         selection=selection,
         max_workers=document["workers"],

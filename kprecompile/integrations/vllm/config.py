@@ -9,6 +9,7 @@ layouts differ between releases; each read here exists in every supported releas
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from ...engines import select
@@ -16,6 +17,7 @@ from ...inputs import Request
 from ...models import model_from_dict
 from ...releases import installed_release
 from ...serving import ServingParams
+from ...targets import Target
 
 _MODEL_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
@@ -57,17 +59,25 @@ def serving_from_vllm(vllm_config: Any) -> ServingParams:
     )
 
 
-def from_vllm_config(vllm_config: Any, model: Any = None) -> Request:
-    """The request vLLM's worker is about to serve. With the built `model`, the attention backend
-    is the one its layers use; before it is built, vLLM's --attention-backend or the flags'."""
+def from_vllm_config(vllm_config: Any, model: Any = None,
+                     target: Target | Callable[[], Target] | None = None) -> Request:  # fmt: skip
+    """The request vLLM's worker is about to serve on `target` (its GPU, or the function that
+    detects it: called once the config is read, so that a config kprecompile cannot read is what
+    is reported). With the built `model`, the attention backend is the one its layers use; before
+    it is built, vLLM's --attention-backend or the flags'. The families are the target's: vLLM's
+    CUDA rules on an NVIDIA GPU, its ROCm rules on an AMD one (and where no target is given)."""
     model_config = vllm_config.model_config
     name = str(model_config.model)
     config = model_from_dict(hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}")
     backends = attention_backends(model) if model is not None else []
     backend = backends[0] if backends else _requested_backend(vllm_config)
     serving = serving_from_vllm(vllm_config)
-    selection = select(config, "vllm", backend, vllm_release=installed_release(), block_size=serving.block_size)
-    return Request(config, serving, selection, ())
+    if callable(target):
+        target = target()
+    targets = (target,) if target is not None else ()
+    selection = select(config, "vllm", backend, vllm_release=installed_release(), block_size=serving.block_size,
+                       targets=targets)  # fmt: skip
+    return Request(config, serving, selection, targets)
 
 
 def _requested_backend(vllm_config: Any) -> str | None:

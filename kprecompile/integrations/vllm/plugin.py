@@ -7,8 +7,11 @@ vLLM calls `register` in every process it starts, before it builds a model. In t
    code runs, so every kernel compiled in this process, vLLM's load-time FP8 BMM loop included,
    is looked up in the cache and counted.
 2. After vLLM built the model (`initialize_model`: the attention backend of its layers is
-   known, the weights are not loaded yet): verify in-process; when the configuration is not
-   warm, start the warm in a background process, which runs while the weights load.
+   known, the weights are not loaded yet): the request is what vLLM resolved (its config, the
+   backend of the model's layers) for this worker's GPU, whose platform decides the families
+   (vLLM's CUDA rules on NVIDIA, its ROCm rules on AMD); verify in-process; when the
+   configuration is not warm, start the warm in a background process, which runs while the
+   weights load. Where no family compiles on the GPU (FLASH_ATTN on NVIDIA), one line says why.
 3. Before `process_weights_after_loading` (where vLLM's MLA layers run their FP8 BMM loop,
    m = 1..1024): join the warm, so that the loop finds every kernel in the cache.
 4. After the runner's `load_model`: load the configuration's kernels into the process
@@ -25,7 +28,7 @@ import functools
 import logging
 import os
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ... import settings
@@ -136,15 +139,20 @@ class LoaderHook:
         from . import background
         from .config import from_vllm_config, hf_config_dict
 
-        request = from_vllm_config(vllm_config, model)
-        request = replace(request, targets=(self.target or detect_local_target(),))
+        # The local GPU decides the families (vLLM's CUDA or ROCm rules), the model's layers the backend.
+        request = from_vllm_config(vllm_config, model, self.target or detect_local_target)
         self.request, self.hf_config = request, hf_config_dict(vllm_config)
         # From here on (and what compiled before), compiles go to this configuration's journal.
         self.monitor.record_to(journal_sink(request.model, request.serving, self.layout, request.targets[0],
                                             request.selection))  # fmt: skip
+        target = request.targets[0].name
+        why = _nothing_to_compile(request)
+        if why is not None:
+            self._say(f"{request.model.name} ({request.selection.attention_backend}) on {target}: "
+                      f"nothing to compile ahead ({why})")  # fmt: skip
+            return
         report = verify(request.model, request.serving, request.targets, self.layout, selection=request.selection)
         self.was_warm = report.warm
-        target = request.targets[0].name
         if report.warm:
             self._say(f"{request.model.name} on {target} is warm in {self.layout.root} "
                       f"({plural(report.targets[0].kernels, 'kernel')})")  # fmt: skip
@@ -174,6 +182,9 @@ class LoaderHook:
         if self.request is None:
             raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")
         request = self.request
+        if _nothing_to_compile(request) is not None:
+            self._say(f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started")
+            return
         report = preload(request.model, request.serving, self.layout, target=request.targets[0],
                          selection=request.selection)  # fmt: skip
         failed = f" ({len(report.failures)} could not be loaded: {report.failures[0]})" if report.failures else ""
@@ -196,6 +207,16 @@ class LoaderHook:
             self.events.append(f"skipped {what}: {error}")
             logger.warning("kprecompile: %s skipped (%s: %s); kernels compile on first use", what,
                            type(error).__name__, error)  # fmt: skip
+
+
+def _nothing_to_compile(request: Any) -> str | None:
+    """Why no family of the request compiles on its target (e.g. FLASH_ATTN on an NVIDIA GPU runs
+    prebuilt kernels, nothing through Triton), or None when one does."""
+    target = request.targets[0].name
+    reasons = [choice.skip_reason or choice.skip_reason_on(target) for choice in request.selection.choices]
+    if not all(reasons):
+        return None
+    return "; ".join(dict.fromkeys(map(str, reasons))) or "no kernel family"
 
 
 def _wrap(owner: Any, name: str, *, before=None, after=None) -> None:
