@@ -1,5 +1,6 @@
 """vLLM 0.19 and newer's TRITON_ATTN with speculative decoding, traced from the installed vLLM 0.33.0
-(tests/vllm_spec_probe.py, on gfx942 and, in a process of its own, sm90)."""
+(tests/vllm_spec_probe.py, on gfx942 and, in a process of its own, sm90); and why AITER's fused
+rope-and-cache is not planned."""
 
 from __future__ import annotations
 
@@ -83,3 +84,14 @@ def test_speculative_decoding_adds_no_triton_attn_kernel_under_vllm_0_33(spec_pr
         assert all(Counter(plan["kernels"]) == expected for plan in plans), preset
         assert plans[0]["keys"] == plans[1]["keys"] == plans[2]["keys"], preset
     assert all(row["missing_from_plan_without_spec"] == 0 for row in document["coverage"].values())
+
+
+def test_vllms_defaults_keep_reshape_and_cache_with_aiter_on(spec_probes):
+    """The reason triton_attn's plan gives for AITER's fused rope-and-cache: with
+    VLLM_ROCM_USE_AITER=1 on gfx942, vLLM 0.33's default compilation does not run
+    RopeKVCacheFusionPass (rotary embedding is not a custom op, and the KV-cache update splits the
+    graph); in eager mode no pass runs at all."""
+    document = spec_probes["gfx942"]["fused_rope_and_cache"]
+    assert document["graphs"] == {"fuse_rope_kvcache": False, "rotary_embedding_custom_op": False,
+                                  "splitting_ops_contain_kv_cache_update": True}  # fmt: skip
+    assert document["eager"]["fuse_rope_kvcache"] is False

@@ -14,6 +14,9 @@ decoding as the plan traces it from the installed vLLM. Prints one JSON document
    speculative decoding, and one whose decodes all verify k drafts (none shorter).
 
 `--nvidia` runs sections 1-4 for sm90 (a process of its own, as an NVIDIA request is planned).
+
+5. (gfx942) Whether vLLM's compilation puts AITER's fused rope-and-cache in place of TRITON_ATTN's
+   reshape-and-cache under its defaults with AITER on: the pass configuration vLLM builds.
 """
 
 from __future__ import annotations
@@ -137,6 +140,35 @@ def key_rows(preset: str, target, num_speculative_tokens: int) -> dict[str, dict
 CASES = {"llama-3.1-8b k=3": (LLAMA_8B, 3), "llama-3.1-8b k=4 fp8": (LLAMA_8B, 4), "llama-3.1-70b k=2": (LLAMA_70B, 2)}
 
 
+def fused_rope_and_cache(preset: str) -> dict[str, object]:
+    """vLLM's compilation config for a gfx942 server with VLLM_ROCM_USE_AITER=1, with CUDA graphs
+    and eager: whether `RopeKVCacheFusionPass` runs, and the two conditions vLLM enables it on."""
+    import os
+
+    from kprecompile.integrations.vllm.engine_config import engine_config
+    from kprecompile.integrations.vllm.platform import refresh_switches
+
+    model, saved = load_model(preset), os.environ.get("VLLM_ROCM_USE_AITER")
+    os.environ["VLLM_ROCM_USE_AITER"] = "1"
+    refresh_switches()
+    document = {}
+    try:
+        for eager in (False, True):
+            config = engine_config(model.config_json, ServingParams(**SERVING, enforce_eager=eager), GFX942)
+            compilation = config.compilation_config
+            document["eager" if eager else "graphs"] = {
+                "fuse_rope_kvcache": compilation.pass_config.fuse_rope_kvcache,
+                "rotary_embedding_custom_op": compilation.is_custom_op_enabled("rotary_embedding"),
+                "splitting_ops_contain_kv_cache_update": compilation.splitting_ops_contain_kv_cache_update(),
+            }
+    finally:
+        os.environ.pop("VLLM_ROCM_USE_AITER")
+        if saved is not None:
+            os.environ["VLLM_ROCM_USE_AITER"] = saved
+        refresh_switches()
+    return document
+
+
 def probe(target) -> dict[str, object]:
     [choice] = select(load_model(LLAMA_8B), "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(),
                       targets=[target]).choices  # fmt: skip
@@ -160,6 +192,8 @@ def probe(target) -> dict[str, object]:
                            "missing_from_full_verify_only": len(swept - full_verify_only_keys(preset, target,
                                                                                                **serving))}  # fmt: skip
     document["coverage"] = coverage
+    if target.is_rocm:
+        document["fused_rope_and_cache"] = fused_rope_and_cache(LLAMA_8B)
     return document
 
 

@@ -28,8 +28,17 @@ blocks can end there. With speculative decoding the engine's configuration carri
 speculative configuration (`engine_config`): the builder sizes its 3D scratch for 1 + k query
 tokens per sequence (up to the 3D kernel's 8), the capture sizes (and with them the 3D threshold)
 take the 1 + k factor, and the plan walks verify steps of every query length up to 1 + k at every
-batch size. Not traced from 0.19: AITER's fused rope-and-cache, which vLLM's compilation pass
-puts in place of reshape-and-cache where it enables it (AITER on, rotary embedding as a custom op).
+batch size.
+
+AITER's fused rope-and-cache (`fused_qk_rope_reshape_and_cache`, through the impl's
+`do_rope_and_kv_cache_update`) is not planned: in 0.33.0 it runs only where vLLM's
+`RopeKVCacheFusionPass` runs, i.e. `pass_config.fuse_rope_kvcache`, which O2/O3 turn on only with
+AITER on, rotary embedding as a custom op and the KV-cache update left in the compiled graph
+(Inductor graph partition, or splitting ops without it), and then for steps of at most
+`rope_kvcache_fusion_max_token_num` (256) tokens. vLLM's defaults (custom ops "none", the update a
+splitting op) leave it off, with CUDA graphs and in eager mode (no pass runs): the step writes the
+cache with reshape-and-cache, as planned. Who turns it on names vLLM compilation options that
+kprecompile's serving parameters do not carry.
 
 vLLM runs the same backend on NVIDIA GPUs where it is named (`--attention-backend TRITON_ATTN`):
 there the kernels are traced under vLLM's CUDA platform (its FP8 range is e4m3fn's ±448, and the
