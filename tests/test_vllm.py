@@ -53,6 +53,29 @@ def vllm_environment(version: str, cache: Path) -> dict[str, str]:
             "KPRECOMPILE_CACHE_DIR": str(cache), "VLLM_ROCM_USE_AITER": "1"}  # fmt: skip
 
 
+def probe_environment(version: str, cache: Path) -> dict[str, str]:
+    """A probe's environment: a server's (`vllm_environment`) with AITER's switch unset (each probe
+    sets what it compares) and the tests' modules importable."""
+    environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
+    environment["PYTHONPATH"] += os.pathsep + str(HERE)
+    return environment
+
+
+def run_probes(runs: dict, timeout: int = 900) -> dict:
+    """Probe scripts side by side, a process each (vLLM binds its platform once per process):
+    `runs` maps a key to (the script and its arguments, the environment); each prints its JSON
+    document last (vLLM's logging writes to stdout too)."""
+    running = {key: subprocess.Popen([sys.executable, *map(str, arguments)], env=environment, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+               for key, (arguments, environment) in runs.items()}  # fmt: skip
+    documents = {}
+    for key, process in running.items():
+        out, err = process.communicate(timeout=timeout)
+        assert process.returncode == 0, f"{key}: {err[-3000:]}"
+        documents[key] = json.loads(out.strip().splitlines()[-1])
+    return documents
+
+
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory):
     """Every supported release's probe document, run side by side."""
@@ -223,30 +246,14 @@ print(json.dumps([report.kernels, report.loaded, report.compiled, list(report.fa
 def kernel_probes(tmp_path_factory):
     """tests/vllm_kernels_probe.py in every supported release, and `kprecompile warm` then
     `verify --deep` of WARM_CASES."""
-    running = {}
-    for version in SUPPORTED_RELEASES:
-        cache = tmp_path_factory.mktemp(f"kernels-{version}")
-        environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
-        environment["PYTHONPATH"] += os.pathsep + str(HERE)
-        running[version] = subprocess.Popen([sys.executable, str(HERE / "vllm_kernels_probe.py")], env=environment,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    documents = {}
-    for version, process in running.items():
-        out, err = process.communicate(timeout=900)
-        assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
-        documents[version] = json.loads(out.strip().splitlines()[-1])
+    script = HERE / "vllm_kernels_probe.py"
+    documents = run_probes({version: ([script], probe_environment(version, tmp_path_factory.mktemp(
+        f"kernels-{version}"))) for version in SUPPORTED_RELEASES})  # fmt: skip
     # NVIDIA targets in processes of their own, as an NVIDIA request is planned.
+    nvidia = run_probes({(version, "sm90"): ([script, "--nvidia"], probe_environment(version, tmp_path_factory.mktemp(
+        f"nvidia-{version}"))) for version in SUPPORTED_RELEASES})  # fmt: skip
     for version in SUPPORTED_RELEASES:
-        environment = {**vllm_environment(version, tmp_path_factory.mktemp(f"nvidia-{version}")),
-                       "VLLM_ROCM_USE_AITER": ""}  # fmt: skip
-        environment["PYTHONPATH"] += os.pathsep + str(HERE)
-        running[version] = subprocess.Popen([sys.executable, str(HERE / "vllm_kernels_probe.py"), "--nvidia"],
-                                            env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                            text=True)  # fmt: skip
-    for version, process in running.items():
-        out, err = process.communicate(timeout=900)
-        assert process.returncode == 0, f"vLLM {version} (NVIDIA): {err[-3000:]}"
-        documents[version]["sm90"] = json.loads(out.strip().splitlines()[-1])
+        documents[version]["sm90"] = nvidia[version, "sm90"]
     for version, backend, model, _ in WARM_CASES:
         cache = tmp_path_factory.mktemp(f"warm-{version}")
         environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}

@@ -5,13 +5,8 @@ keys are the launch path's, compiled for sm89 for real, and a random sweep is co
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from test_vllm import HERE, SUPPORTED_RELEASES, vllm_environment
+from test_vllm import HERE, SUPPORTED_RELEASES, probe_environment, run_probes
 
 TARGETS = ("gfx950", "sm80", "sm89", "sm90")
 
@@ -20,18 +15,9 @@ TARGETS = ("gfx950", "sm80", "sm89", "sm90")
 def linear_probes(tmp_path_factory):
     documents = {}
     for version in SUPPORTED_RELEASES:
-        running = {}
-        for target in TARGETS:
-            environment = {**vllm_environment(version, tmp_path_factory.mktemp(f"linear-{version}-{target}")),
-                           "VLLM_ROCM_USE_AITER": ""}  # fmt: skip
-            environment["PYTHONPATH"] += os.pathsep + str(HERE)
-            running[target] = subprocess.Popen([sys.executable, str(HERE / "vllm_linear_probe.py"), target],
-                                               env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                               text=True)  # fmt: skip
-        for target, process in running.items():
-            out, err = process.communicate(timeout=900)
-            assert process.returncode == 0, f"vLLM {version} on {target}: {err[-3000:]}"
-            documents[version, target] = json.loads(out.strip().splitlines()[-1])
+        runs = {(version, target): ([HERE / "vllm_linear_probe.py", target], probe_environment(
+            version, tmp_path_factory.mktemp(f"linear-{version}-{target}"))) for target in TARGETS}  # fmt: skip
+        documents.update(run_probes(runs))
     return documents
 
 

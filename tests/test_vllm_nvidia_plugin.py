@@ -4,14 +4,10 @@ CUDA rules, not its ROCm ones."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from importlib import resources
 
 import pytest
-from test_vllm import HERE, SUPPORTED_RELEASES, vllm_environment
+from test_vllm import HERE, SUPPORTED_RELEASES, probe_environment, run_probes
 
 
 @pytest.fixture(scope="module")
@@ -20,20 +16,11 @@ def nvidia_servers(tmp_path_factory):
     (model_dir / "config.json").write_text(
         (resources.files("kprecompile.presets") / "llama-3.1-8b-instruct.json").read_text()
     )
-    running = {}
+    runs = {}
     for version in SUPPORTED_RELEASES:
         cache = tmp_path_factory.mktemp(f"nvidia-plugin-{version}")
-        environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
-        environment["PYTHONPATH"] += os.pathsep + str(HERE)
-        running[version] = subprocess.Popen([sys.executable, str(HERE / "vllm_nvidia_plugin_probe.py"), str(model_dir),
-                                             str(cache)], env=environment, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, text=True)  # fmt: skip
-    documents = {}
-    for version, process in running.items():
-        out, err = process.communicate(timeout=900)
-        assert process.returncode == 0, f"vLLM {version}: {err[-3000:]}"
-        documents[version] = json.loads(out.strip().splitlines()[-1])
-    return documents
+        runs[version] = ([HERE / "vllm_nvidia_plugin_probe.py", model_dir, cache], probe_environment(version, cache))
+    return run_probes(runs)
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)

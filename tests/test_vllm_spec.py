@@ -4,36 +4,18 @@ rope-and-cache is not planned."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
-from test_vllm import HERE, vllm_environment
+from test_vllm import HERE, probe_environment, run_probes
 
 TARGETS = {"gfx942": [], "sm90": ["--nvidia"]}
 
 
 @pytest.fixture(scope="module")
 def spec_probes(tmp_path_factory):
-    running = {}
-    for target, arguments in TARGETS.items():
-        environment = {
-            **vllm_environment("0.33.0", tmp_path_factory.mktemp(f"spec-{target}")),
-            "VLLM_ROCM_USE_AITER": "",
-        }
-        environment["PYTHONPATH"] += os.pathsep + str(HERE)
-        running[target] = subprocess.Popen([sys.executable, str(HERE / "vllm_spec_probe.py"), *arguments],
-                                           env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                           text=True)  # fmt: skip
-    documents = {}
-    for target, process in running.items():
-        out, err = process.communicate(timeout=900)
-        assert process.returncode == 0, f"{target}: {err[-3000:]}"
-        documents[target] = json.loads(out.strip().splitlines()[-1])
-    return documents
+    return run_probes({target: ([HERE / "vllm_spec_probe.py", *arguments], probe_environment(
+        "0.33.0", tmp_path_factory.mktemp(f"spec-{target}"))) for target, arguments in TARGETS.items()})  # fmt: skip
 
 
 @pytest.mark.parametrize("target", TARGETS)

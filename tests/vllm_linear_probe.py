@@ -19,10 +19,8 @@ that target. Prints one JSON document.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
 import random
 import sys
 import tempfile
@@ -30,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from test_trace import launch_path_keys
+from vllm_kernels_probe import environment
 
 from kprecompile.engines import select
 from kprecompile.models import load_model
@@ -148,17 +147,6 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
                                                        LINEAR.traced_modules)  # fmt: skip
             rows[label]["compiled_files"] = sorted(path.suffix for path in Path(cache).rglob("*") if path.is_file())
     return {"coverage": coverage, "keys": rows}
-
-
-@contextlib.contextmanager
-def environment(**variables: str):
-    saved = dict(os.environ)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 if __name__ == "__main__":
