@@ -111,6 +111,17 @@ def test_the_plugin_acts_before_any_model_code(probes, version):
 
 
 @pytest.mark.parametrize("version", SUPPORTED_RELEASES)
+def test_the_plugin_names_a_layers_backend_as_vllms_registry_does(probes, version):
+    """A layer built with each of vLLM's ROCm backend classes is planned under the registry's name
+    for it (what --attention-backend takes), not the name the class gives itself: ROCM_AITER_FA's
+    calls itself FLASH_ATTN, which the ROCm rules do not take."""
+    _, document, _ = probes[version]
+    names = document["layer_backend_names"]
+    assert {name: named for name, (named, _) in names.items()} == {name: [name] for name in names}
+    assert len(names) == 6 and names["ROCM_AITER_FA"][1] == "FLASH_ATTN"
+
+
+@pytest.mark.parametrize("version", SUPPORTED_RELEASES)
 def test_vllms_resolved_config_gives_the_clis_key(probes, version):
     _, document, _ = probes[version]
     digest_from_vllm, digest_from_cli = document["digests"]

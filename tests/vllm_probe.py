@@ -108,6 +108,7 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     document["selection"] = selections(config.model_config, cli_model)
     document["capture_sizes"] = capture_sizes(model_dir)
     document["load"] = load_sequence(config, hook, base_loader)
+    document["layer_backend_names"] = layer_backend_names()
     print(json.dumps(document))
 
 
@@ -211,6 +212,32 @@ def capture_sizes(model_dir: str) -> list[dict]:
                      "vllm": list(config.compilation_config.cudagraph_capture_sizes),
                      "mirror": list(releases.capture_sizes(vllm.__version__, max_num_seqs, tokens, 1))})  # fmt: skip
     return rows
+
+
+def layer_backend_names() -> dict[str, list]:
+    """What the hook names the backend of a layer built with each of vLLM's ROCm backend classes
+    (the real classes from vLLM's registry), beside the name each class gives itself."""
+    from kprecompile.integrations.vllm.config import attention_backends
+    from kprecompile.integrations.vllm.platform import target_imports
+    from kprecompile.libraries import AITER_PACKAGE, aiter_hip_absent, import_library_module
+
+    # AITER's Triton side, as a builder without ROCm has it (ROCM_AITER_FA's module imports `aiter`).
+    import_library_module(AITER_PACKAGE)
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:
+        from vllm.attention.backends.registry import AttentionBackendEnum
+    names = {}
+    for name in ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "ROCM_AITER_MLA",
+                 "TRITON_MLA"):  # fmt: skip
+        # Imported as on the GPU host (ROCm's flash-attn build, AITER's HIP side: absent here).
+        with target_imports(GFX942), aiter_hip_absent():
+            backend = AttentionBackendEnum[name].get_class()
+        model = torch.nn.Module()
+        model.attn = torch.nn.Module()
+        model.attn.attn_backend = backend
+        names[name] = [attention_backends(model), backend.get_name()]
+    return names
 
 
 class _Layer(torch.nn.Module):

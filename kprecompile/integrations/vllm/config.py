@@ -28,13 +28,19 @@ def hf_config_dict(vllm_config: Any) -> dict[str, Any]:
 
 
 def attention_backends(model: Any) -> list[str]:
-    """The attention backends the model's layers were built with (vLLM's backend names), in order."""
+    """The attention backends the model's layers were built with, in order, by the names vLLM's
+    registry gives their classes (what --attention-backend takes); a class the registry does not
+    know by the name it gives itself."""
+    from .selector import registered_name
+
     names: dict[str, None] = {}
     for _, module in model.named_modules():
         backend = getattr(module, "attn_backend", None)
         get_name = getattr(backend, "get_name", None)
-        if callable(get_name):
-            names[str(get_name())] = None
+        if not callable(get_name):
+            continue
+        path = f"{backend.__module__}.{backend.__qualname__}" if isinstance(backend, type) else None
+        names[(path and registered_name(path)) or str(get_name())] = None
     return list(names)
 
 

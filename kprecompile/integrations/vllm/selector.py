@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from ...cache.files import write_atomic
 from ...cache.layout import CacheLayout
@@ -208,11 +209,7 @@ def _select(question: Question) -> str:
     dtype = getattr(torch, question.dtype)
     target = TARGETS[question.target]
     with target_imports(target), rocm_platform(target) as platform:
-        try:
-            from vllm.v1.attention.backends.registry import AttentionBackendEnum
-        except ImportError:
-            from vllm.attention.backends.registry import AttentionBackendEnum
-        selected = AttentionBackendEnum[question.requested] if question.requested else None
+        selected = _backend_registry()[question.requested] if question.requested else None
         try:
             from vllm.v1.attention.selector import AttentionSelectorConfig
         except ImportError:  # 0.11 and 0.12: positional arguments
@@ -233,13 +230,28 @@ def _select(question: Question) -> str:
             path = platform.get_attn_backend_cls(*arguments, **keywords)
         except (ValueError, NotImplementedError) as error:
             raise _Refused(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
-    for member in AttentionBackendEnum:
+    return registered_name(path) or path
+
+
+def _backend_registry() -> Any:
+    """vLLM's attention backend registry (`AttentionBackendEnum`), where the release keeps it."""
+    try:
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    except ImportError:  # up to 0.18
+        from vllm.attention.backends.registry import AttentionBackendEnum
+    return AttentionBackendEnum
+
+
+def registered_name(path: str) -> str | None:
+    """The registry's name for the backend class at `path` (`module.Class`), or None. A backend's
+    own `get_name()` is not that name: ROCM_AITER_FA's class calls itself FLASH_ATTN."""
+    for member in _backend_registry():
         try:
             if member.get_path() == path:
                 return member.name
         except Exception:  # members whose class vLLM did not register
             continue
-    return path
+    return None
 
 
 def main() -> None:
