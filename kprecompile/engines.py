@@ -83,6 +83,7 @@ SELECTION_FLAGS = (
     "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
     "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
     "VLLM_ROCM_USE_AITER_LINEAR",
+    "VLLM_BATCH_INVARIANT",
 )
 BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
 # The "backend" of the aiter engine: AITER's Python API itself.
@@ -183,7 +184,7 @@ def select(
     if not requested and line != "0.19":
         field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
     if targets and not any(target.is_rocm for target in targets):
-        choices = _cuda_choices(model, field, requested, line, release, targets)
+        choices = _cuda_choices(model, field, requested, line, release, targets, flags)
         backend = next(choice.backend for choice in choices if choice.family in ("triton_attn", "triton_mla"))
         return Selection(engine, backend, flags, _filtered(model, choices, families), release)
     backends = [backend for backend in (MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS)
@@ -239,7 +240,7 @@ def _cuda_backend(model: ModelConfig, line: Line, target: Target) -> str:
 
 
 def _cuda_choices(model: ModelConfig, field: str, requested: str | None, line: Line, release: str,
-                  targets: Sequence[Target]) -> tuple[FamilyChoice, ...]:  # fmt: skip
+                  targets: Sequence[Target], flags: dict[str, bool]) -> tuple[FamilyChoice, ...]:  # fmt: skip
     """The families vLLM runs for `model` on these NVIDIA targets (module doc)."""
     kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
     if requested is not None:
@@ -265,15 +266,22 @@ def _cuda_choices(model: ModelConfig, field: str, requested: str | None, line: L
         choice = _vllm_kernels(family, backend, release)
     choices: tuple[FamilyChoice, ...] = (choice,)
     if model.fp8_block_size is not None:
-        choices += (_cuda_block_fp8_linear(line, release, targets),)
+        choices += (_cuda_block_fp8_linear(line, release, targets, flags),)
     return choices
 
 
-def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target]) -> FamilyChoice:
+def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], flags: dict[str, bool]) -> FamilyChoice:
     """vLLM's block-FP8 linear layers on NVIDIA GPUs (read in each release, and asked of its linear
     method in tests/vllm_linear_probe.py): from sm90 CUTLASS, or DeepGEMM where installed; below
-    sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19."""
-    cutlass = "vLLM runs block-FP8 linear layers with CUTLASS (DeepGEMM where installed) from sm90: nothing to compile"
+    sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19. Batch-
+    invariant mode turns Marlin off (vLLM's Triton GEMM, or Humming's, in its place) and adds
+    vLLM's own Triton matmul kernels: not planned."""
+    if flags["VLLM_BATCH_INVARIANT"]:
+        reason = ("with VLLM_BATCH_INVARIANT=1 vLLM takes its batch-invariant linear paths (no Marlin; its own "
+                  "Triton kernels), which kprecompile does not plan")  # fmt: skip
+        return FamilyChoice("block_fp8_linear", "Fp8LinearMethod", reason)
+    cutlass = ("vLLM runs block-FP8 linear layers with CUTLASS from sm90: nothing to compile for Triton (DeepGEMM, "
+               "where installed, JIT-builds its own CUDA kernels)")  # fmt: skip
     marlin = f"vLLM {release} runs block-FP8 linear layers with Marlin's weight-only FP8 on {{}}: nothing to compile"
     skipped = []
     for target in targets:

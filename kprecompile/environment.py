@@ -72,6 +72,10 @@ VARIABLES: tuple[Variable, ...] = (
     _vllm_bool("VLLM_ROCM_USE_AITER_FUSION_SHARED_EXPERTS", False, "MoE shared experts fused into AITER's MoE"),
     _vllm_bool("VLLM_ROCM_USE_SKINNY_GEMM", True, "small-batch GEMMs through vLLM's skinny kernels"),
     Variable("VLLM_MLA_DISABLE", "vllm", "int_bool", "0", "MLA models run as plain MHA"),
+    _vllm_bool(
+        "VLLM_BATCH_INVARIANT", False, "batch-invariant mode: vLLM's own Triton matmul kernels, no Marlin FP8 GEMMs"
+    ),
+    Variable("VLLM_DISABLED_KERNELS", "vllm", "string", None, "linear-layer kernels vLLM must not choose"),
     Variable("VLLM_ROCM_FP8_PADDING", "vllm", "int_bool", "1", "FP8 weights padded to 256 bytes: GEMM shapes"),
     Variable("VLLM_ROCM_MOE_PADDING", "vllm", "int_bool", "1", "MoE weights padded: MoE GEMM shapes"),
     Variable("VLLM_ATTENTION_BACKEND", "vllm", "string", None, "forces the attention backend"),

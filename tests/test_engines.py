@@ -293,6 +293,11 @@ def test_a_block_fp8_model_on_nvidia_plans_its_linear_layers_where_vllm_takes_it
         both = select(DEEPSEEK, "vllm", "TRITON_MLA", {}, vllm_release=release, targets=targets)
         [choice] = [c for c in both.choices if c.family == "block_fp8_linear"]
         assert choice.skip_reason_on("sm89") is None and "CUTLASS" in choice.skip_reason_on("sm90")
+    # Batch-invariant mode turns Marlin off and runs vLLM's own Triton kernels: not planned anywhere.
+    for name in ("sm80", "sm89", "sm90"):
+        selection = select(DEEPSEEK, "vllm", None, {"VLLM_BATCH_INVARIANT": "1"}, vllm_release=release,
+                           targets=[NVIDIA[name]])  # fmt: skip
+        assert selection.flags["VLLM_BATCH_INVARIANT"] and "VLLM_BATCH_INVARIANT=1" in selection.choices[1].skip_reason
 
 
 def test_a_backend_named_for_nvidia_must_be_one_vllm_runs_there():
