@@ -276,6 +276,9 @@ def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], 
     sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19. Batch-
     invariant mode turns Marlin off (vLLM's Triton GEMM, or Humming's, in its place) and adds
     vLLM's own Triton matmul kernels: not planned."""
+    # vLLM's compiled CUTLASS query, as kprecompile's stand-in answers it on a builder.
+    from .shapes.block_fp8_linear import CUTLASS_BLOCK_FP8_FROM
+
     if flags["VLLM_BATCH_INVARIANT"]:
         reason = ("with VLLM_BATCH_INVARIANT=1 vLLM takes its batch-invariant linear paths (no Marlin; its own "
                   "Triton kernels), which kprecompile does not plan")  # fmt: skip
@@ -285,7 +288,7 @@ def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], 
     marlin = f"vLLM {release} runs block-FP8 linear layers with Marlin's weight-only FP8 on {{}}: nothing to compile"
     skipped = []
     for target in targets:
-        if int(target.arch) >= 90:
+        if int(target.arch) >= CUTLASS_BLOCK_FP8_FROM:
             skipped.append((target.name, cutlass))
         elif int(target.arch) < 89 or line == "0.19":
             skipped.append((target.name, marlin.format(target.name)))

@@ -615,7 +615,7 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
     steps' decodes beside the gathers), a decode step's first key against the launch path, random
     steps of decodes of 1 to 3 tokens (contexts short, around the 2D bound, long; random
     allocations) with random extends against the plan, and against the plan without speculative
-    decoding (negative control)."""
+    decoding and one whose verify steps take one batch size per integer class (negative controls)."""
     serving = ServingParams(**SERVING, num_speculative_tokens=2)
     shapes = CONTEXT.enumerate_shapes(model, serving)
     plan_keys = _context_keys(shapes)
@@ -642,9 +642,13 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
                              kv_cache_blocks=rng.choice([0, 0, rng.randint(1, 9000)])))  # fmt: skip
     swept_keys = _context_keys(swept)
     without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING)))
+    # The negative control: verify steps at one batch size per integer class (1, 2, 16), not every one.
+    per_class = [shape for shape in shapes if max(shape.query_lens) > serving.decode_query_len
+                 or len(shape.query_lens) in (1, 2, 16)]  # fmt: skip
     return {"kernels": kernels, "keys": {"traced": [job.key for job in traced.jobs], "launched": launched},
             "coverage": {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
-                         "missing_without_speculation": len(swept_keys - without)}}  # fmt: skip
+                         "missing_without_speculation": len(swept_keys - without),
+                         "missing_from_class_representatives": len(swept_keys - _context_keys(per_class))}}  # fmt: skip
 
 
 LINEAR = FAMILIES["block_fp8_linear"]

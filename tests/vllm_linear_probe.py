@@ -12,7 +12,7 @@ that target. Prints one JSON document.
    Triton kernels one forward of every layer launches there (eager, so the activation
    quantization runs too).
 3. Where vLLM takes its Triton GEMM on an NVIDIA target (sm89 up to 0.18): the plan's keys of a
-   GEMM under the default config and under an L40S table against Triton's launch path (which
+   GEMM under the default config and under a device's tuned table against Triton's launch path (which
    compiles each for sm89 for real); a random sweep of layers, token counts and devices against
    the plan; plans without the M multiples of 16, or without the tuned devices (negative controls).
 """
@@ -115,7 +115,10 @@ def aiter_table(n: int, k: int) -> bool:
 
 def triton_gemm(target, seed: int = 12) -> dict[str, object]:
     graph = shapes_of(target)
-    tuned = next(s for s in graph if s.device_name == "NVIDIA_L40S" and s.m > 1 and s.m % 16)
+    # A layer and device with a tuned table in the release (DeepSeek-R1's have L20 tables, not L40S
+    # ones), and one without, both at an M of the same integer class: only the table differs.
+    tuned = next(s for s in graph if s.m > 1 and s.m % 16
+                 and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is not None)  # fmt: skip
     rng = random.Random(seed)
     plan_keys = keys_of(graph, target)
     swept = []
@@ -131,9 +134,10 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
                 "missing": len(swept_keys - plan_keys),
                 "missing_without_div16": len(swept_keys - keys_of([s for s in graph if s.m % 16], target)),
                 "missing_untuned_only": len(swept_keys - keys_of(untuned_only, target))}  # fmt: skip
-    untuned = next(s for s in graph if s.m == 1 and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is None)
+    untuned = next(s for s in graph if s.m > 1 and s.m % 16
+                   and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is None)  # fmt: skip
     calls = {"gemm default config": untuned,
-             "gemm L40S table": tuned}  # fmt: skip
+             "gemm tuned table": tuned}  # fmt: skip
     rows = {}
     for label, shape in calls.items():
         traced = trace_calls([("call", functools.partial(LINEAR.launch, shape, target))], target, "block_fp8_linear",

@@ -194,7 +194,7 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
     `kv_cache_storage` and `kv_cache_blocks` (0: as few as `layer_blocks` gives)."""
     import torch
 
-    from ..integrations.vllm.engine_config import _no_cutlass_gemms
+    from ..integrations.vllm.engine_config import no_cutlass_gemms
 
     utils = import_library_module("vllm.v1.attention.backends.utils")
     planning = import_library_module("vllm.v1.core.kv_cache_planning")
@@ -202,7 +202,7 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
     block_table = import_library_module("vllm.v1.worker.block_table")
     # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
     # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
-    with _no_cutlass_gemms(target):
+    with no_cutlass_gemms(target):
         worker = import_library_module("vllm.v1.worker.utils")
     layers = config.model_config.get_num_layers(config.parallel_config)
     names = [f"model.layers.{index}.self_attn.attn" for index in range(layers)]

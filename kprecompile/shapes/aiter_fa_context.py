@@ -159,8 +159,9 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
 
 
 def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
-    """The extend mixes of `_context_mixes`, and one behind each of 1 to 3 decodes (where the
-    extends' rows of the block table start); with speculative decoding, decode steps (which then
+    """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
+    the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
+    16 or 32 tokens this backend takes); with speculative decoding, decode steps (which then
     run AITER's Triton unified attention) at every batch size, each longest query from 2 to 1 + k
     tokens, over keys up to 512 (its 2D kernel), just past, and the longest. Decodes of one token
     run AITER's prebuilt paged attention. Each in both storage classes: unlike TRITON_ATTN's, this
@@ -178,12 +179,9 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineS
         ((extend,) * len(contexts), contexts)
         for contexts in _context_mixes(model_len - extend + 2, max_extends, (1,))
     ]
-    for decodes in range(1, 4):
-        if decodes + 1 <= serving.max_num_seqs and decodes + extend <= budget:
-            steps.append(((1,) * decodes + (extend,), (1,) * decodes + (1,)))
+    # Keys up to the 2D bound, just past it, and the longest.
+    spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
     for longest in range(2, serving.decode_query_len + 1):
-        # Keys up to the 2D bound, just past it, and the longest.
-        spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
         for context in sorted({max(1, span - longest) for span in spans}):
             steps += [((longest,) * batch, (context,) * batch)
                       for batch in serving.decode_batch_sizes() if batch * longest <= budget]  # fmt: skip

@@ -18,7 +18,7 @@ GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learn
 model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
 questions have no answer. They decide which GEMM an FP8 linear layer takes, which no family
 traced on an NVIDIA target reads: while the configuration is built they answer that no CUTLASS
-GEMM is built in (`_no_cutlass_gemms`), the answer those modules also read under vLLM's ROCm
+GEMM is built in (`no_cutlass_gemms`), the answer those modules also read under vLLM's ROCm
 platform. The modules keep it (importing them again would register vLLM's operators twice).
 """
 
@@ -96,7 +96,7 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     try:
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
         # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
-        with target_imports(target), aiter_hip_absent(), _no_cutlass_gemms(target):
+        with target_imports(target), aiter_hip_absent(), no_cutlass_gemms(target):
             return EngineArgs(
                 **{name: value for name, value in arguments.items() if name in names}
             ).create_engine_config()
@@ -113,7 +113,7 @@ _CUTLASS_QUERIES = ("cutlass_scaled_mm_supports_fp8", "cutlass_scaled_mm_support
 
 
 @contextlib.contextmanager
-def _no_cutlass_gemms(target: Target) -> Iterator[None]:
+def no_cutlass_gemms(target: Target) -> Iterator[None]:
     """See the module doc: on an NVIDIA target whose vLLM extension cannot be loaded here, vLLM's
     CUTLASS capability queries answer False in the block."""
     import torch
