@@ -126,8 +126,8 @@ class EngineStep(ExtendStep):
         return max(query + context for query, context in zip(self.query_lens, self.context_lens, strict=True))
 
 
-# Keys decode steps attend over: a short span and the longest (AITER's unified attention takes its
-# 2D kernel up to 512 keys).
+# AITER's unified attention takes its 2D kernel up to this many keys (speculative decoding's verify
+# steps walk spans up to it, just past it, and the longest).
 _SHORT_CONTEXT = 512
 # A chunk total of each of Triton's integer classes (1, a multiple of 16, other), as the last
 # chunk of a long context leaves it (up to 0.18 the gather takes the total).
