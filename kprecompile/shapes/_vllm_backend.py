@@ -170,6 +170,20 @@ def unpinned_host_memory() -> Iterator[None]:
         yield
 
 
+# The attention layer a step is traced for (layer 0 of vLLM's model), by the name vLLM registers it under.
+LAYER_NAME = "model.layers.0.self_attn.attn"
+
+
+def kv_scales_layer() -> Any:
+    """What a backend reads of vLLM's attention layer besides the step: its query and KV scales,
+    held as 0-d float32 tensors beside their floats (1.0 unless the checkpoint has them)."""
+    import torch
+
+    scale = torch.empty((), dtype=torch.float32, device="meta")
+    return SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
+                           _v_scale_float=1.0)  # fmt: skip
+
+
 def traced_from_0_19() -> bool:
     """Whether the installed vLLM is of the 0.19 line (whose steps the families trace through the
     engine's own configuration, builder and KV-cache view)."""
@@ -205,7 +219,7 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
     with no_cutlass_gemms(target):
         worker = import_library_module("vllm.v1.worker.utils")
     layers = config.model_config.get_num_layers(config.parallel_config)
-    names = [f"model.layers.{index}.self_attn.attn" for index in range(layers)]
+    names = [LAYER_NAME.replace(".0.", f".{index}.") for index in range(layers)]
     spec = worker.customize_attention_spec(backend, spec)
     supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
     layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
@@ -279,10 +293,7 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
                                   shape.sliding_window or None, "fp8" if shape.kv_cache_fp8 else "auto")  # fmt: skip
     query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
-    # vLLM's layers hold their KV scales as 0-d float32 tensors (1.0 unless the checkpoint has them).
-    scale = torch.empty((), dtype=torch.float32, device=meta)
-    layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
-                            _v_scale_float=1.0)  # fmt: skip
+    layer = kv_scales_layer()
     metadata = vllm_record(getattr(module, spec.metadata_class), {
         **_NO_CASCADE,
         "num_actual_tokens": shape.tokens,

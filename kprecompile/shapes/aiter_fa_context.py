@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from ..libraries import VLLM_DISTRIBUTION, import_library_module
@@ -46,10 +45,12 @@ from ..serving import ServingParams
 from ..targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
 from ._vllm_backend import (
+    LAYER_NAME,
     VLLM_ATTENTION_OPS,
     aiter_attention_prebuilt,
     compiled_ops_skipped,
     host_copies,
+    kv_scales_layer,
     layer_kv_cache,
     prebuilt_ops_skipped,
     traced_from_0_19,
@@ -256,9 +257,6 @@ def launch(shape: ExtendStep, target: Target) -> None:
             _extend_step(shape, target)
 
 
-LAYER_NAME = "model.layers.0.self_attn.attn"
-
-
 @contextlib.contextmanager
 def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[Any]:
     """vLLM's `Attention` layer for the step, built as the model builds it (on meta, under the
@@ -369,8 +367,7 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     tokens = sum(shape.query_lens)
     query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
-    scale = torch.empty((), dtype=torch.float32, device=meta)
-    layer = SimpleNamespace(_k_scale=scale, _v_scale=scale, _q_scale=scale, _k_scale_float=1.0, _v_scale_float=1.0)
+    layer = kv_scales_layer()
     impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
 
 

@@ -67,8 +67,10 @@ from ._paged_kv import (
 )
 from ._points import int_class_representatives
 from ._vllm_backend import (
+    LAYER_NAME,
     VllmBackend,
     backend_step,
+    kv_scales_layer,
     layer_kv_cache,
     traced_from_0_19,
     vllm_backend_family,
@@ -227,7 +229,7 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
         )  # fmt: skip
         spec = attention.Attention.get_kv_cache_spec(layer_fields, config)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
-        builder = backend.get_builder_cls()(spec, ["model.layers.0.self_attn.attn"], config, meta)
+        builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
 
         def ints(*dims: int, dtype: Any = torch.int32) -> Any:
             return torch.empty(dims, dtype=dtype, device=meta)
@@ -252,9 +254,7 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
     query_type = target.fp8_dtype if shape.kv_cache_fp8 and impl.supports_quant_query_input else dtype
     query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=query_type, device=meta)
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
-    scale = torch.empty((), dtype=torch.float32, device=meta)
-    layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
-                            _v_scale_float=1.0)  # fmt: skip
+    layer = kv_scales_layer()
     output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
     impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
@@ -268,7 +268,7 @@ def launch(shape: PagedAttentionShape, target: Target) -> None:
 
 
 BACKEND = VllmBackend(
-    module="vllm.v1.attention.backends.triton_attn",
+    module=BACKEND_MODULE,
     backend_class="TritonAttentionBackend",
     metadata_class="TritonAttentionMetadata",
 )
