@@ -9,30 +9,30 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS = {
-    "activate": "runtime",
-    "preload": "runtime",
-    "prepare": "hook",
+    "activate": "serve.runtime",
+    "preload": "build.preload",
+    "prepare": "serve.hook",
     "CacheLayout": "cache",
-    "cache_layout": "settings",
+    "cache_layout": "inputs.settings",
     "InputError": "errors",
     "KprecompileError": "errors",
-    "ModelConfig": "models",
-    "load_model": "models",
-    "Plan": "planning",
-    "plan": "planning",
-    "Selection": "engines",
-    "select": "engines",
-    "ServingParams": "serving",
-    "Target": "targets",
-    "resolve_target": "targets",
-    "VerifyReport": "verification",
-    "verify": "verification",
-    "WarmReport": "warming",
-    "warm": "warming",
-    "compute_hash": "environment",
+    "ModelConfig": "inputs.models",
+    "load_model": "inputs.models",
+    "Plan": "build.planning",
+    "plan": "build.planning",
+    "Selection": "selection.engines",
+    "select": "selection.engines",
+    "ServingParams": "inputs.serving",
+    "Target": "inputs.targets",
+    "resolve_target": "inputs.targets",
+    "VerifyReport": "build.verification",
+    "verify": "build.verification",
+    "WarmReport": "build.warming",
+    "warm": "build.warming",
+    "compute_hash": "inputs.environment",
 }
 
 __all__ = [
@@ -69,16 +69,17 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
+    from .build.planning import Plan, plan
+    from .build.preload import preload
+    from .build.verification import VerifyReport, verify
+    from .build.warming import WarmReport, warm
     from .cache import CacheLayout
-    from .engines import Selection, select
-    from .environment import compute_hash
     from .errors import InputError, KprecompileError
-    from .hook import prepare
-    from .models import ModelConfig, load_model
-    from .planning import Plan, plan
-    from .runtime import activate, preload
-    from .serving import ServingParams
-    from .settings import cache_layout
-    from .targets import Target, resolve_target
-    from .verification import VerifyReport, verify
-    from .warming import WarmReport, warm
+    from .inputs.environment import compute_hash
+    from .inputs.models import ModelConfig, load_model
+    from .inputs.serving import ServingParams
+    from .inputs.settings import cache_layout
+    from .inputs.targets import Target, resolve_target
+    from .selection.engines import Selection, select
+    from .serve.hook import prepare
+    from .serve.runtime import activate

@@ -105,8 +105,10 @@ class ProgressLines:
         step = max(1, self._total // 10)
         if self._done - self._reported >= step or now - self._last >= self.interval_seconds:
             self._reported, self._last = self._done, now
-            self._line(f"{self._done:,}/{self._total:,} {self.unit} ({100 * self._done // self._total}%), "
-                       f"{now - self._started:.0f} s")  # fmt: skip
+            self._line(
+                f"{self._done:,}/{self._total:,} {self.unit} ({100 * self._done // self._total}%), "
+                f"{now - self._started:.0f} s"
+            )
 
     def finish(self) -> None:
         if self._total and self._reported < self._done:

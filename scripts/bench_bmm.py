@@ -33,12 +33,12 @@ def engine_sweep(model_spec: str, tp: int, target_name: str, max_num_seqs: int, 
     from triton import knobs
 
     from kprecompile.cache.layout import CacheLayout
-    from kprecompile.driver import active_target
     from kprecompile.errors import LaunchRefusedError
-    from kprecompile.models import load_model
-    from kprecompile.serving import ServingParams
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.inputs.targets import TARGETS
+    from kprecompile.platforms.triton_driver import active_target
     from kprecompile.shapes.fp8_bmm import FAMILY
-    from kprecompile.targets import TARGETS
 
     target = TARGETS[target_name]
     shapes = FAMILY.enumerate_shapes(

@@ -26,8 +26,9 @@ CHILD = """
 import json, sys, time
 import kprecompile
 from kprecompile.cache import served
-from kprecompile.runtime import activate, preload
-from kprecompile.targets import resolve_target
+from kprecompile.build.preload import preload
+from kprecompile.serve.runtime import activate
+from kprecompile.inputs.targets import resolve_target
 if sys.argv[5] == "unchecked":
     served.SERVED.problem = lambda *args: None
 layout = activate(sys.argv[1])
@@ -40,8 +41,12 @@ print(json.dumps({"seconds": time.perf_counter() - started, "loaded": report.loa
 
 
 def preload_once(cache: Path, args: argparse.Namespace, mode: str) -> dict:
-    result = subprocess.run([sys.executable, "-c", CHILD, str(cache), args.model, str(args.tp), args.target, mode],
-                            capture_output=True, text=True, check=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(cache), args.model, str(args.tp), args.target, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

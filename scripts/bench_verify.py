@@ -53,8 +53,8 @@ def main() -> None:
         warm_again = [timed_process([*command, "warm", *selection]) for _ in range(args.runs)]
 
         import kprecompile
-        from kprecompile.settings import cache_layout
-        from kprecompile.targets import resolve_target
+        from kprecompile.inputs.settings import cache_layout
+        from kprecompile.inputs.targets import resolve_target
 
         model = kprecompile.load_model(args.model)
         serving = kprecompile.ServingParams(tensor_parallel_size=args.tp)

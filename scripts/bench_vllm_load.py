@@ -34,9 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def import_wrapper(target):
     """torch and AITER's FP8 BMM module, imported as a vLLM worker has them before loading weights."""
-    from kprecompile.driver import active_target
-    from kprecompile.libraries import import_library_module
+    from kprecompile.platforms.triton_driver import active_target
     from kprecompile.shapes.fp8_bmm import WRAPPER_MODULE, WRAPPER_NAME
+    from kprecompile.tracing.libraries import import_library_module
 
     with active_target(target):
         return getattr(import_library_module(WRAPPER_MODULE), WRAPPER_NAME)
@@ -47,8 +47,8 @@ def loop(bmm, heads: int, nope: int, lora: int, v_dim: int, target, max_m: int =
     import torch
     from triton import knobs
 
-    from kprecompile.driver import active_target
     from kprecompile.errors import LaunchRefusedError
+    from kprecompile.platforms.triton_driver import active_target
 
     compiled = []
     started = time.perf_counter()
@@ -68,13 +68,13 @@ def loop(bmm, heads: int, nope: int, lora: int, v_dim: int, target, max_m: int =
 
 
 def child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
-    from kprecompile.engines import select
-    from kprecompile.inputs import Request
-    from kprecompile.integrations.vllm import background
-    from kprecompile.models import load_model
-    from kprecompile.runtime import activate
-    from kprecompile.serving import ServingParams
-    from kprecompile.targets import TARGETS
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.inputs.targets import TARGETS
+    from kprecompile.selection.engines import select
+    from kprecompile.selection.request import Request
+    from kprecompile.serve.runtime import activate
+    from kprecompile.serve.vllm import background
 
     started = time.perf_counter()
     layout = activate(cache_dir)
@@ -88,8 +88,9 @@ def child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
     warm = None
     if mode == "plugin":
         request = Request(model, serving, select(model, "vllm", "ROCM_AITER_MLA"), (target,))
-        warm = background.start(request, _config_dict(model.source, args.model), str(layout.root), (),
-                                workers=args.jobs, rank=0, ranks=1)  # fmt: skip
+        warm = background.start(
+            request, _config_dict(model.source, args.model), str(layout.root), (), workers=args.jobs, rank=0, ranks=1
+        )
     time.sleep(args.weight_loading_seconds)
     loaded = time.perf_counter()
     if warm is not None:
@@ -100,8 +101,12 @@ def child(mode: str, args: argparse.Namespace, cache_dir: str) -> dict:
     loop_seconds, compiles = loop(
         bmm, heads, mla.qk_nope_head_dim, mla.kv_lora_rank, mla.v_head_dim, target, args.max_num_seqs
     )
-    result.update(loop_seconds=loop_seconds, loop_compiles=compiles, after_weights_seconds=time.perf_counter() - loaded,
-                  total_seconds=time.perf_counter() - started)  # fmt: skip
+    result.update(
+        loop_seconds=loop_seconds,
+        loop_compiles=compiles,
+        after_weights_seconds=time.perf_counter() - loaded,
+        total_seconds=time.perf_counter() - started,
+    )
     return result
 
 
@@ -111,7 +116,7 @@ def _config_dict(source: str, name: str) -> dict:
 
     if Path(source).is_file():
         return json.loads(Path(source).read_text())
-    return json.loads((resources.files("kprecompile.presets") / f"{name}.json").read_text())
+    return json.loads((resources.files("kprecompile.inputs.presets") / f"{name}.json").read_text())
 
 
 def main() -> None:
@@ -137,10 +142,26 @@ def main() -> None:
     environment = {**os.environ, "VLLM_ROCM_USE_AITER": "1", "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
     for mode in ("today", "plugin"):
         with tempfile.TemporaryDirectory(prefix=f"kprecompile-bench-{mode}-") as cache:
-            command = [sys.executable, __file__, "--child", mode, "--cache-dir", cache, "--model", args.model,
-                       "--tp", str(args.tp), "--target", args.target, "--jobs", str(args.jobs),
-                       "--max-num-seqs", str(args.max_num_seqs),
-                       "--weight-loading-seconds", str(args.weight_loading_seconds)]  # fmt: skip
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                mode,
+                "--cache-dir",
+                cache,
+                "--model",
+                args.model,
+                "--tp",
+                str(args.tp),
+                "--target",
+                args.target,
+                "--jobs",
+                str(args.jobs),
+                "--max-num-seqs",
+                str(args.max_num_seqs),
+                "--weight-loading-seconds",
+                str(args.weight_loading_seconds),
+            ]
             started = time.perf_counter()
             output = subprocess.run(command, env=environment, capture_output=True, text=True, check=True).stdout
             results[mode] = {

@@ -97,10 +97,24 @@ def aiter_part(cache_dir: Path | None) -> bool:
         hidden = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
         started = time.perf_counter()
         warm = run_json(
-            [sys.executable, "-m", "kprecompile", "warm", "--model", MODEL, "--engine", "aiter", "--target", target,
-             *SERVING, "--cache-dir", str(cache), "--json"],
+            [
+                sys.executable,
+                "-m",
+                "kprecompile",
+                "warm",
+                "--model",
+                MODEL,
+                "--engine",
+                "aiter",
+                "--target",
+                target,
+                *SERVING,
+                "--cache-dir",
+                str(cache),
+                "--json",
+            ],
             hidden,
-        )  # fmt: skip
+        )
         warm_seconds = time.perf_counter() - started
         results = {}
         for mode in ("preload", "cold", "disk"):
@@ -109,10 +123,24 @@ def aiter_part(cache_dir: Path | None) -> bool:
         # The same warm on this GPU host, GPU visible: it also builds the launchers.
         gpu_cache = Path(scratch) / "gpu-cache"
         gpu_warm = run_json(
-            [sys.executable, "-m", "kprecompile", "warm", "--model", MODEL, "--engine", "aiter", "--target", target,
-             *SERVING, "--cache-dir", str(gpu_cache), "--json"],
+            [
+                sys.executable,
+                "-m",
+                "kprecompile",
+                "warm",
+                "--model",
+                MODEL,
+                "--engine",
+                "aiter",
+                "--target",
+                target,
+                *SERVING,
+                "--cache-dir",
+                str(gpu_cache),
+                "--json",
+            ],
             dict(os.environ),
-        )  # fmt: skip
+        )
         env = {**os.environ, "TRITON_CACHE_DIR": str(Path(scratch) / "empty-launchers")}
         results["launchers"] = run_json(
             [sys.executable, __file__, "--serve", "disk", "--cache-dir", str(gpu_cache)], env
@@ -134,22 +162,36 @@ def report(target: str, warm: dict, warm_seconds: float, results: dict) -> bool:
     goal = 2 * steady + 5
     print(f"GPU end to end: {MODEL}, pa_prefill, target {target}, {served['device']}")
     print(f"warm with no visible GPU: {warm['kernels']} kernels ({warm['compiled']} compiled) in {warm_seconds:.1f} s")
-    print(f"preload: {served['preload']['loaded']} kernels loaded, {served['preload']['compiled']} compiled, "
-          f"launchers {served['preload']['launchers']}, {served['preload']['seconds'] * 1000:.0f} ms")  # fmt: skip
-    print(f"serving: {served['calls']} real calls, {served['compiles']} compiles while serving, "
-          f"max abs error vs float32 torch {served['max_error']:.2e}")  # fmt: skip
-    print(f"first call after preload {first:.2f} ms, steady state {steady:.3f} ms: "
-          f"{'within' if first <= goal else 'OVER'} the goal of 2x + 5 ms ({goal:.2f} ms)")  # fmt: skip
-    print(f"first call, cold (no kprecompile, empty cache): {results['cold']['first_ms']:.1f} ms "
-          f"({results['cold']['compiles']} compiles)")  # fmt: skip
-    print(f"first call, disk cache only (no preload): {results['disk']['first_ms']:.1f} ms "
-          f"({results['disk']['compiles']} compiles)")  # fmt: skip
-    print(f"first call, disk cache warmed on this GPU host ({results['launchers']['built']} launchers built, "
-          f"no preload): {results['launchers']['first_ms']:.1f} ms")  # fmt: skip
+    print(
+        f"preload: {served['preload']['loaded']} kernels loaded, {served['preload']['compiled']} compiled, "
+        f"launchers {served['preload']['launchers']}, {served['preload']['seconds'] * 1000:.0f} ms"
+    )
+    print(
+        f"serving: {served['calls']} real calls, {served['compiles']} compiles while serving, "
+        f"max abs error vs float32 torch {served['max_error']:.2e}"
+    )
+    print(
+        f"first call after preload {first:.2f} ms, steady state {steady:.3f} ms: "
+        f"{'within' if first <= goal else 'OVER'} the goal of 2x + 5 ms ({goal:.2f} ms)"
+    )
+    print(
+        f"first call, cold (no kprecompile, empty cache): {results['cold']['first_ms']:.1f} ms "
+        f"({results['cold']['compiles']} compiles)"
+    )
+    print(
+        f"first call, disk cache only (no preload): {results['disk']['first_ms']:.1f} ms "
+        f"({results['disk']['compiles']} compiles)"
+    )
+    print(
+        f"first call, disk cache warmed on this GPU host ({results['launchers']['built']} launchers built, "
+        f"no preload): {results['launchers']['first_ms']:.1f} ms"
+    )
     layer = results["layer"]
-    print(f"served from the bake as a read-only layer: {layer['preload']['loaded']} loaded, {layer['compiles']} "
-          f"compiles, first call {layer['first_ms']:.2f} ms, layer unchanged: {layer['layer_unchanged']}, "
-          f"written to the user cache: {', '.join(layer['written']) or 'nothing'}")  # fmt: skip
+    print(
+        f"served from the bake as a read-only layer: {layer['preload']['loaded']} loaded, {layer['compiles']} "
+        f"compiles, first call {layer['first_ms']:.2f} ms, layer unchanged: {layer['layer_unchanged']}, "
+        f"written to the user cache: {', '.join(layer['written']) or 'nothing'}"
+    )
     return bool(served["compiles"] or first > goal or layer["compiles"] or not layer["layer_unchanged"])
 
 
@@ -158,7 +200,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 def _local_target_name() -> str:
-    from kprecompile.targets import detect_local_target
+    from kprecompile.inputs.targets import detect_local_target
 
     return detect_local_target().name
 
@@ -167,12 +209,13 @@ def serve(mode: str, cache_dir: Path) -> None:
     """One serving process: prepare as `mode` says, then run the calls on the GPU."""
     import torch
 
-    from kprecompile.engines import select
-    from kprecompile.models import load_model
-    from kprecompile.monitor import JitMonitor
-    from kprecompile.runtime import activate, preload
-    from kprecompile.serving import ServingParams
-    from kprecompile.targets import detect_local_target
+    from kprecompile.build.preload import preload
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.selection.engines import select
+    from kprecompile.serve.monitor import JitMonitor
+    from kprecompile.serve.runtime import activate
 
     model = load_model(MODEL)
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=4096, max_model_len=MODEL_LEN)
@@ -191,7 +234,7 @@ def serve(mode: str, cache_dir: Path) -> None:
 
             os.environ["TRITON_CACHE_DIR"] = str(CacheLayout.of(cache_dir).triton_dir)
         monitor = JitMonitor("off").install()
-    from kprecompile.libraries import import_library_module
+    from kprecompile.tracing.libraries import import_library_module
 
     context_attention_fwd = import_library_module("aiter.ops.triton.pa_prefill").context_attention_fwd
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -216,17 +259,21 @@ def serve(mode: str, cache_dir: Path) -> None:
     max_error = 0.0
     for call in [FIRST_CALL, *CALLS]:
         max_error = max(max_error, case.error(context_attention_fwd, *call))
-    print(json.dumps({
-        "mode": mode,
-        "device": torch.cuda.get_device_name(0),
-        "preload": preload_report.as_dict() if preload_report else None,
-        "first_ms": first_ms,
-        "steady_ms": statistics.median(steady),
-        "calls": len(CALLS) + 32,
-        "compiles": len(monitor.compiles),
-        "disk_hits_on_first_call": disk_hits_on_first_call,
-        "max_error": max_error,
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "mode": mode,
+                "device": torch.cuda.get_device_name(0),
+                "preload": preload_report.as_dict() if preload_report else None,
+                "first_ms": first_ms,
+                "steady_ms": statistics.median(steady),
+                "calls": len(CALLS) + 32,
+                "compiles": len(monitor.compiles),
+                "disk_hits_on_first_call": disk_hits_on_first_call,
+                "max_error": max_error,
+            }
+        )
+    )
     monitor.uninstall()
 
 
@@ -274,15 +321,29 @@ class PagedCase:
                 self.value_cache[block, :, :, offset] = cv[t]
             contexts.append((ck, cv))
         starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-        seq_lens = torch.tensor([c + q for c, q in zip(context_lens, query_lens, strict=True)], dtype=torch.int32,
-                                device="cuda")  # fmt: skip
+        seq_lens = torch.tensor(
+            [c + q for c, q in zip(context_lens, query_lens, strict=True)], dtype=torch.int32, device="cuda"
+        )
         out = torch.empty_like(q)
         return q, k, v, out, starts, seq_lens, contexts
 
     def call(self, fn, batch, query_lens, context_lens, prepared=None):
         q, k, v, out, starts, seq_lens, contexts = prepared or self.inputs(batch, query_lens, context_lens)
-        fn(q, k, v, out, "auto", self.key_cache, self.value_cache, self.table[:batch], starts, seq_lens,
-           max(query_lens), self.scale, self.scale)  # fmt: skip
+        fn(
+            q,
+            k,
+            v,
+            out,
+            "auto",
+            self.key_cache,
+            self.value_cache,
+            self.table[:batch],
+            starts,
+            seq_lens,
+            max(query_lens),
+            self.scale,
+            self.scale,
+        )
         return q, k, v, out, contexts
 
     def timed(self, fn, batch, query_lens, context_lens):

@@ -3,7 +3,7 @@
 serving process compiles nothing (issue 15's proof; vLLM's TRITON_ATTN on NVIDIA).
 
 1. `kprecompile warm` with no visible GPU: Llama-3.1-8B under vLLM's TRITON_ATTN, 8 sequences.
-2. A serving process (GPU visible) prepared by `kprecompile.hook.prepare` (verify, preload, the
+2. A serving process (GPU visible) prepared by `kprecompile.serve.hook.prepare` (verify, preload, the
    JIT monitor recording into the configuration's journal) runs real steps through the
    backend's `forward`: 5 decoding sequences (planned), 16 decoding sequences (beyond
    `--max-num-seqs 8`: a batch the kernels specialize on, a multiple of 16), and a Triton kernel
@@ -54,7 +54,7 @@ def main() -> None:
     if args.serve:
         serve(args.serve)
         return
-    from kprecompile.targets import detect_local_target
+    from kprecompile.inputs.targets import detect_local_target
 
     target = detect_local_target().name
     selectors = ["--model", MODEL, "--engine", "vllm", "--attention-backend", BACKEND, "--target", target, *SERVING]
@@ -69,40 +69,57 @@ def main() -> None:
         run_json(command("export", *selectors, "--cache-dir", host, "--archive", archive, "--json"), hidden)
         imported = run_json(command("import", archive, "--cache-dir", builder, "--json"), hidden)
         # Not warm, by design: its exit status and first line are part of the proof.
-        verified = subprocess.run(command("verify", *selectors, "--cache-dir", builder), env=hidden,
-                                  capture_output=True, text=True, check=False)  # fmt: skip
+        verified = subprocess.run(
+            command("verify", *selectors, "--cache-dir", builder),
+            env=hidden,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         status, verified = verified.returncode, verified.stdout
         misses = run_json(command("misses", "--cache-dir", builder, "--json"), hidden)
         started = time.perf_counter()
         second_warm = run_json(command("warm", *selectors, "--cache-dir", builder, "--json"), hidden)
         second_warm_seconds = time.perf_counter() - started
         second = run_json([sys.executable, __file__, "--serve", builder], gpu)
-    failed = report(target, first_warm, first, imported, status, verified, misses, second_warm, second_warm_seconds,
-                    second)  # fmt: skip
+    failed = report(
+        target, first_warm, first, imported, status, verified, misses, second_warm, second_warm_seconds, second
+    )
     sys.exit(1 if failed else 0)
 
 
-def report(target, first_warm, first, imported, status, verified, misses, second_warm, second_warm_seconds,
-           second) -> bool:  # fmt: skip
+def report(
+    target, first_warm, first, imported, status, verified, misses, second_warm, second_warm_seconds, second
+) -> bool:
     print(f"GPU record and replay: {MODEL}, vLLM {first['vllm']} {BACKEND}, target {target}, {first['device']}")
     print(f"warm with no visible GPU: {first_warm['kernels']} kernels ({first_warm['compiled']} compiled)")
     for label, served in (("first serving process", first), ("after the second warm", second)):
         calls = ", ".join(f"{name} {count}" for name, count in served["compiles_per_call"].items())
-        print(f"{label}: preload {served['preload']['loaded']} kernels; compiles per call: {calls}; "
-              f"max abs error vs float32: {served['max_error']:.2e}")  # fmt: skip
+        print(
+            f"{label}: preload {served['preload']['loaded']} kernels; compiles per call: {calls}; "
+            f"max abs error vs float32: {served['max_error']:.2e}"
+        )
     print(f"recorded in the journal: {', '.join(first['recorded'])}")
-    print(f"journal append: {first['append_ms']:.2f} ms per record (median of 20), against "
-          f"{first['compile_ms']:.0f} ms of compiling per recorded kernel")  # fmt: skip
+    print(
+        f"journal append: {first['append_ms']:.2f} ms per record (median of 20), against "
+        f"{first['compile_ms']:.0f} ms of compiling per recorded kernel"
+    )
     print(f"export from the serving host's cache, import on the builder: {imported['journal_records']} records merged")
     print(f"verify on the builder: exit {status}: {verified.strip().splitlines()[0]}")
     [journal] = misses["journals"]
-    print(f"misses: {len(journal['misses'])} kernels: "
-          + "; ".join(f"{m['kernel'].rpartition(':')[2]} ({m['library']}, {m['family'] or 'no family'})"
-                      for m in journal["misses"]))  # fmt: skip
+    print(
+        f"misses: {len(journal['misses'])} kernels: "
+        + "; ".join(
+            f"{m['kernel'].rpartition(':')[2]} ({m['library']}, {m['family'] or 'no family'})"
+            for m in journal["misses"]
+        )
+    )
     [row] = [family for family in second_warm["families"] if family["family"] == "recorded"]
-    print(f"second warm with no visible GPU: recorded {row['calls']}, replayed {row['parameters']['replayed']}, "
-          f"skipped {row['parameters']['skipped']}; {second_warm['compiled']} compiled in "
-          f"{second_warm_seconds:.1f} s")  # fmt: skip
+    print(
+        f"second warm with no visible GPU: recorded {row['calls']}, replayed {row['parameters']['replayed']}, "
+        f"skipped {row['parameters']['skipped']}; {second_warm['compiled']} compiled in "
+        f"{second_warm_seconds:.1f} s"
+    )
     recorded = len(first["recorded"])
     return bool(
         sum(second["compiles_per_call"].values())
@@ -121,17 +138,18 @@ def serve(cache_dir: Path) -> None:
     from vllm_e2e import TritonAttnCase, selection_for, vllm_platform
 
     from kprecompile.cache import journal
-    from kprecompile.hook import jit_monitor, prepare
-    from kprecompile.models import load_model
-    from kprecompile.serving import ServingParams
-    from kprecompile.targets import detect_local_target
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.serve.hook import jit_monitor, prepare
 
     vllm_platform()
     target = detect_local_target()
     model = load_model(MODEL)
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=4096, max_model_len=4096)
-    prepared = prepare(model, serving, cache_dir=cache_dir, target=target,
-                       selection=selection_for(model, BACKEND, target))  # fmt: skip
+    prepared = prepare(
+        model, serving, cache_dir=cache_dir, target=target, selection=selection_for(model, BACKEND, target)
+    )
     monitor = jit_monitor()
     case = TritonAttnCase(model, serving, target)
     generator = torch.Generator(device="cuda").manual_seed(2)
@@ -162,16 +180,20 @@ def serve(cache_dir: Path) -> None:
             started = time.perf_counter()
             journal.append(sink.layout, "f" * 64, [copy])
             append_ms.append((time.perf_counter() - started) * 1000)
-    print(json.dumps({
-        "device": torch.cuda.get_device_name(0),
-        "vllm": vllm.__version__,
-        "preload": prepared.preload.as_dict() if prepared.preload else {"loaded": 0},
-        "compiles_per_call": compiles,
-        "max_error": max(errors),
-        "recorded": sorted(record.kernel.rpartition(":")[2] for record in records.values()),
-        "append_ms": statistics.median(append_ms) if append_ms else 0.0,
-        "compile_ms": 1000 * sum(event.seconds for event in new) / max(len(new), 1),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "device": torch.cuda.get_device_name(0),
+                "vllm": vllm.__version__,
+                "preload": prepared.preload.as_dict() if prepared.preload else {"loaded": 0},
+                "compiles_per_call": compiles,
+                "max_error": max(errors),
+                "recorded": sorted(record.kernel.rpartition(":")[2] for record in records.values()),
+                "append_ms": statistics.median(append_ms) if append_ms else 0.0,
+                "compile_ms": 1000 * sum(event.seconds for event in new) / max(len(new), 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

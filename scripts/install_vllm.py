@@ -24,10 +24,31 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DEST = ROOT / ".vllm"
 
 _TRANSFORMERS_4 = [
-    "regex", "cachetools", "psutil", "requests", "tqdm", "transformers>=4.56,<5", "aiohttp", "pydantic>=2.12",
-    "pyzmq", "msgspec", "pyyaml", "cloudpickle", "cbor2", "gguf", "blake3", "pillow", "pybase64", "py-cpuinfo",
-    "diskcache", "prometheus_client", "openai-harmony", "numba==0.61.2", "llguidance>=1.3,<1.4", "loguru",
-]  # fmt: skip
+    "regex",
+    "cachetools",
+    "psutil",
+    "requests",
+    "tqdm",
+    "transformers>=4.56,<5",
+    "aiohttp",
+    "pydantic>=2.12",
+    "pyzmq",
+    "msgspec",
+    "pyyaml",
+    "cloudpickle",
+    "cbor2",
+    "gguf",
+    "blake3",
+    "pillow",
+    "pybase64",
+    "py-cpuinfo",
+    "diskcache",
+    "prometheus_client",
+    "openai-harmony",
+    "numba==0.61.2",
+    "llguidance>=1.3,<1.4",
+    "loguru",
+]
 
 # Per release: packages resolved with their dependencies, and packages installed without them
 # (they would pull torch).
@@ -36,16 +57,47 @@ RELEASES: dict[str, tuple[list[str], list[str]]] = {
     "0.12.0": (_TRANSFORMERS_4, ["xgrammar==0.1.27", "compressed-tensors==0.12.2"]),
     "0.33.0": (
         [
-            "regex", "cachetools", "psutil", "requests", "tqdm", "transformers>=5.16.1,<5.21",
-            "huggingface_hub>=1.31", "tokenizers>=0.23.2", "safetensors", "aiohttp", "pydantic>=2.12", "pyzmq",
-            "msgspec", "pyyaml", "cloudpickle", "cbor2", "gguf", "blake3", "pillow", "pybase64", "py-cpuinfo",
-            "prometheus_client", "numba==0.65.0", "llguidance>=1.7,<1.8", "ijson", "orjson", "jsonschema",
-            "openai>=2.25", "uvloop", "oss-harmony>=0.0.11", "openai-harmony", "fastapi>=0.133,<0.137",
-            "starlette>=1.0.1", "opentelemetry-api", "opentelemetry-sdk", "partial-json-parser", "loguru",
+            "regex",
+            "cachetools",
+            "psutil",
+            "requests",
+            "tqdm",
+            "transformers>=5.16.1,<5.21",
+            "huggingface_hub>=1.31",
+            "tokenizers>=0.23.2",
+            "safetensors",
+            "aiohttp",
+            "pydantic>=2.12",
+            "pyzmq",
+            "msgspec",
+            "pyyaml",
+            "cloudpickle",
+            "cbor2",
+            "gguf",
+            "blake3",
+            "pillow",
+            "pybase64",
+            "py-cpuinfo",
+            "prometheus_client",
+            "numba==0.65.0",
+            "llguidance>=1.7,<1.8",
+            "ijson",
+            "orjson",
+            "jsonschema",
+            "openai>=2.25",
+            "uvloop",
+            "oss-harmony>=0.0.11",
+            "openai-harmony",
+            "fastapi>=0.133,<0.137",
+            "starlette>=1.0.1",
+            "opentelemetry-api",
+            "opentelemetry-sdk",
+            "partial-json-parser",
+            "loguru",
         ],
         ["xgrammar==0.2.8", "apache-tvm-ffi==0.1.11", "compressed-tensors==0.17.0"],
     ),
-}  # fmt: skip
+}
 _PULLS_TORCH = ("torch", "triton")
 
 
@@ -58,8 +110,9 @@ def installed(version: str, dest: Path = DEFAULT_DEST) -> bool:
 
 
 def _pip(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args], check=True
+    )
 
 
 def install(version: str, dest: Path = DEFAULT_DEST) -> Path:

@@ -35,11 +35,39 @@ ROOT = Path(__file__).resolve().parent.parent
 # Distributions vLLM 0.12's config, attention and MLA modules import beyond what the H200 image
 # has for sure (torch, triton, numpy, filelock, tqdm, pyyaml, packaging, ...).
 DEPENDENCIES = (
-    "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "regex", "cbor2", "blake3", "msgspec",
-    "pyzmq", "cachetools", "pybase64", "py_cpuinfo", "openai_harmony", "prometheus_client", "gguf", "cloudpickle",
-    "aiohttp", "multidict", "yarl", "frozenlist", "aiosignal", "propcache", "aiohappyeyeballs", "attrs", "requests",
-    "urllib3", "certifi", "charset_normalizer", "idna", "transformers", "tokenizers", "huggingface_hub",
-)  # fmt: skip
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "regex",
+    "cbor2",
+    "blake3",
+    "msgspec",
+    "pyzmq",
+    "cachetools",
+    "pybase64",
+    "py_cpuinfo",
+    "openai_harmony",
+    "prometheus_client",
+    "gguf",
+    "cloudpickle",
+    "aiohttp",
+    "multidict",
+    "yarl",
+    "frozenlist",
+    "aiosignal",
+    "propcache",
+    "aiohappyeyeballs",
+    "attrs",
+    "requests",
+    "urllib3",
+    "certifi",
+    "charset_normalizer",
+    "idna",
+    "transformers",
+    "tokenizers",
+    "huggingface_hub",
+)
 FORCED = ("transformers", "tokenizers", "huggingface_hub", "pebble", "platformdirs")
 
 SETUP = """\
@@ -94,21 +122,68 @@ def main() -> None:
 
     pins = [f"{name}=={_version(release_dir, name)}" for name in DEPENDENCIES]
     pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
-    tags = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
-            "manylinux1_x86_64")  # fmt: skip
+    tags = (
+        "manylinux_2_28_x86_64",
+        "manylinux_2_27_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux1_x86_64",
+    )
     platforms = [arg for tag in tags for arg in ("--platform", tag)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(out / "wheels"),
-                    *pins], check=True)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(out / "wheels"),
+            *pins,
+        ],
+        check=True,
+    )
 
     # vLLM's own model-info cache, written while it builds DeepSeek-V2-Lite's engine configuration.
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(release_dir)]),
-                   "CUDA_VISIBLE_DEVICES": "", "VLLM_CACHE_ROOT": str(out / "vllm-cache")}  # fmt: skip
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(release_dir)]),
+        "CUDA_VISIBLE_DEVICES": "",
+        "VLLM_CACHE_ROOT": str(out / "vllm-cache"),
+    }
     with tempfile.TemporaryDirectory() as cache:
-        subprocess.run([sys.executable, "-m", "kprecompile", "plan", "--model", "deepseek-v2-lite", "--engine", "vllm",
-                        "--attention-backend", "TRITON_MLA", "--target", "sm90", "--max-model-len", "4096",
-                        "--max-num-seqs", "64", "--cache-dir", cache], env=environment, check=True,
-                       stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kprecompile",
+                "plan",
+                "--model",
+                "deepseek-v2-lite",
+                "--engine",
+                "vllm",
+                "--attention-backend",
+                "TRITON_MLA",
+                "--target",
+                "sm90",
+                "--max-model-len",
+                "4096",
+                "--max-num-seqs",
+                "64",
+                "--cache-dir",
+                cache,
+            ],
+            env=environment,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     if not list((out / "vllm-cache" / "modelinfos").glob("*DeepseekV2*.json")):
         sys.exit("vLLM wrote no model-info cache for DeepSeek-V2")
 

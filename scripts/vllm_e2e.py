@@ -42,8 +42,14 @@ from gpu_e2e import run_json
 
 GQA_MODEL, MLA_MODEL = "llama-3.1-8b-instruct", "deepseek-v2-lite"
 MAX_NUM_SEQS, BATCHED_TOKENS, MODEL_LEN, BLOCK_SIZE = 64, 4096, 4096, 16
-SERVING = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(BATCHED_TOKENS),
-           "--max-model-len", str(MODEL_LEN)]  # fmt: skip
+SERVING = [
+    "--max-num-seqs",
+    str(MAX_NUM_SEQS),
+    "--max-num-batched-tokens",
+    str(BATCHED_TOKENS),
+    "--max-model-len",
+    str(MODEL_LEN),
+]
 # Engine steps as (query lengths, context lengths) per sequence: decode batches of sizes and
 # contexts the plan does not walk as such, and steps mixing prefills (chunks of 3 to 700 tokens)
 # with decodes.
@@ -71,10 +77,26 @@ def vllm_part(cache_dir: Path | None, target: str) -> bool:
         for model, backend in ((GQA_MODEL, "TRITON_ATTN"), (MLA_MODEL, "TRITON_MLA")):
             started = time.perf_counter()
             warms[backend] = run_json(
-                [sys.executable, "-m", "kprecompile", "warm", "--model", model, "--engine", "vllm",
-                 "--attention-backend", backend, "--target", target, *SERVING, "--cache-dir", str(cache), "--json"],
+                [
+                    sys.executable,
+                    "-m",
+                    "kprecompile",
+                    "warm",
+                    "--model",
+                    model,
+                    "--engine",
+                    "vllm",
+                    "--attention-backend",
+                    backend,
+                    "--target",
+                    target,
+                    *SERVING,
+                    "--cache-dir",
+                    str(cache),
+                    "--json",
+                ],
                 hidden,
-            )  # fmt: skip
+            )
             warms[backend]["seconds"] = time.perf_counter() - started
             if not warms[backend]["kernels"]:
                 sys.exit(f"the {backend} bake planned no kernel: {json.dumps(warms[backend])[-3000:]}")
@@ -92,8 +114,10 @@ def report(target: str, warms: dict, served: dict, baked: dict, loaded: dict) ->
 
     print(f"GPU end to end: vLLM {vllm.__version__}'s own Triton kernels, target {target}, {served['device']}")
     for backend, warm in warms.items():
-        print(f"warm with no visible GPU, {backend}: {warm['kernels']} kernels ({warm['compiled']} compiled) "
-              f"in {warm['seconds']:.1f} s")  # fmt: skip
+        print(
+            f"warm with no visible GPU, {backend}: {warm['kernels']} kernels ({warm['compiled']} compiled) "
+            f"in {warm['seconds']:.1f} s"
+        )
     failed = bool(served["compiles"])
     for name in ("TRITON_ATTN", "TRITON_MLA"):
         part = served[name]
@@ -101,38 +125,46 @@ def report(target: str, warms: dict, served: dict, baked: dict, loaded: dict) ->
         goal = 2 * part["steady_ms"] + 5
         failed |= part["first_ms"] > goal or part["max_error"] > 0.05 or part.get("cache_mismatches", 0) > 0
         writes = f", cache writes differing {part['cache_mismatches']}" if "cache_mismatches" in part else ""
-        print(f"{name}: preload {preloaded['loaded']} kernels, {preloaded['compiled']} compiled, "
-              f"launchers {preloaded['launchers']}, {preloaded['seconds'] * 1000:.0f} ms; {part['steps']} real steps "
-              f"({', '.join(part['kernels'])}), max abs error vs float32 {part['max_error']:.2e}{writes}")  # fmt: skip
-        print(f"{name}: first call after preload {part['first_ms']:.2f} ms, steady state {part['steady_ms']:.3f} ms: "
-              f"{'within' if part['first_ms'] <= goal else 'OVER'} the goal of 2x + 5 ms ({goal:.2f} ms)")  # fmt: skip
+        print(
+            f"{name}: preload {preloaded['loaded']} kernels, {preloaded['compiled']} compiled, "
+            f"launchers {preloaded['launchers']}, {preloaded['seconds'] * 1000:.0f} ms; {part['steps']} real steps "
+            f"({', '.join(part['kernels'])}), max abs error vs float32 {part['max_error']:.2e}{writes}"
+        )
+        print(
+            f"{name}: first call after preload {part['first_ms']:.2f} ms, steady state {part['steady_ms']:.3f} ms: "
+            f"{'within' if part['first_ms'] <= goal else 'OVER'} the goal of 2x + 5 ms ({goal:.2f} ms)"
+        )
     print(f"compiles while serving: {served['compiles']}")
     per_kernel = loaded["seconds"] / max(loaded["loaded"], 1)
     per_unique = loaded["seconds"] / max(baked["kernels"], 1)
     failed |= bool(loaded["compiles"]) or loaded["compiled"] > 0 or loaded["loaded"] != baked["jobs"]
     failed |= bool(baked["failed"])
-    print(f"at scale: {baked['configurations']} configurations of {len(SCALE_MODELS)} models, {baked['kernels']} "
-          f"unique kernels ({baked['jobs']} in the manifests, {baked['failed']} failed) baked with no visible GPU in "
-          f"{baked['wall_seconds']:.1f} s (traced in {baked['trace_seconds']:.1f} s, compiled in "
-          f"{baked['compile_seconds']:.1f} s, manifests recorded in {baked['record_seconds']:.1f} s)")  # fmt: skip
-    print(f"at scale: preload of the {loaded['configurations']} configurations in one process, {loaded['loaded']} "
-          f"kernels loaded ({loaded['compiled']} compiled), launchers {loaded['launchers']}, in "
-          f"{loaded['seconds']:.1f} s: {per_unique * 1000:.1f} ms per unique kernel ({per_kernel * 1000:.1f} ms per "
-          f"manifest entry); compiles while preloading {loaded['compiles']}")  # fmt: skip
+    print(
+        f"at scale: {baked['configurations']} configurations of {len(SCALE_MODELS)} models, {baked['kernels']} "
+        f"unique kernels ({baked['jobs']} in the manifests, {baked['failed']} failed) baked with no visible GPU in "
+        f"{baked['wall_seconds']:.1f} s (traced in {baked['trace_seconds']:.1f} s, compiled in "
+        f"{baked['compile_seconds']:.1f} s, manifests recorded in {baked['record_seconds']:.1f} s)"
+    )
+    print(
+        f"at scale: preload of the {loaded['configurations']} configurations in one process, {loaded['loaded']} "
+        f"kernels loaded ({loaded['compiled']} compiled), launchers {loaded['launchers']}, in "
+        f"{loaded['seconds']:.1f} s: {per_unique * 1000:.1f} ms per unique kernel ({per_kernel * 1000:.1f} ms per "
+        f"manifest entry); compiles while preloading {loaded['compiles']}"
+    )
     return failed
 
 
 def vllm_platform() -> None:
     """vLLM's CUDA platform, current for vLLM in this serving process (see the module doc)."""
-    from kprecompile.integrations.vllm.platform import cuda_platform
-    from kprecompile.targets import detect_local_target
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.platforms.vllm_platform import cuda_platform
 
     with cuda_platform(detect_local_target()):
         pass
 
 
 def selection_for(model, backend: str, target):
-    from kprecompile.engines import select
+    from kprecompile.selection.engines import select
 
     return select(model, "vllm", backend, environ={}, targets=[target])
 
@@ -141,19 +173,22 @@ def serve(cache_dir: Path) -> None:
     import torch
 
     vllm_platform()
-    from kprecompile.models import load_model
-    from kprecompile.monitor import JitMonitor
-    from kprecompile.runtime import activate, preload
-    from kprecompile.serving import ServingParams
-    from kprecompile.targets import detect_local_target
+    from kprecompile.build.preload import preload
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.serve.monitor import JitMonitor
+    from kprecompile.serve.runtime import activate
 
     target = detect_local_target()
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN)
     layout = activate(cache_dir)
     monitor = JitMonitor("warn").install()
     document: dict[str, object] = {"device": torch.cuda.get_device_name(0)}
-    for name, model_name, case_class in (("TRITON_ATTN", GQA_MODEL, TritonAttnCase),
-                                         ("TRITON_MLA", MLA_MODEL, TritonMlaCase)):  # fmt: skip
+    for name, model_name, case_class in (
+        ("TRITON_ATTN", GQA_MODEL, TritonAttnCase),
+        ("TRITON_MLA", MLA_MODEL, TritonMlaCase),
+    ):
         model = load_model(model_name)
         report = preload(model, serving, layout, target=target, selection=selection_for(model, name, target))
         case = case_class(model, serving, target)
@@ -218,7 +253,7 @@ class TritonAttnCase(TimedCase):
     def __init__(self, model, serving, target):
         import torch
 
-        from kprecompile.libraries import import_library_module
+        from kprecompile.tracing.libraries import import_library_module
 
         self.torch = torch
         module = import_library_module("vllm.v1.attention.backends.triton_attn")
@@ -228,16 +263,24 @@ class TritonAttnCase(TimedCase):
         self.head = model.head_dim
         self.impl = backend.get_impl_cls()(self.q_heads, self.head, self.head**-0.5, self.kv_heads, None, None, "auto")
         blocks = MAX_NUM_SEQS * MODEL_LEN // BLOCK_SIZE
-        self.kv_cache = torch.zeros(backend.get_kv_cache_shape(blocks, BLOCK_SIZE, self.kv_heads, self.head),
-                                    dtype=torch.bfloat16, device="cuda")  # fmt: skip
+        self.kv_cache = torch.zeros(
+            backend.get_kv_cache_shape(blocks, BLOCK_SIZE, self.kv_heads, self.head),
+            dtype=torch.bfloat16,
+            device="cuda",
+        )
         scale = torch.tensor(1.0, dtype=torch.float32, device="cuda")
-        self.layer = SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0,
-                                     _k_scale_float=1.0, _v_scale_float=1.0)  # fmt: skip
+        self.layer = SimpleNamespace(
+            _q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0
+        )
         self.paged = Paged(torch, MODEL_LEN // BLOCK_SIZE)
         self.generator = torch.Generator(device="cuda").manual_seed(0)
         self.first_step, self.steps = FIRST_GQA_STEP, GQA_STEPS
-        self.kernel_names = {"reshape_and_cache_kernel_flash", "kernel_unified_attention_2d",
-                             "kernel_unified_attention_3d", "reduce_segments"}  # fmt: skip
+        self.kernel_names = {
+            "reshape_and_cache_kernel_flash",
+            "kernel_unified_attention_2d",
+            "kernel_unified_attention_3d",
+            "reduce_segments",
+        }
         self.cache_mismatches = 0
 
     def randn(self, *shape):
@@ -260,12 +303,19 @@ class TritonAttnCase(TimedCase):
         k, v = self.randn(tokens, self.kv_heads, self.head), self.randn(tokens, self.kv_heads, self.head)
         seq_lens = [q_len + c for q_len, c in zip(query_lens, context_lens, strict=True)]
         metadata = self.module.TritonAttentionMetadata(
-            num_actual_tokens=tokens, max_query_len=max(query_lens),
+            num_actual_tokens=tokens,
+            max_query_len=max(query_lens),
             query_start_loc=torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device="cuda"),
-            max_seq_len=max(seq_lens), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
-            block_table=table, slot_mapping=new_slots, use_cascade=False, common_prefix_len=0,
-            cu_prefix_query_lens=None, prefix_kv_lens=None, suffix_kv_lens=None,
-        )  # fmt: skip
+            max_seq_len=max(seq_lens),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device="cuda"),
+            block_table=table,
+            slot_mapping=new_slots,
+            use_cascade=False,
+            common_prefix_len=0,
+            cu_prefix_query_lens=None,
+            prefix_kv_lens=None,
+            suffix_kv_lens=None,
+        )
         return q, k, v, metadata, contexts, new_slots
 
     def call(self, prepared):
@@ -311,8 +361,9 @@ class TritonMlaCase(TimedCase):
         from kprecompile.shapes.triton_mla import BACKEND_MODULE
 
         self.torch = torch
-        self.impl = build_impl(BACKEND_MODULE, "TritonMLABackend", serving.heads_per_rank(model), model.config_json,
-                               serving, target)  # fmt: skip
+        self.impl = build_impl(
+            BACKEND_MODULE, "TritonMLABackend", serving.heads_per_rank(model), model.config_json, serving, target
+        )
         self.heads, self.latent, self.rope = self.impl.num_heads, self.impl.kv_lora_rank, self.impl.qk_rope_head_dim
         blocks = MAX_NUM_SEQS * MODEL_LEN // BLOCK_SIZE
         self.kv_cache = torch.zeros((blocks, BLOCK_SIZE, self.latent + self.rope), dtype=torch.bfloat16, device="cuda")
@@ -365,23 +416,28 @@ class TritonMlaCase(TimedCase):
 
 
 def scale_configurations():
-    from kprecompile.models import load_model
-    from kprecompile.serving import ServingParams
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
 
     for preset, tp, kv_cache_dtype, block in itertools.product(SCALE_MODELS, (1, 2, 4, 8), ("auto", "fp8"), (16, 32)):
-        serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BATCHED_TOKENS,
-                                max_model_len=MODEL_LEN, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype,
-                                block_size=block)  # fmt: skip
+        serving = ServingParams(
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=BATCHED_TOKENS,
+            max_model_len=MODEL_LEN,
+            tensor_parallel_size=tp,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block,
+        )
         yield load_model(preset), serving
 
 
 def scale_bake(cache_dir: Path) -> None:
     """Trace every configuration, compile the union with one pool, record each manifest."""
+    from kprecompile.build.planning import plan
+    from kprecompile.build.pool import compile_jobs
+    from kprecompile.build.warming import warm
     from kprecompile.cache.layout import CacheLayout
-    from kprecompile.planning import plan
-    from kprecompile.pool import compile_jobs
-    from kprecompile.targets import TARGETS
-    from kprecompile.warming import warm
+    from kprecompile.inputs.targets import TARGETS
 
     target = TARGETS["sm90"]
     layout = CacheLayout.of(cache_dir)
@@ -398,17 +454,27 @@ def scale_bake(cache_dir: Path) -> None:
     compiled = time.perf_counter()
     for model, serving in configurations:
         warm(model, serving, [target], layout, selection=selection_for(model, "TRITON_ATTN", target))
-    print(json.dumps({"configurations": len(configurations), "kernels": len(jobs), "jobs": planned,
-                      "failed": len(failed),
-                      "trace_seconds": traced - started, "compile_seconds": compiled - traced,
-                      "record_seconds": time.perf_counter() - compiled}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "configurations": len(configurations),
+                "kernels": len(jobs),
+                "jobs": planned,
+                "failed": len(failed),
+                "trace_seconds": traced - started,
+                "compile_seconds": compiled - traced,
+                "record_seconds": time.perf_counter() - compiled,
+            }
+        )
+    )
 
 
 def scale_preload(cache_dir: Path) -> None:
     vllm_platform()
-    from kprecompile.monitor import JitMonitor
-    from kprecompile.runtime import activate, preload
-    from kprecompile.targets import detect_local_target
+    from kprecompile.build.preload import preload
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.serve.monitor import JitMonitor
+    from kprecompile.serve.runtime import activate
 
     target = detect_local_target()
     layout = activate(cache_dir)
@@ -423,8 +489,18 @@ def scale_preload(cache_dir: Path) -> None:
         compiled += report.compiled
         launchers &= report.launchers
     seconds = time.perf_counter() - started
-    print(json.dumps({"configurations": len(configurations), "loaded": loaded, "compiled": compiled,
-                      "launchers": launchers, "seconds": seconds, "compiles": len(monitor.compiles)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "configurations": len(configurations),
+                "loaded": loaded,
+                "compiled": compiled,
+                "launchers": launchers,
+                "seconds": seconds,
+                "compiles": len(monitor.compiles),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

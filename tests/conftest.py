@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from kprecompile.cache.layout import CacheLayout
-from kprecompile.environment import VARIABLES
-from kprecompile.targets import TARGETS
+from kprecompile.inputs.environment import VARIABLES
+from kprecompile.inputs.targets import TARGETS
 
 ROOT = Path(__file__).parent.parent
 # Small stand-ins for the Dockerfile's build arguments: the command line is the Dockerfile's.

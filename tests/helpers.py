@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from kprecompile.configuration import find_manifest
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.serving import ServingParams
+from kprecompile.build.manifest_key import find_manifest
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.selection.engines import select
 from kprecompile.shapes import fp8_bmm
 
 SAMPLE_MODULE = "sample_kernels"

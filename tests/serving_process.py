@@ -14,15 +14,16 @@ from __future__ import annotations
 import json
 import sys
 
-from kprecompile.driver import active_target
-from kprecompile.engines import select
+from kprecompile.build.preload import preload
 from kprecompile.errors import LaunchRefusedError, UnplannedCompileError
-from kprecompile.models import load_model
-from kprecompile.monitor import JitMonitor
-from kprecompile.runtime import activate, journal_sink, preload
-from kprecompile.serving import ServingParams
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.platforms.triton_driver import active_target
+from kprecompile.selection.engines import select
+from kprecompile.serve.monitor import JitMonitor
+from kprecompile.serve.runtime import activate, journal_sink
 from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
-from kprecompile.targets import TARGETS
 
 
 def main() -> None:
@@ -59,14 +60,18 @@ def main() -> None:
         except LaunchRefusedError:
             outcomes.append("reached launch")
         compiles_per_call.append(len(monitor.compiles) - before)
-    print(json.dumps({
-        "preload": report.as_dict(),
-        "compiles_during_preload": after_preload,
-        "compiles": [event.kernel for event in monitor.compiles],
-        "outcomes": outcomes,
-        "compiles_per_call": compiles_per_call,
-        "summary": monitor.summary(),
-    }))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "preload": report.as_dict(),
+                "compiles_during_preload": after_preload,
+                "compiles": [event.kernel for event in monitor.compiles],
+                "outcomes": outcomes,
+                "compiles_per_call": compiles_per_call,
+                "summary": monitor.summary(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from helpers import baked_manifest
 
-from kprecompile.bundling import import_bundle
+from kprecompile.build.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
-from kprecompile.targets import TARGETS
+from kprecompile.inputs.targets import TARGETS
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 
@@ -39,13 +39,14 @@ def run(*argv) -> int:
 
 SERVE_FROM_LAYER = """
 import json, sys
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.monitor import JitMonitor
-from kprecompile.runtime import activate, preload
-from kprecompile.serving import ServingParams
-from kprecompile.targets import TARGETS
-from kprecompile.verification import verify
+from kprecompile.selection.engines import select
+from kprecompile.inputs.models import load_model
+from kprecompile.serve.monitor import JitMonitor
+from kprecompile.build.preload import preload
+from kprecompile.serve.runtime import activate
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.build.verification import verify
 layout = activate(sys.argv[1])  # layers come from KPRECOMPILE_CACHE_LAYERS, as in the image
 monitor = JitMonitor("off").install()
 model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
@@ -72,12 +73,31 @@ def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_pa
         assert str(out) in next(moved.glob("triton-v1/*/__grp__*")).read_text()  # not rewritten
         env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
         verify_status = subprocess.run(
-            [sys.executable, "-m", "kprecompile", "verify", *SELECTION, "--target", "gfx942", "--target", "gfx950",
-             "--cache-dir", str(tmp_path / "user")], env=env, capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kprecompile",
+                "verify",
+                *SELECTION,
+                "--target",
+                "gfx942",
+                "--target",
+                "gfx950",
+                "--cache-dir",
+                str(tmp_path / "user"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         assert verify_status.returncode == 0, verify_status.stdout + verify_status.stderr
-        served = subprocess.run([sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")], env=env,
-                                capture_output=True, text=True, check=True)  # fmt: skip
+        served = subprocess.run(
+            [sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result = json.loads(served.stdout.strip().splitlines()[-1])
         after = tree(moved)
     finally:
@@ -156,8 +176,9 @@ def test_export_refuses_a_damaged_kernel_instead_of_giving_it_fresh_checksums(wa
     data[0] ^= 0xFF
     binary.write_bytes(bytes(data))
     archive = tmp_path / "damaged.tgz"
-    status = run("export", *SELECTION, "--target", "gfx942", "--cache-dir", str(warm_copy.root), "--archive",
-                 str(archive))  # fmt: skip
+    status = run(
+        "export", *SELECTION, "--target", "gfx942", "--cache-dir", str(warm_copy.root), "--archive", str(archive)
+    )
     err = capsys.readouterr().err
     assert status == 1 and not archive.exists()
     assert err.startswith("kprecompile: 1 kernel(s) of deepseek-v2-lite on gfx942 do not match their manifest")
@@ -207,25 +228,53 @@ def _other_toolchain(member, data):
 @pytest.mark.parametrize(
     "case, edit, member, reason",
     [
-        ("traversal", _extra("triton-v1/../../escaped"), "triton-v1/../../escaped",
-         "expected a path inside the destination"),
+        (
+            "traversal",
+            _extra("triton-v1/../../escaped"),
+            "triton-v1/../../escaped",
+            "expected a path inside the destination",
+        ),
         ("absolute", _extra("/tmp/kprecompile-absolute"), "/tmp/kprecompile-absolute", "expected a relative path"),
-        ("symlink", _extra("triton-v1/link", tarfile.SYMTYPE, linkname="/etc/passwd"), "triton-v1/link",
-         "expected a regular file, not a link to '/etc/passwd'"),
-        ("hardlink", _extra("triton-v1/hard", tarfile.LNKTYPE, linkname=BUNDLE_FILE), "triton-v1/hard",
-         "expected a regular file, not a link to"),
-        ("device", _extra("triton-v1/device", tarfile.CHRTYPE), "triton-v1/device",
-         "expected a regular file, not a device, FIFO or other special file"),
-        ("fifo", _extra("triton-v1/fifo", tarfile.FIFOTYPE), "triton-v1/fifo",
-         "expected a regular file, not a device, FIFO or other special file"),
-        ("unlisted", _extra(f"triton-v1/{'A' * 52}/extra.bin"), f"triton-v1/{'A' * 52}/extra.bin",
-         "expected a file listed in bundle.json"),
+        (
+            "symlink",
+            _extra("triton-v1/link", tarfile.SYMTYPE, linkname="/etc/passwd"),
+            "triton-v1/link",
+            "expected a regular file, not a link to '/etc/passwd'",
+        ),
+        (
+            "hardlink",
+            _extra("triton-v1/hard", tarfile.LNKTYPE, linkname=BUNDLE_FILE),
+            "triton-v1/hard",
+            "expected a regular file, not a link to",
+        ),
+        (
+            "device",
+            _extra("triton-v1/device", tarfile.CHRTYPE),
+            "triton-v1/device",
+            "expected a regular file, not a device, FIFO or other special file",
+        ),
+        (
+            "fifo",
+            _extra("triton-v1/fifo", tarfile.FIFOTYPE),
+            "triton-v1/fifo",
+            "expected a regular file, not a device, FIFO or other special file",
+        ),
+        (
+            "unlisted",
+            _extra(f"triton-v1/{'A' * 52}/extra.bin"),
+            f"triton-v1/{'A' * 52}/extra.bin",
+            "expected a file listed in bundle.json",
+        ),
         ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v7, triton-v1"),
         ("checksum", _altered_hsaco, ".hsaco", "expected the sha256 bundle.json lists"),
-        ("toolchain", _other_toolchain, BUNDLE_FILE,
-         "expected a bundle this machine can serve; for gfx942: toolchain mismatch: baked with Triton key fff"),
+        (
+            "toolchain",
+            _other_toolchain,
+            BUNDLE_FILE,
+            "expected a bundle this machine can serve; for gfx942: toolchain mismatch: baked with Triton key fff",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_crafted_archive_is_refused_and_the_destination_untouched(baked, tmp_path, case, edit, member, reason):
     _, archive, _ = baked
     crafted = _rewrite(archive, tmp_path / f"{case}.tgz", edit)
@@ -258,17 +307,25 @@ def test_import_of_something_that_is_not_an_archive(tmp_path, capsys):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["bake", "--model", "deepseek-v2-lite", "--model", "no-such-model", "--target", "gfx942"],
-         "kprecompile: --model: got 'no-such-model', expected a preset name"),
-        (["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/missing/dir/b.tgz"],
-         "kprecompile: --archive: got '{tmp}/missing/dir/b.tgz', expected a file in an existing directory"),
-        (["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}"],
-         "kprecompile: Invalid value for '--archive': File '{tmp}' is a directory."),
-        (["export", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/x.tgz"],
-         "kprecompile: configuration: got 'deepseek-v2-lite on gfx942', expected one warmed in {tmp}/empty: run "
-         "`kprecompile warm` with the same options first"),
+        (
+            ["bake", "--model", "deepseek-v2-lite", "--model", "no-such-model", "--target", "gfx942"],
+            "kprecompile: --model: got 'no-such-model', expected a preset name",
+        ),
+        (
+            ["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/missing/dir/b.tgz"],
+            "kprecompile: --archive: got '{tmp}/missing/dir/b.tgz', expected a file in an existing directory",
+        ),
+        (
+            ["bake", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}"],
+            "kprecompile: Invalid value for '--archive': File '{tmp}' is a directory.",
+        ),
+        (
+            ["export", "--model", "deepseek-v2-lite", "--target", "gfx942", "--archive", "{tmp}/x.tgz"],
+            "kprecompile: configuration: got 'deepseek-v2-lite on gfx942', expected one warmed in {tmp}/empty: run "
+            "`kprecompile warm` with the same options first",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_bake_and_export_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
     out = tmp_path / "bundle"
     argv = [part.format(tmp=tmp_path) for part in argv]

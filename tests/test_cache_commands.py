@@ -46,7 +46,10 @@ def verified(capsys, cache, serving) -> int:
 def test_dir_ls_and_the_cachedir_tag(capsys, cache):
     assert run_cli(capsys, "cache", "dir", "--cache-dir", str(cache))[1].strip() == str(cache)
     assert run_cli_json(capsys, "cache", "dir", "--cache-dir", str(cache)) == {
-        "schema_version": 1, "cache_dir": str(cache), "layers": []}  # fmt: skip
+        "schema_version": 1,
+        "cache_dir": str(cache),
+        "layers": [],
+    }
     assert (cache / CACHEDIR_TAG).read_text().startswith("Signature: 8a477f597d28d172789f06886806bc55")
     listing = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))
     assert listing["schema_version"] == 1
@@ -66,8 +69,11 @@ def test_dir_ls_and_the_cachedir_tag(capsys, cache):
 def test_rm_removes_a_configuration_and_only_the_kernels_no_other_one_uses(capsys, cache):
     layout = CacheLayout.of(cache)
     entries = set(os.listdir(layout.triton_dir))
-    few = next(c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
-               if c["serving"]["max_num_seqs"] == 17)  # fmt: skip
+    few = next(
+        c
+        for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+        if c["serving"]["max_num_seqs"] == 17
+    )
     dry = run_cli_json(capsys, "cache", "rm", few["manifest"][:12], "--cache-dir", str(cache), "--dry-run")
     assert dry["dry_run"] and set(os.listdir(layout.triton_dir)) == entries
     assert verified(capsys, cache, MORE) == 0
@@ -91,8 +97,11 @@ def test_rm_by_target_takes_product_names_in_any_case(capsys, cache):
 
 def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can(capsys, cache):
     layout = CacheLayout.of(cache)
-    [current] = [c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
-                 if c["serving"]["max_num_seqs"] == 3]  # fmt: skip
+    [current] = [
+        c
+        for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))["configurations"]
+        if c["serving"]["max_num_seqs"] == 3
+    ]
     # A configuration another Triton built (a valid manifest, another toolchain in its parts).
     manifest = read_manifest(layout, current["manifest"])
     parts = {**manifest.parts, "toolchain": {**manifest.parts["toolchain"], "triton_key": "0" * 64}}
@@ -174,17 +183,28 @@ def test_prune_waits_for_a_warm_in_progress(capsys, cache):
     "argv, expected",
     [
         (["cache", "rm"], "kprecompile: cache rm: got 'nothing', expected a MANIFEST key, --model, --target or --all"),
-        (["cache", "rm", "--model", "nope"], "kprecompile: cache rm: got 'nope', expected configurations of the "
-         "writable cache (see kprecompile cache ls)"),
-        (["cache", "prune", "--max-size", "lots"], "kprecompile: --max-size: got 'lots', expected a size such as "
-         "10G, 500MB, 2GiB or a number of bytes"),
-        (["misses", "zz"], "kprecompile: MANIFEST: got 'zz', expected a manifest key or its prefix (hex digits, see "
-         "kprecompile cache ls)"),
-        (["misses", "--target", "mi999"], "kprecompile: --target: got 'mi999', expected one of gfx90a, gfx942, "
-         "gfx950, sm80, sm89, sm90, sm100, a product (mi210, mi250, mi250x, mi300a, mi300x, mi325x, mi350x, mi355x, "
-         "a100, l40s, l4, h100, h200, h20, b200, gb200), or auto"),
+        (
+            ["cache", "rm", "--model", "nope"],
+            "kprecompile: cache rm: got 'nope', expected configurations of the "
+            "writable cache (see kprecompile cache ls)",
+        ),
+        (
+            ["cache", "prune", "--max-size", "lots"],
+            "kprecompile: --max-size: got 'lots', expected a size such as 10G, 500MB, 2GiB or a number of bytes",
+        ),
+        (
+            ["misses", "zz"],
+            "kprecompile: MANIFEST: got 'zz', expected a manifest key or its prefix (hex digits, see "
+            "kprecompile cache ls)",
+        ),
+        (
+            ["misses", "--target", "mi999"],
+            "kprecompile: --target: got 'mi999', expected one of gfx90a, gfx942, "
+            "gfx950, sm80, sm89, sm90, sm100, a product (mi210, mi250, mi250x, mi300a, mi300x, mi325x, mi350x, mi355x, "
+            "a100, l40s, l4, h100, h200, h20, b200, gb200), or auto",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_cache_commands_are_one_line_and_exit_2(capsys, cache, argv, expected):
     entries = sorted(os.listdir(CacheLayout.of(cache).triton_dir))
     status, out, err = run_cli(capsys, *argv, "--cache-dir", str(cache))

@@ -71,8 +71,9 @@ def test_plan_says_why_a_family_is_skipped_on_a_target(capsys):
     # vLLM's CUDA selection on an H100/H200: FlashAttention-3's MLA kernels, prebuilt.
     assert [family["family"] for family in families] == ["triton_mla", "block_fp8_linear"]
     assert families[0]["skip_reason"].startswith("FLASH_ATTN_MLA runs vLLM's prebuilt FlashAttention-3 MLA kernels")
-    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90",
-                             "--engine", "aiter", "--json")  # fmt: skip
+    status, out, _ = run_cli(
+        capsys, "plan", "--model", "deepseek-r1", "--tp", "8", "--target", "sm90", "--engine", "aiter", "--json"
+    )
     families = json.loads(out)["families"]
     assert status == 0 and [family["kernels"] for family in families] == [0, 0, 0]
     assert "ROCm targets only" in families[0]["skip_reason"] and "ROCm targets only" in families[1]["skip_reason"]
@@ -112,8 +113,23 @@ def test_plan_of_a_gqa_model_under_the_default_engine_says_nothing_compiles(caps
 
 def small_warm(tmp_path, *extra):
     """`warm` of one kernel (DeepSeek-V2-Lite's MLA decode reduce for one sequence, gfx942), JSON output."""
-    return ["warm", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "1",
-            "--family", "mla_decode", "--jobs", "1", "--cache-dir", str(tmp_path), "--json", *extra]  # fmt: skip
+    return [
+        "warm",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max-num-seqs",
+        "1",
+        "--family",
+        "mla_decode",
+        "--jobs",
+        "1",
+        "--cache-dir",
+        str(tmp_path),
+        "--json",
+        *extra,
+    ]
 
 
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
@@ -161,8 +177,9 @@ def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path
 
 @pytest.mark.parametrize("model, target", [("llama-3.1-8b-instruct", "gfx942"), ("deepseek-r1", "sm90")])
 def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(capsys, tmp_path, model, target):
-    status, out, _ = run_cli(capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path),
-                             "--json")  # fmt: skip
+    status, out, _ = run_cli(
+        capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path), "--json"
+    )
     report = json.loads(out)
     assert status == 0
     assert (report["kernels"], report["compiled"], report["failed"]) == (0, 0, 0)
@@ -171,9 +188,27 @@ def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(cap
 
 def test_a_failed_bake_prints_its_json_names_the_model_and_writes_no_index(capsys, tmp_path):
     out = tmp_path / "bundle"
-    status, stdout, _ = run_cli(capsys, "bake", "--model", "deepseek-v2-lite", "--target", "gfx942",
-                                "--max-num-seqs", "1", "--family", "mla_decode", "--jobs", "1", "--job-timeout", "0.01",
-                                "--out", str(out), "--archive", str(tmp_path / "b.tgz"), "--json")  # fmt: skip
+    status, stdout, _ = run_cli(
+        capsys,
+        "bake",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max-num-seqs",
+        "1",
+        "--family",
+        "mla_decode",
+        "--jobs",
+        "1",
+        "--job-timeout",
+        "0.01",
+        "--out",
+        str(out),
+        "--archive",
+        str(tmp_path / "b.tgz"),
+        "--json",
+    )
     report = json.loads(stdout)
     assert status == 1
     assert report["failed"] == report["kernels"] == len(report["failures"]) > 0
@@ -201,10 +236,37 @@ def test_activate_is_part_of_the_public_api():
 def test_a_vllm_serve_line_is_understood(capsys):
     """vLLM's spellings (-tp, --tensor-parallel-size, underscores, --dtype half, --speculative-config)
     and product names as targets plan exactly what kprecompile's own spellings do."""
-    vllm = ["plan", "--model", "deepseek-r1", "-tp", "8", "--max_num_seqs=64", "--dtype", "half", "--target", "MI300X",
-            "--speculative-config", '{"method": "deepseek_mtp", "num_speculative_tokens": 1}', "--json"]  # fmt: skip
-    own = ["plan", "--model", "deepseek-r1", "--tp", "8", "--max-num-seqs", "64", "--dtype", "float16",
-           "--target", "gfx942", "--num-speculative-tokens", "1", "--json"]  # fmt: skip
+    vllm = [
+        "plan",
+        "--model",
+        "deepseek-r1",
+        "-tp",
+        "8",
+        "--max_num_seqs=64",
+        "--dtype",
+        "half",
+        "--target",
+        "MI300X",
+        "--speculative-config",
+        '{"method": "deepseek_mtp", "num_speculative_tokens": 1}',
+        "--json",
+    ]
+    own = [
+        "plan",
+        "--model",
+        "deepseek-r1",
+        "--tp",
+        "8",
+        "--max-num-seqs",
+        "64",
+        "--dtype",
+        "float16",
+        "--target",
+        "gfx942",
+        "--num-speculative-tokens",
+        "1",
+        "--json",
+    ]
     documents = []
     for argv in (vllm, own):
         status, out, err = run_cli(capsys, *argv)
@@ -213,8 +275,19 @@ def test_a_vllm_serve_line_is_understood(capsys):
         documents.append({name: document[name] for name in ("serving", "targets", "families", "kernels")})
     assert documents[0] == documents[1]
     assert documents[0]["serving"]["num_speculative_tokens"] == 1 and documents[0]["targets"] == ["gfx942"]
-    status, out, _ = run_cli(capsys, "plan", "--model", "deepseek-r1", "--tensor-parallel-size", "8", "--target",
-                             "h200", "--family", "triton_mla", "--json")  # fmt: skip
+    status, out, _ = run_cli(
+        capsys,
+        "plan",
+        "--model",
+        "deepseek-r1",
+        "--tensor-parallel-size",
+        "8",
+        "--target",
+        "h200",
+        "--family",
+        "triton_mla",
+        "--json",
+    )
     assert status == 0 and json.loads(out)["targets"] == ["sm90"]
 
 
@@ -225,8 +298,22 @@ def test_unattended_warm_prints_plain_progress_lines_and_ctrl_c_exits_130(tmp_pa
     import subprocess
     import sys
 
-    argv = [sys.executable, "-m", "kprecompile", "warm", "--model", "deepseek-r1", "--tp", "8", "--family", "fp8_bmm",
-            "--target", "gfx942", "--cache-dir", str(tmp_path)]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "kprecompile",
+        "warm",
+        "--model",
+        "deepseek-r1",
+        "--tp",
+        "8",
+        "--family",
+        "fp8_bmm",
+        "--target",
+        "gfx942",
+        "--cache-dir",
+        str(tmp_path),
+    ]
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     status, first, second = process.stderr.readline(), process.stderr.readline(), process.stderr.readline()
     process.send_signal(signal.SIGINT)
@@ -258,8 +345,11 @@ def test_progress_lines_come_every_tenth_and_at_the_end():
 
 
 def test_every_json_document_says_its_schema_version(capsys, tmp_path):
-    for argv in (["plan", "--model", "deepseek-r1", "--family", "fp8_bmm", "--target", "gfx942", "--max-num-seqs", "2"],
-                 ["env"], ["cache", "dir", "--cache-dir", str(tmp_path)]):  # fmt: skip
+    for argv in (
+        ["plan", "--model", "deepseek-r1", "--family", "fp8_bmm", "--target", "gfx942", "--max-num-seqs", "2"],
+        ["env"],
+        ["cache", "dir", "--cache-dir", str(tmp_path)],
+    ):
         status, out, _ = run_cli(capsys, *argv, "--json")
         assert status == 0 and json.loads(out)["schema_version"] == 1
 
@@ -267,8 +357,18 @@ def test_every_json_document_says_its_schema_version(capsys, tmp_path):
 def test_a_cache_dir_that_cannot_be_written_is_one_line_up_front(capsys):
     """Found out once before any work, not once per kernel (sysfs refuses new directories, even
     to root)."""
-    status, out, err = run_cli(capsys, "warm", "--model", "deepseek-r1", "--target", "gfx942", "--family", "fp8_bmm",
-                           "--cache-dir", "/sys/kprecompile-cache")  # fmt: skip
+    status, out, err = run_cli(
+        capsys,
+        "warm",
+        "--model",
+        "deepseek-r1",
+        "--target",
+        "gfx942",
+        "--family",
+        "fp8_bmm",
+        "--cache-dir",
+        "/sys/kprecompile-cache",
+    )
     assert (status, out) == (2, "")
     assert (
         err == "kprecompile: --cache-dir: got '/sys/kprecompile-cache', expected a directory this user can write "
@@ -291,9 +391,17 @@ def test_sizes_and_counts_read_as_people_write_them():
     from kprecompile.wording import human_size, plural
 
     assert [human_size(size) for size in (0, 940, 243_400, 159_012_345, 2_500_000_000)] == [
-        "0 B", "940 B", "243.4 kB", "159.0 MB", "2.5 GB"]  # fmt: skip
+        "0 B",
+        "940 B",
+        "243.4 kB",
+        "159.0 MB",
+        "2.5 GB",
+    ]
     assert [plural(count, "configuration") for count in (1, 2, 1158)] == [
-        "1 configuration", "2 configurations", "1,158 configurations"]  # fmt: skip
+        "1 configuration",
+        "2 configurations",
+        "1,158 configurations",
+    ]
     assert plural(2, "kernel entry", "kernel entries") == "2 kernel entries"
 
 

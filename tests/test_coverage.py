@@ -13,17 +13,17 @@ import random
 
 import pytest
 
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.planning import plan
-from kprecompile.serving import ServingParams
+from kprecompile.build.planning import plan
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
 from kprecompile.shapes import FAMILIES
 from kprecompile.shapes._paged_kv import PagedAttentionShape
 from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
 from kprecompile.shapes.pa_prefill import PaPrefillShape
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
+from kprecompile.tracing.trace import trace_calls
 
 MAX_NUM_SEQS = 48
 BUDGET = 1024
@@ -69,8 +69,13 @@ def test_mla_decode_sweep_is_covered(gfx942, kv_cache_dtype):
     assert len({job.key for job in jobs}) >= MAX_NUM_SEQS
     assert {job.key for job in jobs} <= planned_keys(model, params, "ROCM_AITER_MLA", "mla_decode", gfx942)
     # Negative control: a plan for fewer sequences misses the larger batches.
-    smaller = planned_keys(model, serving(tensor_parallel_size=8, max_num_seqs=32, kv_cache_dtype=kv_cache_dtype),
-                           "ROCM_AITER_MLA", "mla_decode", gfx942)  # fmt: skip
+    smaller = planned_keys(
+        model,
+        serving(tensor_parallel_size=8, max_num_seqs=32, kv_cache_dtype=kv_cache_dtype),
+        "ROCM_AITER_MLA",
+        "mla_decode",
+        gfx942,
+    )
     assert not {job.key for job in jobs} <= smaller
 
 
@@ -96,11 +101,15 @@ def test_mla_prefill_sweep_is_covered(gfx942):
         prefills = rng.randint(1, min(MAX_NUM_SEQS, BUDGET // 2))
         query_lens = split(rng.randint(2 * prefills, BUDGET), prefills, rng, low=2)
         tokens, longest = sum(query_lens), max(query_lens)
-        sweep.append(MlaPrefillShape("new_tokens", 16, prefills, tokens, longest, tokens, longest, 128, 64, 128,
-                                     "bfloat16"))  # fmt: skip
+        sweep.append(
+            MlaPrefillShape("new_tokens", 16, prefills, tokens, longest, tokens, longest, 128, 64, 128, "bfloat16")
+        )
         contexts = [rng.randint(1, MODEL_LEN - q) for q in query_lens]
-        sweep.append(MlaPrefillShape("context_chunk", 16, prefills, tokens, longest, sum(contexts), max(contexts),
-                                     128, 64, 128, "bfloat16"))  # fmt: skip
+        sweep.append(
+            MlaPrefillShape(
+                "context_chunk", 16, prefills, tokens, longest, sum(contexts), max(contexts), 128, 64, 128, "bfloat16"
+            )
+        )
     jobs = traced("mla_prefill", sweep, gfx942)
     assert len({job.key for job in jobs}) > 4
     assert {job.key for job in jobs} <= planned_keys(model, params, "ROCM_AITER_TRITON_MLA", "mla_prefill", gfx942)
@@ -189,9 +198,21 @@ def test_pa_prefill_sweep_is_covered(target_name, kv_cache_dtype):
         batch = rng.randint(1, 16)
         query_lens = split(rng.randint(batch, BUDGET), batch, rng, low=1)
         sweep.append(
-            PaPrefillShape(32, 8, 128, 16, MODEL_LEN // 16, batch, sum(query_lens), max(query_lens), 0, "bfloat16",
-                           kv_cache_dtype == "fp8", rng.choice(["under_2gib", "over_2gib"]))
-        )  # fmt: skip
+            PaPrefillShape(
+                32,
+                8,
+                128,
+                16,
+                MODEL_LEN // 16,
+                batch,
+                sum(query_lens),
+                max(query_lens),
+                0,
+                "bfloat16",
+                kv_cache_dtype == "fp8",
+                rng.choice(["under_2gib", "over_2gib"]),
+            )
+        )
     keys = {job.key for job in traced("pa_prefill", sweep, target)}
     selection = select(model, engine="aiter", environ={})
     assert keys <= {job.key for job in plan(model, params, [target], selection).jobs}

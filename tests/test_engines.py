@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from kprecompile.engines import SELECTION_FLAGS, select
 from kprecompile.errors import InputError
-from kprecompile.models import load_model
-from kprecompile.targets import TARGETS
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import SELECTION_FLAGS, select
 
 DEEPSEEK = load_model("deepseek-r1")
 LLAMA = load_model("llama-3.1-8b-instruct")
@@ -27,19 +27,34 @@ def planned(model, environ, engine="vllm-aiter", backend=None):
         (DEEPSEEK, "vllm-aiter", {}, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
         (DEEPSEEK, "vllm-aiter", {"VLLM_ROCM_USE_AITER_FP8BMM": "0"}, "ROCM_AITER_MLA", ("mla_decode",)),
         (DEEPSEEK, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MLA": "0"}, "TRITON_MLA", ("fp8_bmm",)),
-        (DEEPSEEK, "vllm-aiter", {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_TRITON_MLA"}, "ROCM_AITER_TRITON_MLA",
-         ("fp8_bmm", "mla_decode", "mla_prefill")),
+        (
+            DEEPSEEK,
+            "vllm-aiter",
+            {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_TRITON_MLA"},
+            "ROCM_AITER_TRITON_MLA",
+            ("fp8_bmm", "mla_decode", "mla_prefill"),
+        ),
         (DEEPSEEK, "vllm", {}, "TRITON_MLA", ()),
         (DEEPSEEK, "vllm", {"VLLM_ROCM_USE_AITER": "1"}, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
         (LLAMA, "vllm-aiter", {}, "ROCM_AITER_FA", ()),
-        (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, "ROCM_AITER_UNIFIED_ATTN",
-         ("prefix_prefill", "paged_decode")),
+        (
+            LLAMA,
+            "vllm-aiter",
+            {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"},
+            "ROCM_AITER_UNIFIED_ATTN",
+            ("prefix_prefill", "paged_decode"),
+        ),
         (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MHA": "0"}, "TRITON_ATTN", ()),
-        (LLAMA, "vllm-aiter", {"VLLM_ROCM_USE_AITER_MHA": "0", "VLLM_V1_USE_PREFILL_DECODE_ATTENTION": "1"},
-         "ROCM_ATTN", ()),
+        (
+            LLAMA,
+            "vllm-aiter",
+            {"VLLM_ROCM_USE_AITER_MHA": "0", "VLLM_V1_USE_PREFILL_DECODE_ATTENTION": "1"},
+            "ROCM_ATTN",
+            (),
+        ),
         (LLAMA, "vllm", {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, "TRITON_ATTN", ()),
     ],
-)  # fmt: skip
+)
 def test_flags_select_the_backend_and_its_families(model, engine, environ, backend, families):
     assert planned(model, environ, engine) == (backend, families)
 
@@ -65,8 +80,11 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
         [merge] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}).choices if c.family == "mla_merge"]
         assert (merge.family, merge.backend) == ("mla_merge", backend)
         assert merge.skip_reason.endswith("traced from an installed vLLM: pip install vllm==0.12.0")
-        [newer] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
-                   if c.family == "mla_merge"]  # fmt: skip
+        [newer] = [
+            c
+            for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
+            if c.family == "mla_merge"
+        ]
         assert newer.skip_reason.startswith("vLLM 0.19 and newer merge prefill results with their compiled")
     # ROCM_AITER_FA: AITER's attention is prebuilt, vLLM's gather and merge around it are not.
     prefix, decode, context = select(LLAMA, "vllm-aiter", None, {}).choices
@@ -76,8 +94,11 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
         == ("ROCM_AITER_FA runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)")
     )
     assert context.family == "aiter_fa_context" and "pip install vllm==0.12.0" in context.skip_reason
-    [newer] = [c for c in select(LLAMA, "vllm-aiter", "ROCM_AITER_FA", {}, vllm_release="0.33.0").choices
-               if c.family == "aiter_fa_context"]  # fmt: skip
+    [newer] = [
+        c
+        for c in select(LLAMA, "vllm-aiter", "ROCM_AITER_FA", {}, vllm_release="0.33.0").choices
+        if c.family == "aiter_fa_context"
+    ]
     # From 0.19 traced too (tests/test_vllm.py against 0.33.0), from the release it names.
     assert "pip install vllm==0.33.0" in newer.skip_reason
     # TRITON_MLA's merge belongs to its own family (its impl pads V for flash-attn).
@@ -101,8 +122,11 @@ def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ,
     which up to 0.18 it does on e4m3fnuz (gfx942) only, from 0.19 everywhere (tests/test_vllm.py
     checks this rule against each release's own choice). Without vLLM installed, listed with the
     install command; a model without block-FP8 weights does not list it."""
-    [choice] = [c for c in select(DEEPSEEK, engine, None, environ, vllm_release=release).choices
-                if c.family == "block_fp8_linear"]  # fmt: skip
+    [choice] = [
+        c
+        for c in select(DEEPSEEK, engine, None, environ, vllm_release=release).choices
+        if c.family == "block_fp8_linear"
+    ]
     if planned_on:
         assert choice.skip_reason.endswith(f"traced from an installed vLLM: pip install vllm=={release}")
     else:
@@ -142,8 +166,20 @@ def test_unset_equals_the_explicit_default(flag):
 
 
 # vLLM: os.getenv(name, "False").lower() in ("true", "1"); no stripping, no "yes".
-@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("True", True), ("TRUE", True), (" 1", False),
-                                       ("0", False), ("false", False), ("yes", False), ("on", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "value, on",
+    [
+        ("1", True),
+        ("true", True),
+        ("True", True),
+        ("TRUE", True),
+        (" 1", False),
+        ("0", False),
+        ("false", False),
+        ("yes", False),
+        ("on", False),
+    ],
+)
 def test_boolean_spellings_read_as_vllm_reads_them(value, on):
     assert select(LLAMA, "vllm", None, {"VLLM_ROCM_USE_AITER": value}).flags["VLLM_ROCM_USE_AITER"] is on
 
@@ -169,31 +205,46 @@ def test_unknown_family_names_the_ones_available():
         ("0.11.2", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_AITER_FA", ()),
         # 0.11 asks AITER's MHA flag before a named backend.
         ("0.11.2", LLAMA, {}, "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", ()),
-        ("0.11.2", LLAMA, {"VLLM_ROCM_USE_AITER_MHA": "0"}, "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_UNIFIED_ATTN",
-         ("prefix_prefill", "paged_decode")),
-        ("0.12.0", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_AITER_UNIFIED_ATTN",
-         ("prefix_prefill", "paged_decode")),
+        (
+            "0.11.2",
+            LLAMA,
+            {"VLLM_ROCM_USE_AITER_MHA": "0"},
+            "ROCM_AITER_UNIFIED_ATTN",
+            "ROCM_AITER_UNIFIED_ATTN",
+            ("prefix_prefill", "paged_decode"),
+        ),
+        (
+            "0.12.0",
+            LLAMA,
+            {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"},
+            None,
+            "ROCM_AITER_UNIFIED_ATTN",
+            ("prefix_prefill", "paged_decode"),
+        ),
         ("0.33.0", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_ATTN", ()),
         ("0.33.0", LLAMA, {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}, None, "ROCM_ATTN", ()),
         ("0.12.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
         # From 0.19 AITER's MLA decode reduces with a HIP kernel: no Triton stage 2 to plan.
         ("0.33.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
     ],
-)  # fmt: skip
+)
 def test_each_release_line_selects_as_that_release_does(release, model, environ, requested, backend, families):
     selection = select(model, "vllm-aiter", requested, environ, vllm_release=release)
     assert (selection.attention_backend, selection.planned, selection.vllm_release) == (backend, families, release)
 
 
 def test_rocm_aiter_triton_mla_arrived_after_0_11():
-    with pytest.raises(InputError, match="--attention-backend: got 'ROCM_AITER_TRITON_MLA', expected one of "
-                                         "ROCM_AITER_MLA, TRITON_MLA for deepseek-r1's multi-head latent attention "
-                                         "in vLLM 0.11.2"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match="--attention-backend: got 'ROCM_AITER_TRITON_MLA', expected one of "
+        "ROCM_AITER_MLA, TRITON_MLA for deepseek-r1's multi-head latent attention "
+        "in vLLM 0.11.2",
+    ):
         select(DEEPSEEK, "vllm-aiter", "ROCM_AITER_TRITON_MLA", {}, vllm_release="0.11.2")
 
 
 def test_without_vllm_installed_the_default_release_is_planned():
-    from kprecompile.releases import DEFAULT_RELEASE
+    from kprecompile.vllm.releases import DEFAULT_RELEASE
 
     assert select(DEEPSEEK, environ={}).vllm_release == DEFAULT_RELEASE
     assert select(DEEPSEEK, "aiter", environ={}).vllm_release is None
@@ -211,7 +262,7 @@ def test_without_vllm_installed_the_default_release_is_planned():
     ],
 )
 def test_capture_sizes_follow_the_release(release, max_num_seqs, tokens, decode_query_len, sizes):
-    from kprecompile.releases import capture_sizes
+    from kprecompile.vllm.releases import capture_sizes
 
     assert capture_sizes(release, max_num_seqs, tokens, decode_query_len) == sizes
 
@@ -226,8 +277,21 @@ def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.13.5\n")
     environment = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "KPRECOMPILE_CACHE_DIR": str(tmp_path / "c")}
-    command = [sys.executable, "-m", "kprecompile", "plan", "--model", "deepseek-v2-lite", "--target", "gfx942",
-               "--family", "fp8_bmm", "--max-num-seqs", "4", "--json"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "kprecompile",
+        "plan",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--family",
+        "fp8_bmm",
+        "--max-num-seqs",
+        "4",
+        "--json",
+    ]
     unasked = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert unasked.returncode == 2 and unasked.stdout == ""
     assert unasked.stderr.strip().splitlines() == [
@@ -235,8 +299,9 @@ def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only
         "for 0.13.5 by its release line's rules, name it: --vllm-version 0.13.5"
     ]
     assert not (tmp_path / "c").exists()
-    named = subprocess.run([*command, "--vllm-version", "0.13.5"], env=environment, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    named = subprocess.run(
+        [*command, "--vllm-version", "0.13.5"], env=environment, capture_output=True, text=True, timeout=300
+    )
     assert named.returncode == 0, named.stderr
     assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.13.5"
 
@@ -270,8 +335,9 @@ def test_nvidia_targets_take_vllms_cuda_selection(model, target, release, backen
         else:
             triton = "TRITON_MLA" if model is V2_LITE else "TRITON_ATTN"
             assert choice.skip_reason.startswith(f"{backend} runs ")
-            assert choice.skip_reason.endswith(f"not Triton: kprecompile plans Triton kernels "
-                                               f"(--attention-backend {triton} runs vLLM's own)")  # fmt: skip
+            assert choice.skip_reason.endswith(
+                f"not Triton: kprecompile plans Triton kernels (--attention-backend {triton} runs vLLM's own)"
+            )
         assert "fp8_bmm" not in [choice.family for choice in selection.choices]
 
 
@@ -295,17 +361,21 @@ def test_a_block_fp8_model_on_nvidia_plans_its_linear_layers_where_vllm_takes_it
         assert choice.skip_reason_on("sm89") is None and "CUTLASS" in choice.skip_reason_on("sm90")
     # Batch-invariant mode turns Marlin off and runs vLLM's own Triton kernels: not planned anywhere.
     for name in ("sm80", "sm89", "sm90"):
-        selection = select(DEEPSEEK, "vllm", None, {"VLLM_BATCH_INVARIANT": "1"}, vllm_release=release,
-                           targets=[NVIDIA[name]])  # fmt: skip
+        selection = select(
+            DEEPSEEK, "vllm", None, {"VLLM_BATCH_INVARIANT": "1"}, vllm_release=release, targets=[NVIDIA[name]]
+        )
         assert selection.flags["VLLM_BATCH_INVARIANT"] and "VLLM_BATCH_INVARIANT=1" in selection.choices[1].skip_reason
 
 
 def test_a_backend_named_for_nvidia_must_be_one_vllm_runs_there():
     selection = select(LLAMA, "vllm", "TRITON_ATTN", {}, targets=[NVIDIA["sm90"]])
     assert selection.attention_backend == "TRITON_ATTN"
-    with pytest.raises(InputError, match=r"--attention-backend: got 'ROCM_ATTN', expected one of FLASH_ATTN, "
-                                         r"FLASHINFER, TRITON_ATTN, FLEX_ATTENTION for llama-3.1-8b-instruct's "
-                                         r"grouped-query attention on sm90 in vLLM 0.12.0"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"--attention-backend: got 'ROCM_ATTN', expected one of FLASH_ATTN, "
+        r"FLASHINFER, TRITON_ATTN, FLEX_ATTENTION for llama-3.1-8b-instruct's "
+        r"grouped-query attention on sm90 in vLLM 0.12.0",
+    ):
         select(LLAMA, "vllm", "ROCM_ATTN", {}, targets=[NVIDIA["sm90"]])
     # FLASH_ATTN_MLA needs sm90: vLLM refuses it on sm89.
     with pytest.raises(
@@ -315,8 +385,11 @@ def test_a_backend_named_for_nvidia_must_be_one_vllm_runs_there():
 
 
 def test_nvidia_targets_vllm_gives_different_backends_are_planned_apart():
-    with pytest.raises(InputError, match=r"--target: got 'sm89,sm90', expected targets vLLM gives one backend; it "
-                                         r"selects TRITON_MLA on sm89, FLASH_ATTN_MLA on sm90"):  # fmt: skip
+    with pytest.raises(
+        InputError,
+        match=r"--target: got 'sm89,sm90', expected targets vLLM gives one backend; it "
+        r"selects TRITON_MLA on sm89, FLASH_ATTN_MLA on sm90",
+    ):
         select(V2_LITE, "vllm", None, {}, targets=[NVIDIA["sm89"], NVIDIA["sm90"]])
     named = select(V2_LITE, "vllm", "TRITON_MLA", {}, targets=[NVIDIA["sm89"], NVIDIA["sm90"]])
     assert named.attention_backend == "TRITON_MLA"

@@ -7,16 +7,16 @@ import json
 import pytest
 from test_trace import launch_path_keys
 
+from kprecompile.build.planning import plan
+from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.jobs import CompileJob
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.planning import plan
-from kprecompile.serving import ServingParams
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
 from kprecompile.shapes import FAMILIES
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
-from kprecompile.warming import warm
+from kprecompile.tracing.trace import trace_calls
 
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 2048}
 
@@ -70,15 +70,25 @@ def test_sliding_window_is_its_own_specialization(gfx942):
 @pytest.mark.parametrize(
     "preset, backend, families, targets, serving, kernels",
     [
-        ("llama-3.1-8b-instruct", "ROCM_AITER_UNIFIED_ATTN", ("prefix_prefill", "paged_decode"), ("gfx942", "gfx950"),
-         ServingParams(max_num_seqs=1, max_num_batched_tokens=2, max_model_len=600),
-         {"kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments"}),
+        (
+            "llama-3.1-8b-instruct",
+            "ROCM_AITER_UNIFIED_ATTN",
+            ("prefix_prefill", "paged_decode"),
+            ("gfx942", "gfx950"),
+            ServingParams(max_num_seqs=1, max_num_batched_tokens=2, max_model_len=600),
+            {"kernel_unified_attention_2d", "kernel_unified_attention_3d", "reduce_segments"},
+        ),
         # mla_decode on gfx942 (and gfx950) is compiled by the session's bake of the default selection.
-        ("deepseek-v2-lite", "ROCM_AITER_TRITON_MLA", ("mla_decode", "mla_prefill"), ("gfx950",),
-         ServingParams(max_num_seqs=4, max_num_batched_tokens=4, max_model_len=3),
-         {"_fwd_kernel_stage2_asm", "_attn_fwd"}),
+        (
+            "deepseek-v2-lite",
+            "ROCM_AITER_TRITON_MLA",
+            ("mla_decode", "mla_prefill"),
+            ("gfx950",),
+            ServingParams(max_num_seqs=4, max_num_batched_tokens=4, max_model_len=3),
+            {"_fwd_kernel_stage2_asm", "_attn_fwd"},
+        ),
     ],
-)  # fmt: skip
+)
 def test_warm_compiles_the_attention_families(cache_layout, preset, backend, families, targets, serving, kernels):
     model = load_model(preset)
     selection = select(model, attention_backend=backend, environ={}, families=families)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kprecompile.bundling import import_bundle
+from kprecompile.build.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.bundle_import import ImportLimits
 from kprecompile.cache.layout import CacheLayout, triton_entry_name
@@ -195,110 +195,281 @@ def jit_file(index, files):
 # "kprecompile: ", {member} standing for the edited member's name)
 REFUSED = [
     # bundle.json shapes (issue 13, items 7 and 15)
-    ("index-files-a-list", edit_index(set_key(("files",), [])), {"reindex": False},
-     "archive member: got 'bundle.json', expected a valid bundle index (files is a JSON array, expected an object)"),
-    ("index-entry-a-string", None, {"index_files": "not a record"},
-     "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v7/"),
-    ("index-toolchains-a-list", edit_index(set_key(("toolchains",), [])), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (toolchains is a JSON array, expected an "
-     "object)"),
-    ("index-toolchain-a-string", edit_index(set_key(("toolchains", "gfx942"), "x")), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (toolchains['gfx942'] is a JSON string, "
-     "expected an object)"),
-    ("index-toolchain-field-a-number", edit_index(set_key(("toolchains", "gfx942", "triton_key"), 7)), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (toolchains['gfx942'].triton_key is 7"),
-    ("index-without-configurations", edit_index(set_key(("configurations",), DELETE)), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (configurations is a JSON null, expected an "
-     "array)"),
-    ("index-configuration-a-string", edit_index(set_key(("configurations",), ["x"])), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (configurations[0] is a JSON string"),
-    ("index-configuration-names-no-manifest", edit_index(set_key(("configurations", 0, "manifest"), "0" * 64)), {},
-     "archive member: got 'bundle.json', expected configurations naming manifests in the bundle (configurations[0] "
-     "names 000"),
-    ("index-schema", edit_index(set_key(("schema",), True)), {},
-     "archive member: got 'bundle.json', expected a valid bundle index (schema is True, expected 1)"),
-    ("index-an-array", None, {"index_bytes": b"[]"},
-     "archive member: got 'bundle.json', expected a valid bundle index (a JSON array, not an object)"),
-    ("index-not-json", None, {"index_bytes": b"{nope"},
-     "archive member: got 'bundle.json', expected a valid bundle index (Expecting property name"),
-    ("index-deep-nesting", None, {"index_bytes": b"[" * 100000 + b"]" * 100000},
-     "archive member: got 'bundle.json', expected a valid bundle index (nested too deeply)"),
-    ("index-long-integer", None, {"index_bytes": b'{"schema": ' + b"9" * 5000 + b"}"},
-     "archive member: got 'bundle.json', expected a valid bundle index (Exceeds the limit"),
+    (
+        "index-files-a-list",
+        edit_index(set_key(("files",), [])),
+        {"reindex": False},
+        "archive member: got 'bundle.json', expected a valid bundle index (files is a JSON array, expected an object)",
+    ),
+    (
+        "index-entry-a-string",
+        None,
+        {"index_files": "not a record"},
+        "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v7/",
+    ),
+    (
+        "index-toolchains-a-list",
+        edit_index(set_key(("toolchains",), [])),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (toolchains is a JSON array, expected an "
+        "object)",
+    ),
+    (
+        "index-toolchain-a-string",
+        edit_index(set_key(("toolchains", "gfx942"), "x")),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (toolchains['gfx942'] is a JSON string, "
+        "expected an object)",
+    ),
+    (
+        "index-toolchain-field-a-number",
+        edit_index(set_key(("toolchains", "gfx942", "triton_key"), 7)),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (toolchains['gfx942'].triton_key is 7",
+    ),
+    (
+        "index-without-configurations",
+        edit_index(set_key(("configurations",), DELETE)),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (configurations is a JSON null, expected an "
+        "array)",
+    ),
+    (
+        "index-configuration-a-string",
+        edit_index(set_key(("configurations",), ["x"])),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (configurations[0] is a JSON string",
+    ),
+    (
+        "index-configuration-names-no-manifest",
+        edit_index(set_key(("configurations", 0, "manifest"), "0" * 64)),
+        {},
+        "archive member: got 'bundle.json', expected configurations naming manifests in the bundle (configurations[0] "
+        "names 000",
+    ),
+    (
+        "index-schema",
+        edit_index(set_key(("schema",), True)),
+        {},
+        "archive member: got 'bundle.json', expected a valid bundle index (schema is True, expected 1)",
+    ),
+    (
+        "index-an-array",
+        None,
+        {"index_bytes": b"[]"},
+        "archive member: got 'bundle.json', expected a valid bundle index (a JSON array, not an object)",
+    ),
+    (
+        "index-not-json",
+        None,
+        {"index_bytes": b"{nope"},
+        "archive member: got 'bundle.json', expected a valid bundle index (Expecting property name",
+    ),
+    (
+        "index-deep-nesting",
+        None,
+        {"index_bytes": b"[" * 100000 + b"]" * 100000},
+        "archive member: got 'bundle.json', expected a valid bundle index (nested too deeply)",
+    ),
+    (
+        "index-long-integer",
+        None,
+        {"index_bytes": b'{"schema": ' + b"9" * 5000 + b"}"},
+        "archive member: got 'bundle.json', expected a valid bundle index (Exceeds the limit",
+    ),
     # Manifests, checked as `read_manifest` checks them, before any is installed (item 6)
-    ("manifest-garbage", lambda index, files: files.update({a_manifest(files)[0]: b"garbage"}), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (Expecting value"),
-    ("manifest-non-hex-job-key", edit_manifest(lambda d: d["jobs"][0].update(key="../" + "z" * 61)), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
-     "key"),
-    ("manifest-jobs-an-object", edit_manifest(set_key(("jobs",), {})), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (jobs is not a list)"),
-    ("manifest-artifacts-a-list", edit_manifest(lambda d: d["jobs"][0].update(artifacts=[])), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's artifacts is not an object)"),
-    ("manifest-parts-changed", edit_manifest(lambda d: d["parts"].update(target="gfx90a")), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its parts do not hash to its key)"),
-    ("manifest-a-string", lambda index, files: files.update({a_manifest(files)[0]: b'"x"'}), {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (a JSON str, not an object)"),
-    ("manifest-records-other-content", other_recorded_checksum, {},
-     "archive member: got 'manifests-v7/{manifest}', expected files in the bundle as it records them"),
-    ("manifest-job-keys-swapped", swap_job_keys, {},
-     "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its content does not match its "
-     "checksum)"),
-    ("manifest-without-its-entries", drop_an_entry, {},
-     "archive member: got 'manifests-v7/{manifest}', expected kernel entries in the bundle for its jobs"),
+    (
+        "manifest-garbage",
+        lambda index, files: files.update({a_manifest(files)[0]: b"garbage"}),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (Expecting value",
+    ),
+    (
+        "manifest-non-hex-job-key",
+        edit_manifest(lambda d: d["jobs"][0].update(key="../" + "z" * 61)),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
+        "key",
+    ),
+    (
+        "manifest-jobs-an-object",
+        edit_manifest(set_key(("jobs",), {})),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (jobs is not a list)",
+    ),
+    (
+        "manifest-artifacts-a-list",
+        edit_manifest(lambda d: d["jobs"][0].update(artifacts=[])),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's artifacts is not an object)",
+    ),
+    (
+        "manifest-parts-changed",
+        edit_manifest(lambda d: d["parts"].update(target="gfx90a")),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its parts do not hash to its key)",
+    ),
+    (
+        "manifest-a-string",
+        lambda index, files: files.update({a_manifest(files)[0]: b'"x"'}),
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (a JSON str, not an object)",
+    ),
+    (
+        "manifest-records-other-content",
+        other_recorded_checksum,
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected files in the bundle as it records them",
+    ),
+    (
+        "manifest-job-keys-swapped",
+        swap_job_keys,
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its content does not match its "
+        "checksum)",
+    ),
+    (
+        "manifest-without-its-entries",
+        drop_an_entry,
+        {},
+        "archive member: got 'manifests-v7/{manifest}', expected kernel entries in the bundle for its jobs",
+    ),
     # Triton group files (item 7)
-    ("group-not-json", edit_group(b"{not json"), {},
-     "archive member: got '{group}', expected a Triton group file: an object whose child_paths names files of its "
-     "entry"),
-    ("group-child-paths-a-list", edit_group(b'{"child_paths": ["a", "b"]}'), {},
-     "archive member: got '{group}', expected a Triton group file"),
-    ("group-names-a-missing-file", edit_group(b'{"child_paths": {"ghost.hsaco": "/x/ghost.hsaco"}}'), {},
-     "archive member: got '{group}', expected a Triton group file"),
-    ("group-names-a-path-elsewhere", edit_group(b'{"child_paths": {"x.hsaco": "/etc/passwd"}}'), {},
-     "archive member: got '{group}', expected a Triton group file"),
+    (
+        "group-not-json",
+        edit_group(b"{not json"),
+        {},
+        "archive member: got '{group}', expected a Triton group file: an object whose child_paths names files of its "
+        "entry",
+    ),
+    (
+        "group-child-paths-a-list",
+        edit_group(b'{"child_paths": ["a", "b"]}'),
+        {},
+        "archive member: got '{group}', expected a Triton group file",
+    ),
+    (
+        "group-names-a-missing-file",
+        edit_group(b'{"child_paths": {"ghost.hsaco": "/x/ghost.hsaco"}}'),
+        {},
+        "archive member: got '{group}', expected a Triton group file",
+    ),
+    (
+        "group-names-a-path-elsewhere",
+        edit_group(b'{"child_paths": {"x.hsaco": "/etc/passwd"}}'),
+        {},
+        "archive member: got '{group}', expected a Triton group file",
+    ),
     # Member paths and shapes (items 11 and 12)
-    ("dot-duplicate", duplicate_with_dot, {},
-     "archive member: got '{entry}/./{hsaco}', expected one member per path: {entry}/{hsaco} is in the archive twice"),
-    ("exact-duplicate", duplicate_exactly, {},
-     "archive member: got '{entry}/{hsaco}', expected one member per path"),
-    ("stray-file-in-triton", extra((member("triton-v1/stray"), b"x")), {},
-     "archive member: got 'triton-v1/stray', expected a path shaped like a bundle's files"),
-    ("file-at-an-entry-path", extra((member(ENTRY), b"x")), {},
-     f"archive member: got '{ENTRY}', expected a path shaped like a bundle's files"),
-    ("entry-not-a-key", extra((member("triton-v1/ABC/x.hsaco"), b"x")), {},
-     "archive member: got 'triton-v1/ABC/x.hsaco', expected a path shaped like a bundle's files"),
-    ("directory-inside-an-entry", extra((member(f"{ENTRY}/sub/x.hsaco"), b"x")), {},
-     f"archive member: got '{ENTRY}/sub/x.hsaco', expected a path shaped like a bundle's files"),
-    ("manifest-name-not-a-key", extra((member(f"{MANIFESTS}/x.json"), b"x")), {},
-     "archive member: got 'manifests-v7/x.json', expected a path shaped like a bundle's files"),
-    ("unlisted-member", extra((member(f"{ENTRY}/x.hsaco"), b"x")), {},
-     f"archive member: got '{ENTRY}/x.hsaco', expected a file listed in bundle.json"),
-    ("hidden-traversal", extra((member(f"{JIT}/a/../../../escaped"), b"x")), {},
-     f"archive member: got '{JIT}/a/../../../escaped', expected a path inside the destination"),
+    (
+        "dot-duplicate",
+        duplicate_with_dot,
+        {},
+        "archive member: got '{entry}/./{hsaco}', expected one member per path: "
+        "{entry}/{hsaco} is in the archive twice",
+    ),
+    ("exact-duplicate", duplicate_exactly, {}, "archive member: got '{entry}/{hsaco}', expected one member per path"),
+    (
+        "stray-file-in-triton",
+        extra((member("triton-v1/stray"), b"x")),
+        {},
+        "archive member: got 'triton-v1/stray', expected a path shaped like a bundle's files",
+    ),
+    (
+        "file-at-an-entry-path",
+        extra((member(ENTRY), b"x")),
+        {},
+        f"archive member: got '{ENTRY}', expected a path shaped like a bundle's files",
+    ),
+    (
+        "entry-not-a-key",
+        extra((member("triton-v1/ABC/x.hsaco"), b"x")),
+        {},
+        "archive member: got 'triton-v1/ABC/x.hsaco', expected a path shaped like a bundle's files",
+    ),
+    (
+        "directory-inside-an-entry",
+        extra((member(f"{ENTRY}/sub/x.hsaco"), b"x")),
+        {},
+        f"archive member: got '{ENTRY}/sub/x.hsaco', expected a path shaped like a bundle's files",
+    ),
+    (
+        "manifest-name-not-a-key",
+        extra((member(f"{MANIFESTS}/x.json"), b"x")),
+        {},
+        "archive member: got 'manifests-v7/x.json', expected a path shaped like a bundle's files",
+    ),
+    (
+        "unlisted-member",
+        extra((member(f"{ENTRY}/x.hsaco"), b"x")),
+        {},
+        f"archive member: got '{ENTRY}/x.hsaco', expected a file listed in bundle.json",
+    ),
+    (
+        "hidden-traversal",
+        extra((member(f"{JIT}/a/../../../escaped"), b"x")),
+        {},
+        f"archive member: got '{JIT}/a/../../../escaped', expected a path inside the destination",
+    ),
     # Archive bombs and size bounds (item 10): refused from the header, before a byte is read
-    ("sparse-member", extra((member(f"{JIT}/bomb.so", 0, tarfile.GNUTYPE_SPARSE), None)), {},
-     f"archive member: got '{JIT}/bomb.so', expected a regular file, not a sparse one"),
-    ("huge-member", extra((member(f"{JIT}/huge.so", 2 << 30), None)), {},
-     f"archive member: got '{JIT}/huge.so', expected a file of at most 1,073,741,824 bytes, not 2,147,483,648"),
-    ("huge-index", None, {"index_member": member(BUNDLE_FILE, 1 << 30)},
-     "archive member: got 'bundle.json', expected a file of at most 67,108,864 bytes, not 1,073,741,824"),
+    (
+        "sparse-member",
+        extra((member(f"{JIT}/bomb.so", 0, tarfile.GNUTYPE_SPARSE), None)),
+        {},
+        f"archive member: got '{JIT}/bomb.so', expected a regular file, not a sparse one",
+    ),
+    (
+        "huge-member",
+        extra((member(f"{JIT}/huge.so", 2 << 30), None)),
+        {},
+        f"archive member: got '{JIT}/huge.so', expected a file of at most 1,073,741,824 bytes, not 2,147,483,648",
+    ),
+    (
+        "huge-index",
+        None,
+        {"index_member": member(BUNDLE_FILE, 1 << 30)},
+        "archive member: got 'bundle.json', expected a file of at most 67,108,864 bytes, not 1,073,741,824",
+    ),
     # Damaged archives (item 12)
-    ("truncated-gzip", None, {"cut": 0.6},
-     "archive: got '{archive}', expected a complete archive: it ends early (a truncated download or copy?)"),
-    ("truncated-tar-in-a-member", None, {"mode": "w", "cut": 0.6},
-     "archive: got '{archive}', expected a complete archive: it ends early"),
-    ("truncated-tar-at-a-header", None, {"mode": "w", "cut": "header"},
-     "archive: got '{archive}', expected a complete archive: it ends early"),
+    (
+        "truncated-gzip",
+        None,
+        {"cut": 0.6},
+        "archive: got '{archive}', expected a complete archive: it ends early (a truncated download or copy?)",
+    ),
+    (
+        "truncated-tar-in-a-member",
+        None,
+        {"mode": "w", "cut": 0.6},
+        "archive: got '{archive}', expected a complete archive: it ends early",
+    ),
+    (
+        "truncated-tar-at-a-header",
+        None,
+        {"mode": "w", "cut": "header"},
+        "archive: got '{archive}', expected a complete archive: it ends early",
+    ),
     ("damaged-gzip", None, {"flip": 0.5}, "archive: got '{archive}', expected an intact archive ("),
-    ("damaged-tar-header", None, {"mode": "w", "flip": "header"},
-     "archive: got '{archive}', expected an intact archive (an unreadable member header at byte"),
+    (
+        "damaged-tar-header",
+        None,
+        {"mode": "w", "flip": "header"},
+        "archive: got '{archive}', expected an intact archive (an unreadable member header at byte",
+    ),
     # AITER's JIT directory: never overwritten silently (item 5)
-    ("jit-file-with-other-content", jit_file, {"cache_jit": b"the cache's own module"},
-     f"archive member: got '{JIT}/module_test.so', expected a file the cache does not hold with other content"),
-    ("jit-file-where-a-directory-is", lambda index, files: files.update({f"{JIT}/module_test.so/x.so": b"m"}),
-     {"cache_jit": b"the cache's own module"},
-     f"archive member: got '{JIT}/module_test.so/x.so', expected a file the cache does not hold with other content"),
-]  # fmt: skip
+    (
+        "jit-file-with-other-content",
+        jit_file,
+        {"cache_jit": b"the cache's own module"},
+        f"archive member: got '{JIT}/module_test.so', expected a file the cache does not hold with other content",
+    ),
+    (
+        "jit-file-where-a-directory-is",
+        lambda index, files: files.update({f"{JIT}/module_test.so/x.so": b"m"}),
+        {"cache_jit": b"the cache's own module"},
+        f"archive member: got '{JIT}/module_test.so/x.so', expected a file the cache does not hold with other content",
+    ),
+]
 
 
 def craft(archive: Path, out: Path, edit, options: dict) -> Path:
@@ -389,8 +560,10 @@ def test_a_real_sparse_archive_from_gnu_tar_is_refused_before_it_is_unpacked(bak
     (source / BUNDLE_FILE).write_text(json.dumps(index))
     for form in ("pax", "gnu"):
         bombed = tmp_path / f"sparse-{form}.tgz"
-        subprocess.run(["tar", "--sparse", f"--format={form}", "-czf", bombed, "-C", source, BUNDLE_FILE,
-                        f"{JIT}/bomb.so"], check=True)  # fmt: skip
+        subprocess.run(
+            ["tar", "--sparse", f"--format={form}", "-czf", bombed, "-C", source, BUNDLE_FILE, f"{JIT}/bomb.so"],
+            check=True,
+        )
         assert bombed.stat().st_size < 10_000
         destination = tmp_path / f"cache-{form}"
         assert run("import", bombed, "--cache-dir", destination) == 2
@@ -465,8 +638,14 @@ def link_a_binary_elsewhere(entry: Path) -> None:
     hsaco.symlink_to(copy_elsewhere)
 
 
-DAMAGE = [truncate_a_binary, alter_a_binary_same_size, remove_a_file, remove_the_group_file, a_file_instead,
-          link_a_binary_elsewhere]  # fmt: skip
+DAMAGE = [
+    truncate_a_binary,
+    alter_a_binary_same_size,
+    remove_a_file,
+    remove_the_group_file,
+    a_file_instead,
+    link_a_binary_elsewhere,
+]
 
 
 def test_damaged_entries_are_replaced_and_reported_intact_ones_kept(baked, tmp_path, capsys, caplog):
@@ -578,7 +757,8 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
 AT_ONCE = """
 import sys, time
 from kprecompile.cli import main
-import kprecompile.bundling, kprecompile.cache.bundle_import, kprecompile.toolchain, kprecompile.targets
+import kprecompile.build.bundling, kprecompile.cache.bundle_import
+import kprecompile.inputs.toolchain, kprecompile.inputs.targets
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
 main(sys.argv[2:])
 """
@@ -592,7 +772,7 @@ def start_together(commands: list[list[str]], delay_seconds: float = 8.0) -> lis
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for command in commands
     ]
 
@@ -648,8 +828,11 @@ def test_staging_left_by_a_killed_import_is_removed_by_the_next_run(baked, tmp_p
     files[f"{JIT}/large.so"] = bytes(192 << 20)
     large = pack(tmp_path / "large.tgz", index, files)
     root = tmp_path / "cache"
-    process = subprocess.Popen([sys.executable, "-m", "kprecompile", "import", str(large), "--cache-dir", str(root)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kprecompile", "import", str(large), "--cache-dir", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 120
     while not list(root.glob(".import-*/*")) and time.time() < deadline and process.poll() is None:
         time.sleep(0.005)
@@ -682,8 +865,11 @@ def test_a_running_imports_staging_is_left_alone_and_warm_cleans_a_dead_ones(war
     (root / "locks-v1").mkdir(exist_ok=True)
     (root / "locks-v1" / "import-dead.lock").write_text("")  # its owner died: nobody holds it
     # (.import-old has no lock file at all: an import from before owner locks existed.)
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(root / "locks-v1" / "import-live.lock")],
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(root / "locks-v1" / "import-live.lock")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         assert run("warm", *SELECTION, "--target", "gfx942", "--cache-dir", root) == 0

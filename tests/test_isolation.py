@@ -14,7 +14,7 @@ from pathlib import Path
 
 from conftest import CACHE_VARIABLES, UNSET_VARIABLES
 
-from kprecompile import settings
+from kprecompile.inputs import settings
 
 
 def test_every_cache_variable_points_into_temporary_directories(isolated_session, isolated_cache, tmp_path):
@@ -33,8 +33,10 @@ def test_a_command_without_cache_options_writes_only_under_the_temporary_cache(i
     # but warm records the configuration and remembers Triton's key.
     result = subprocess.run(
         [sys.executable, "-m", "kprecompile", "warm", "--model", "llama-3.1-8b-instruct", "--target", "gfx942"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "cache: " + str(isolated_cache) in result.stdout
     assert list(isolated_cache.glob("toolchain-v1/*.json")) and list(isolated_cache.glob("manifests-v*/*.json"))
     assert {path for path in isolated_session.home.rglob("*")} == before

@@ -9,30 +9,37 @@ from importlib import resources
 
 import pytest
 
+from kprecompile.build.manifest_key import configuration_parts
 from kprecompile.cache.keys import hash_named_dict
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import manifest_key
-from kprecompile.configuration import configuration_parts
-from kprecompile.engines import select
-from kprecompile.models import model_from_dict
-from kprecompile.serving import ServingParams
-from kprecompile.targets import TARGETS
-from kprecompile.toolchain import Toolchain
+from kprecompile.inputs.models import model_from_dict
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.inputs.toolchain import Toolchain
+from kprecompile.selection.engines import select
+from kprecompile.vllm.releases import serving_capture_sizes
 
 TOOLCHAIN = Toolchain("3.6.0", "a" * 64, "/opt/triton", "cpython-311", "2.13.0", "0.1.7", None)
 
 
 def preset(name: str) -> dict:
-    return json.loads((resources.files("kprecompile.presets") / f"{name}.json").read_text())
+    return json.loads((resources.files("kprecompile.inputs.presets") / f"{name}.json").read_text())
 
 
-def key(raw: dict, serving: ServingParams | None = None, target: str = "gfx942", toolchain=TOOLCHAIN,
-        release: str | None = None) -> str:  # fmt: skip
+def key(
+    raw: dict,
+    serving: ServingParams | None = None,
+    target: str = "gfx942",
+    toolchain=TOOLCHAIN,
+    release: str | None = None,
+) -> str:
     model = model_from_dict(raw, name="model", source="test")
     serving = serving or ServingParams()
     selection = select(model, environ={}, vllm_release=release)
-    parts = configuration_parts(model, serving, selection, TARGETS[target], CacheLayout.of("/unused"),
-                                remember=False, toolchain=toolchain)  # fmt: skip
+    parts = configuration_parts(
+        model, serving, selection, TARGETS[target], CacheLayout.of("/unused"), remember=False, toolchain=toolchain
+    )
     return manifest_key(parts)
 
 
@@ -70,7 +77,7 @@ def test_every_serving_parameter_moves_the_key(field, value):
         ServingParams(kv_cache_dtype="fp8_e4m3"),
         ServingParams(max_model_len=DEEPSEEK["max_position_embeddings"]),
         ServingParams(dtype="bfloat16"),
-        ServingParams(cudagraph_capture_sizes=ServingParams().capture_sizes()),
+        ServingParams(cudagraph_capture_sizes=serving_capture_sizes(ServingParams())),
     ],
 )
 def test_the_same_settings_spelled_otherwise_keep_the_key(same):

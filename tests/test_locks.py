@@ -10,11 +10,11 @@ import signal
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile import settings
+from kprecompile.build.compile import compile_job, job_lock
 from kprecompile.cache.locks import hold_lock
-from kprecompile.compile import compile_job, job_lock
 from kprecompile.errors import InputError, LockTimeoutError
-from kprecompile.trace import trace_calls
+from kprecompile.inputs import settings
+from kprecompile.tracing.trace import trace_calls
 
 SPAWN = multiprocessing.get_context("spawn")
 VARIABLE = settings.LOCK_TIMEOUT.name

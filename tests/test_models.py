@@ -4,9 +4,9 @@ from importlib import resources
 import pytest
 
 from kprecompile.errors import InputError, ModelConfigError
-from kprecompile.models import list_presets, load_model
+from kprecompile.inputs.models import list_presets, load_model
 
-PRESETS = resources.files("kprecompile.presets")
+PRESETS = resources.files("kprecompile.inputs.presets")
 
 SHARED_PRESETS = {
     "deepseek-r1",
@@ -29,7 +29,7 @@ def test_preset_path_and_directory_load_the_same_config(tmp_path):
     config = directory / "config.json"
     from importlib import resources
 
-    config.write_bytes((resources.files("kprecompile.presets") / "deepseek-r1.json").read_bytes())
+    config.write_bytes((resources.files("kprecompile.inputs.presets") / "deepseek-r1.json").read_bytes())
 
     for spec in (str(config), str(directory)):
         loaded = load_model(spec)
@@ -109,17 +109,22 @@ def _plan(env, *argv):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "kprecompile", "plan", *argv, "--target", "gfx942", "--json"],
-                          env={**os.environ, **env}, capture_output=True, text=True)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "kprecompile", "plan", *argv, "--target", "gfx942", "--json"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.parametrize("variable", ["HF_HOME", "HF_HUB_CACHE"])
 def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp_path, variable):
-    config = json.loads(PRESETS.joinpath("deepseek-v2-lite.json").read_text())  # fmt: skip
+    config = json.loads(PRESETS.joinpath("deepseek-v2-lite.json").read_text())
     hub = tmp_path / "hub"
     _hugging_face_cache(hub, "deepseek-ai/DeepSeek-V2-Lite", config)
-    commit = _hugging_face_cache(hub, "deepseek-ai/DeepSeek-V2-Lite", {**config, "num_attention_heads": 8},
-                                 revision="smaller", commit="f" * 40)  # fmt: skip
+    commit = _hugging_face_cache(
+        hub, "deepseek-ai/DeepSeek-V2-Lite", {**config, "num_attention_heads": 8}, revision="smaller", commit="f" * 40
+    )
     env = {variable: str(hub if variable == "HF_HUB_CACHE" else tmp_path), "HF_HUB_OFFLINE": "1"}
     by_id = _plan(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
     by_preset = _plan(env, "--model", "DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
@@ -127,8 +132,17 @@ def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp
     assert json.loads(by_id.stdout)["families"] == json.loads(by_preset.stdout)["families"]
     assert json.loads(by_id.stdout)["model"] == "deepseek-ai/DeepSeek-V2-Lite"
     for revision in ("smaller", commit):
-        other = _plan(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--revision", revision, "--family", "fp8_bmm",
-                      "--max-num-seqs", "4")  # fmt: skip
+        other = _plan(
+            env,
+            "--model",
+            "deepseek-ai/DeepSeek-V2-Lite",
+            "--revision",
+            revision,
+            "--family",
+            "fp8_bmm",
+            "--max-num-seqs",
+            "4",
+        )
         assert json.loads(other.stdout)["families"][0]["parameters"]["heads_per_rank"] == 8
 
 
@@ -150,10 +164,17 @@ def test_home_relative_paths_and_preset_names_in_any_case(tmp_path, monkeypatch)
 
 def test_a_multimodal_config_is_read_through_its_text_config(tmp_path):
     """transformers' get_text_config(): the language model's fields under text_config."""
-    text = json.loads(PRESETS.joinpath("llama-3.1-8b-instruct.json").read_text())  # fmt: skip
+    text = json.loads(PRESETS.joinpath("llama-3.1-8b-instruct.json").read_text())
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"architectures": ["LlavaForConditionalGeneration"], "text_config": text,
-                                "vision_config": {"hidden_size": 1024}}))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlavaForConditionalGeneration"],
+                "text_config": text,
+                "vision_config": {"hidden_size": 1024},
+            }
+        )
+    )
     model = load_model(str(path))
     assert (model.num_attention_heads, model.num_key_value_heads, model.head_dim) == (32, 8, 128)
     assert model.architectures == ("LlavaForConditionalGeneration",)

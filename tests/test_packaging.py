@@ -45,9 +45,24 @@ def _fake_installed(site: Path, name: str, version: str) -> None:
 
 
 def _would_install(python: Path, site: Path, *requirements: str) -> set[str]:
-    result = subprocess.run([str(python), "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
-                             "--disable-pip-version-check", *requirements], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--quiet",
+            "--report",
+            "-",
+            "--disable-pip-version-check",
+            *requirements,
+        ],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
+        timeout=600,
+    )
     if result.returncode != 0:
         pytest.skip(f"no package index reachable for the dry run: {result.stderr.strip().splitlines()[-1:]}")
     return {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}

@@ -1,8 +1,8 @@
 from helpers import SAMPLE_MODULE, sample_call
 
+from kprecompile.build.pool import CompilePool, compile_jobs
 from kprecompile.cache.entries import is_compiled
-from kprecompile.pool import CompilePool, compile_jobs
-from kprecompile.trace import trace_calls
+from kprecompile.tracing.trace import trace_calls
 
 
 def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layout, sm90):
@@ -51,8 +51,8 @@ sys.path.insert(0, {tests!r})
 from helpers import SAMPLE_MODULE, sample_call
 from kprecompile import pool
 from kprecompile.cache.layout import CacheLayout
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.tracing.trace import trace_calls
 
 pool.WORKER_START_TIMEOUT_SECONDS = 10
 jobs = trace_calls([sample_call("launch_add", 100, 32)], TARGETS["sm90"], "sample", (SAMPLE_MODULE,)).jobs

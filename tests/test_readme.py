@@ -15,7 +15,7 @@ def test_ci_runs_the_readmes_test_command_verbatim():
 
 
 def test_readme_lists_every_registered_variable_with_its_default():
-    from kprecompile.environment import VARIABLES
+    from kprecompile.inputs.environment import VARIABLES
 
     readme = (ROOT / "README.md").read_text()
     for variable in VARIABLES:
@@ -24,7 +24,7 @@ def test_readme_lists_every_registered_variable_with_its_default():
 
 
 def test_readme_lists_every_setting():
-    from kprecompile.settings import SETTINGS
+    from kprecompile.inputs.settings import SETTINGS
 
     readme = (ROOT / "README.md").read_text()
     for setting in SETTINGS:

@@ -23,10 +23,10 @@ from test_import import pack, unpack
 from kprecompile.cache import journal
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import read_manifest
-from kprecompile.engines import select
-from kprecompile.runtime import journal_sink
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
+from kprecompile.serve.runtime import journal_sink
+from kprecompile.tracing.trace import trace_calls
 
 HERE = Path(__file__).parent
 GFX942 = TARGETS["gfx942"]
@@ -41,8 +41,12 @@ def serve(cache_dir, *arguments, strict="warn"):
     env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
     result = subprocess.run(
         [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *arguments],
-        capture_output=True, text=True, env=env, timeout=300, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
@@ -67,13 +71,15 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert first["compiles_per_call"] == [0] * 6 + [1, 1, 1]
     records = records_of(layout)
     assert len(records) == 3 and all(record.replayable for record in records.values())
-    assert {record.kernel for record in records.values()} == {
-        f"{SAMPLE_MODULE}:add_kernel", first["compiles"][0]}  # fmt: skip
+    assert {record.kernel for record in records.values()} == {f"{SAMPLE_MODULE}:add_kernel", first["compiles"][0]}
     assert {record.manifest for record in records.values()} == {baked_manifest(layout, GFX942).key}
     remove_entries(layout, records)
     # `cache ls` counts them; `misses` names them, with the family that plans the BMM kernel.
-    [listed] = [c for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
-                if c["target"] == "gfx942"]  # fmt: skip
+    [listed] = [
+        c
+        for c in run_cli_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
+        if c["target"] == "gfx942"
+    ]
     assert listed["recorded"] == 3
     report = run_cli_json(capsys, "misses", "--cache-dir", str(layout.root), "--target", "MI300X")
     [misses] = report["journals"]
@@ -94,8 +100,10 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
     assert (row["calls"], row["kernels"], row["parameters"]["skipped"]) == (3, 3, 0)
     manifest = baked_manifest(layout, GFX942).manifest
     assert len(manifest.jobs) == planned + 3 and set(manifest.recorded.values()) == {"replayed"}
-    assert {miss["status"] for miss in run_cli_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]
-            ["misses"]} == {"compiled"}  # fmt: skip
+    assert {
+        miss["status"]
+        for miss in run_cli_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]["misses"]
+    } == {"compiled"}
 
     assert run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # A new serving process loads them with the plan's and compiles nothing.
@@ -142,22 +150,34 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     shadow = dataclasses.replace(real, triton_key=next(key), kernel="t:x")
     local = dataclasses.replace(real, triton_key=next(key), kernel=f"{SAMPLE_MODULE}:make.<locals>.kernel")
     data = json.loads(real.specialization)
-    misnamed = dataclasses.replace(real, triton_key=next(key),
-                                   specialization=json.dumps({**data, "name": "x" * 500}))  # fmt: skip
+    misnamed = dataclasses.replace(real, triton_key=next(key), specialization=json.dumps({**data, "name": "x" * 500}))
     script = dataclasses.replace(real, triton_key=next(key), kernel="__main__:kernel")
-    inductor = dataclasses.replace(real, triton_key=next(key), kernel="triton_poi_fused_add_0", source_hash=None,
-                                   specialization=None)  # fmt: skip
+    inductor = dataclasses.replace(
+        real, triton_key=next(key), kernel="triton_poi_fused_add_0", source_hash=None, specialization=None
+    )
     other_env = dataclasses.replace(real, triton_key=next(key))
     foreign_toolchain = dataclasses.replace(real, triton_key=next(key), toolchain="f" * 64)
     other_target = dataclasses.replace(real, triton_key=next(key), target="gfx950")
-    skipped = [gone, edited, not_a_kernel, no_such_kernel, standard, shadow, local, misnamed, script, inductor,
-               other_env]  # fmt: skip
+    skipped = [
+        gone,
+        edited,
+        not_a_kernel,
+        no_such_kernel,
+        standard,
+        shadow,
+        local,
+        misnamed,
+        script,
+        inductor,
+        other_env,
+    ]
     # A specialization Triton's compiler refuses (a failing static assertion), as a compiler on a
     # builder may refuse what a GPU host's took: one warning, never a failed warm.
     [fault] = trace_calls([sample_call("launch_fault", 15)], GFX942, "test").jobs
     source_hash = importlib.import_module(SAMPLE_MODULE).fault_kernel.cache_key
-    failing = dataclasses.replace(real, triton_key=fault.key, kernel=fault.kernel, specialization=fault.specialization,
-                                  source_hash=source_hash)  # fmt: skip
+    failing = dataclasses.replace(
+        real, triton_key=fault.key, kernel=fault.kernel, specialization=fault.specialization, source_hash=source_hash
+    )
     path = _rewrite(layout, [real, *skipped, failing, foreign_toolchain, other_target])
     not_triton_data = dataclasses.replace(real, triton_key=next(key), specialization="not json").to_line()
     with path.open("ab") as file:
@@ -213,21 +233,43 @@ def _append_many(root: str, key: str, worker: int, count: int, bound: int | None
 
 
 # Triton's specialization data's shape (what `JITFunction.preload` reads), for records of tests.
-_SPECIALIZATION = json.dumps({"name": "k", "signature": {}, "constant_keys": [], "constant_vals": [], "attrs_keys": [],
-                              "attrs_vals": [], "options": {}, "key": None})  # fmt: skip
+_SPECIALIZATION = json.dumps(
+    {
+        "name": "k",
+        "signature": {},
+        "constant_keys": [],
+        "constant_vals": [],
+        "attrs_keys": [],
+        "attrs_vals": [],
+        "options": {},
+        "key": None,
+    }
+)
 
 
 def _sample_record() -> journal.Record:
-    return journal.Record(triton_key="a" * 64, kernel="m:k", target="gfx942", toolchain="b" * 64,
-                          source_hash="c" * 64, specialization=_SPECIALIZATION, manifest="d" * 64, model="m",
-                          first_seen=1.0, last_seen=1.0, seconds=0.5, hosts={"h": 1})  # fmt: skip
+    return journal.Record(
+        triton_key="a" * 64,
+        kernel="m:k",
+        target="gfx942",
+        toolchain="b" * 64,
+        source_hash="c" * 64,
+        specialization=_SPECIALIZATION,
+        manifest="d" * 64,
+        model="m",
+        first_seen=1.0,
+        last_seen=1.0,
+        seconds=0.5,
+        hosts={"h": 1},
+    )
 
 
 def _appending_at_once(root, key: str, workers: int, count: int, bound: int | None = None) -> None:
     """`workers` processes running `_append_many` side by side."""
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_append_many, args=(str(root), key, worker, count, bound))
-                 for worker in range(workers)]  # fmt: skip
+    processes = [
+        context.Process(target=_append_many, args=(str(root), key, worker, count, bound)) for worker in range(workers)
+    ]
     for process in processes:
         process.start()
     for process in processes:

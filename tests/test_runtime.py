@@ -14,12 +14,13 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import SAMPLE_MODULE, baked_manifest
 
+from kprecompile.build.preload import preload
 from kprecompile.cache.layout import CacheLayout
-from kprecompile.engines import select
 from kprecompile.errors import NotWarmError
-from kprecompile.monitor import JitMonitor
-from kprecompile.runtime import activate, preload
-from kprecompile.targets import TARGETS
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
+from kprecompile.serve.monitor import JitMonitor
+from kprecompile.serve.runtime import activate
 
 HERE = Path(__file__).parent
 
@@ -34,8 +35,12 @@ def serve(cache_dir, *m_values, strict="warn"):
     env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
     result = subprocess.run(
         [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *map(str, m_values)],
-        capture_output=True, text=True, env=env, timeout=300, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
 
 
@@ -124,14 +129,19 @@ def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
 
     from triton import knobs
 
-    from kprecompile.driver import active_target
     from kprecompile.errors import LaunchRefusedError
-    from kprecompile.trace import isolated_modules
+    from kprecompile.platforms.triton_driver import active_target
+    from kprecompile.tracing.trace import isolated_modules
 
     monitor = JitMonitor("warn").install()
     try:
-        with knobs.cache.scope(), caplog.at_level(logging.WARNING), active_target(sm90), \
-                isolated_modules((SAMPLE_MODULE,)), pytest.raises(LaunchRefusedError):  # fmt: skip
+        with (
+            knobs.cache.scope(),
+            caplog.at_level(logging.WARNING),
+            active_target(sm90),
+            isolated_modules((SAMPLE_MODULE,)),
+            pytest.raises(LaunchRefusedError),
+        ):
             knobs.cache.dir = str(tmp_path)
             importlib.import_module(SAMPLE_MODULE).launch_add(1000, 64)
     finally:
@@ -156,11 +166,11 @@ def test_monitor_modes_are_checked(monkeypatch):
 
 RANK_SCRIPT = """
 import json, sys
-from kprecompile.hook import prepare
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.serving import ServingParams
-from kprecompile.targets import TARGETS
+from kprecompile.serve.hook import prepare
+from kprecompile.selection.engines import select
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
 model = load_model("deepseek-v2-lite")
 report = prepare(model, ServingParams(max_num_seqs=4), cache_dir=sys.argv[1], target=TARGETS["gfx942"],
                  selection=select(model, environ={}, families=["fp8_bmm"]), rank=int(sys.argv[2]),
@@ -174,10 +184,13 @@ def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     """Two ranks call the hook at once: each kernel compiles once in all, every rank preloads all."""
     ranks = 2
     processes = [
-        subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "cache"), str(rank), str(ranks)],
-                         stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", RANK_SCRIPT, str(tmp_path / "cache"), str(rank), str(ranks)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(ranks)
-    ]  # fmt: skip
+    ]
     results = [json.loads(process.communicate(timeout=600)[0].strip().splitlines()[-1]) for process in processes]
     kernels = results[0]["kernels"]
     assert sum(result["compiled"] for result in results) == kernels

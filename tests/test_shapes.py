@@ -1,10 +1,11 @@
 import pytest
 
 from kprecompile.errors import InputError
-from kprecompile.models import load_model, model_from_dict
-from kprecompile.serving import ServingParams
+from kprecompile.inputs.models import load_model, model_from_dict
+from kprecompile.inputs.serving import ServingParams
 from kprecompile.shapes import FAMILIES, FAMILY_NAMES
 from kprecompile.shapes.fp8_bmm import enumerate_fp8_bmm
+from kprecompile.vllm.releases import serving_capture_sizes
 
 
 def test_deepseek_r1_tp8_sweeps_both_products_over_every_m():
@@ -36,10 +37,18 @@ def test_families_follow_the_attention_structure_not_the_model_name():
     assert "block_fp8_linear" not in families(load_model("deepseek-v2-lite"))
     # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.
     unseen = model_from_dict(
-        {"architectures": ["SomethingNewForCausalLM"], "num_attention_heads": 16, "kv_lora_rank": 256,
-         "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64, "max_position_embeddings": 4096},
-        name="unseen", source="test",
-    )  # fmt: skip
+        {
+            "architectures": ["SomethingNewForCausalLM"],
+            "num_attention_heads": 16,
+            "kv_lora_rank": 256,
+            "qk_nope_head_dim": 64,
+            "qk_rope_head_dim": 32,
+            "v_head_dim": 64,
+            "max_position_embeddings": 4096,
+        },
+        name="unseen",
+        source="test",
+    )
     assert families(unseen) == ["fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
 
 
@@ -55,10 +64,10 @@ def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():
 
 def test_capture_sizes_and_decode_sizes_follow_vllm():
     default = ServingParams()
-    assert default.capture_sizes()[:4] == (1, 2, 4, 8) and default.capture_sizes()[-1] == 512
+    assert serving_capture_sizes(default)[:4] == (1, 2, 4, 8) and serving_capture_sizes(default)[-1] == 512
     assert default.decode_batch_sizes() == tuple(range(1, 1025))
-    assert ServingParams(enforce_eager=True, max_num_seqs=7).capture_sizes() == ()
-    assert ServingParams(max_num_seqs=4).capture_sizes() == (1, 2, 4, 8)
+    assert serving_capture_sizes(ServingParams(enforce_eager=True, max_num_seqs=7)) == ()
+    assert serving_capture_sizes(ServingParams(max_num_seqs=4)) == (1, 2, 4, 8)
     assert ServingParams(max_num_seqs=4).decode_token_counts() == (1, 2, 3, 4)
     mtp = ServingParams(max_num_seqs=4, num_speculative_tokens=1)
     assert mtp.decode_token_counts() == tuple(range(1, 9)) and mtp.decode_batch_sizes() == (1, 2, 3, 4)

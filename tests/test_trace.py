@@ -6,9 +6,9 @@ import torch
 from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
 from triton import knobs
 
-from kprecompile.driver import active_target, device_model
 from kprecompile.errors import LaunchRefusedError, TracingError
-from kprecompile.trace import isolated_modules, trace_calls
+from kprecompile.platforms.triton_driver import active_target, device_model
+from kprecompile.tracing.trace import isolated_modules, trace_calls
 
 FAMILY = FP8_BMM.name
 FP8_BMM_MODULES = FP8_BMM.traced_modules
@@ -21,8 +21,13 @@ def launch_path_keys(cache_dir, target, launch, fresh_modules):
     def listen(*, src, metadata, metadata_group, times, cache_hit):
         keys.append(metadata["hash"])
 
-    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.cache.scope(), \
-            knobs.compilation.scope():  # fmt: skip
+    with (
+        active_target(target),
+        device_model(target),
+        isolated_modules(fresh_modules),
+        knobs.cache.scope(),
+        knobs.compilation.scope(),
+    ):
         knobs.cache.dir = str(cache_dir)
         knobs.compilation.listener = listen
         with pytest.raises(LaunchRefusedError):

@@ -34,18 +34,35 @@ def root_of_another_user(root, other):
 
 
 CASES = [
-    ("world-writable-root", world_writable_root, "kprecompile: cache root: got '{root}', expected a directory only "
-     "its owner can write, not mode 0o777 (chmod go-w {root})"),
-    ("group-writable-root", group_writable_root, "kprecompile: cache root: got '{root}', expected a directory only "
-     "its owner can write, not mode 0o775"),
-    ("world-writable-bucket", world_writable_bucket, "kprecompile: cache root bucket: got '{root}/manifests-v7', "
-     "expected a directory only its owner can write, not mode 0o777"),
-    ("bucket-is-a-link", bucket_is_a_link, "kprecompile: cache root bucket: got '{root}/triton-v1', expected a "
-     "directory, not a symbolic link"),
-    pytest.param("root-of-another-user", root_of_another_user,
-                 "kprecompile: cache root: got '{root}', expected a directory owned by you or root, not by uid 12345",
-                 marks=pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory away")),
-]  # fmt: skip
+    (
+        "world-writable-root",
+        world_writable_root,
+        "kprecompile: cache root: got '{root}', expected a directory only "
+        "its owner can write, not mode 0o777 (chmod go-w {root})",
+    ),
+    (
+        "group-writable-root",
+        group_writable_root,
+        "kprecompile: cache root: got '{root}', expected a directory only its owner can write, not mode 0o775",
+    ),
+    (
+        "world-writable-bucket",
+        world_writable_bucket,
+        "kprecompile: cache root bucket: got '{root}/manifests-v7', "
+        "expected a directory only its owner can write, not mode 0o777",
+    ),
+    (
+        "bucket-is-a-link",
+        bucket_is_a_link,
+        "kprecompile: cache root bucket: got '{root}/triton-v1', expected a directory, not a symbolic link",
+    ),
+    pytest.param(
+        "root-of-another-user",
+        root_of_another_user,
+        "kprecompile: cache root: got '{root}', expected a directory owned by you or root, not by uid 12345",
+        marks=pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a directory away"),
+    ),
+]
 
 
 @pytest.mark.parametrize("name, plant, message", CASES)

@@ -15,15 +15,15 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import baked_manifest
 
+from kprecompile.build.verification import verify
+from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
 from kprecompile.cli import main
-from kprecompile.engines import select
-from kprecompile.environment import VARIABLES, compute_hash, fingerprint, registered_values
-from kprecompile.targets import TARGETS
-from kprecompile.verification import verify
-from kprecompile.warming import warm
+from kprecompile.inputs.environment import VARIABLES, compute_hash, fingerprint, registered_values
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
 
 GFX942 = TARGETS["gfx942"]
 # Each variable's value when unset, under the default engine profile (vllm-aiter: AITER on).
@@ -220,8 +220,17 @@ def run(capsys, *argv):
 
 
 def test_verify_command_exit_status_and_json(baked_layout, capsys):
-    argv = ["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "3",
-            "--cache-dir", str(baked_layout.root)]  # fmt: skip
+    argv = [
+        "verify",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max-num-seqs",
+        "3",
+        "--cache-dir",
+        str(baked_layout.root),
+    ]
     status, out = run(capsys, *argv, "--json")
     document = json.loads(out)
     assert status == 0 and document["warm"] is True
@@ -272,8 +281,9 @@ def test_verify_and_warm_on_a_warm_cache_never_import_torch(layout):
     import sys
 
     env = {**os.environ, "VLLM_ROCM_USE_AITER": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([sys.executable, "-c", TORCH_FREE, str(layout.root)], capture_output=True, text=True,
-                            env=env, check=True)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", TORCH_FREE, str(layout.root)], capture_output=True, text=True, env=env, check=True
+    )
     assert result.stdout.strip().splitlines()[-1] == "torch not imported"
 
 
@@ -339,8 +349,19 @@ def test_a_stray_json_in_the_manifests_bucket_breaks_nothing(layout, capsys):
     (layout.manifests_dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     # Another configuration: verify explains the mismatch from every readable manifest.
     with pytest.raises(SystemExit) as exited:
-        main(["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max-num-seqs", "5",
-              "--cache-dir", str(layout.root)])  # fmt: skip
+        main(
+            [
+                "verify",
+                "--model",
+                "deepseek-v2-lite",
+                "--target",
+                "gfx942",
+                "--max-num-seqs",
+                "5",
+                "--cache-dir",
+                str(layout.root),
+            ]
+        )
     assert exited.value.code == 1
     assert "not warm" in capsys.readouterr().out
 
@@ -388,8 +409,19 @@ def test_a_damaged_entry_in_a_read_only_layer_is_compiled_anew_not_laundered(war
 def test_a_miss_names_the_closest_configuration_each_difference_and_the_warm_command(baked_layout, capsys):
     """The cache holds the same model warmed another way: verify says how it differs, option by
     option, and prints the warm that makes this one warm."""
-    argv = ["verify", "--model", "deepseek-v2-lite", "--target", "gfx942", "--max_num_seqs", "5", "--family", "fp8_bmm",
-            "--cache-dir", str(baked_layout.root)]  # fmt: skip
+    argv = [
+        "verify",
+        "--model",
+        "deepseek-v2-lite",
+        "--target",
+        "gfx942",
+        "--max_num_seqs",
+        "5",
+        "--family",
+        "fp8_bmm",
+        "--cache-dir",
+        str(baked_layout.root),
+    ]
     status, out = run(capsys, *argv)
     assert status == 1
     assert "serving: --max-num-seqs was 3 at warm, 5 here" in out

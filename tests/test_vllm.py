@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from kprecompile.releases import TESTED_RELEASES as SUPPORTED_RELEASES
+from kprecompile.vllm.releases import TESTED_RELEASES as SUPPORTED_RELEASES
 
 ROOT = Path(__file__).parent.parent
 HERE = Path(__file__).parent
@@ -49,8 +49,13 @@ def vllm_environment(version: str, cache: Path) -> dict[str, str]:
     """A server's environment: the release on the path, no GPU, AITER on, the cache named, and
     AITER's JIT directory left for the plugin to set."""
     environment = {name: value for name, value in os.environ.items() if name != "AITER_JIT_DIR"}
-    return {**environment, "PYTHONPATH": str(release_path(version)), "CUDA_VISIBLE_DEVICES": "",
-            "KPRECOMPILE_CACHE_DIR": str(cache), "VLLM_ROCM_USE_AITER": "1"}  # fmt: skip
+    return {
+        **environment,
+        "PYTHONPATH": str(release_path(version)),
+        "CUDA_VISIBLE_DEVICES": "",
+        "KPRECOMPILE_CACHE_DIR": str(cache),
+        "VLLM_ROCM_USE_AITER": "1",
+    }
 
 
 def probe_environment(version: str, cache: Path) -> dict[str, str]:
@@ -65,9 +70,16 @@ def run_probes(runs: dict, timeout: int = 900) -> dict:
     """Probe scripts side by side, a process each (vLLM binds its platform once per process):
     `runs` maps a key to (the script and its arguments, the environment); each prints its JSON
     document last (vLLM's logging writes to stdout too)."""
-    running = {key: subprocess.Popen([sys.executable, *map(str, arguments)], env=environment, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-               for key, (arguments, environment) in runs.items()}  # fmt: skip
+    running = {
+        key: subprocess.Popen(
+            [sys.executable, *map(str, arguments)],
+            env=environment,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for key, (arguments, environment) in runs.items()
+    }
     documents = {}
     for key, process in running.items():
         out, err = process.communicate(timeout=timeout)
@@ -81,15 +93,21 @@ def probes(tmp_path_factory):
     """Every supported release's probe document, run side by side."""
     model_dir = tmp_path_factory.mktemp("model")
     (model_dir / "config.json").write_text(
-        (resources.files("kprecompile.presets") / "deepseek-v2-lite.json").read_text()
+        (resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text()
     )
     running = {}
     for version in SUPPORTED_RELEASES:
         cache = tmp_path_factory.mktemp(f"cache-{version}")
-        running[version] = (cache, subprocess.Popen(
-            [sys.executable, str(HERE / "vllm_probe.py"), str(model_dir), str(cache)],
-            env=vllm_environment(version, cache), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))  # fmt: skip
+        running[version] = (
+            cache,
+            subprocess.Popen(
+                [sys.executable, str(HERE / "vllm_probe.py"), str(model_dir), str(cache)],
+                env=vllm_environment(version, cache),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            ),
+        )
     documents = {}
     for version, (cache, process) in running.items():
         out, err = process.communicate(timeout=900)
@@ -158,8 +176,23 @@ CLI_CASES = {
 
 def _plan_command(case: str, cache: Path) -> list[str]:
     model, engine, extra = CLI_CASES[case]
-    return [sys.executable, "-m", "kprecompile", "-vv", "plan", "--model", model, "--engine", engine,
-            "--target", "gfx942", "--cache-dir", str(cache), "--json", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "kprecompile",
+        "-vv",
+        "plan",
+        "--model",
+        model,
+        "--engine",
+        engine,
+        "--target",
+        "gfx942",
+        "--cache-dir",
+        str(cache),
+        "--json",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -173,9 +206,12 @@ def cli_plans(tmp_path_factory):
             environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
             for case in CLI_CASES:
                 running[version, case] = subprocess.Popen(
-                    _plan_command(case, cache), env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    _plan_command(case, cache),
+                    env=environment,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     text=True,
-                )  # fmt: skip
+                )
         for (version, case), process in running.items():
             out, err = process.communicate(timeout=600)
             results[version, case, attempt] = (process.returncode, out, err)
@@ -186,8 +222,8 @@ def cli_plans(tmp_path_factory):
 def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, version):
     """Where vLLM is installed, plan (warm, verify, export) take the backend from vLLM's own ROCm
     selector, remembered in the cache; its answer is the mirror's (which builders without vLLM use)."""
-    from kprecompile.engines import select
-    from kprecompile.models import load_model
+    from kprecompile.inputs.models import load_model
+    from kprecompile.selection.engines import select
 
     for case, (model, engine, extra) in CLI_CASES.items():
         if case == "refused" or (case == "none" and version.startswith("0.33")):
@@ -200,8 +236,9 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, version)
             assert selection["vllm_release"] == version
             requested = extra[extra.index("--attention-backend") + 1] if "--attention-backend" in extra else None
             block_size = int(extra[extra.index("--block-size") + 1]) if "--block-size" in extra else 16
-            mirror = select(load_model(model), engine, requested, environ={}, vllm_release=version,
-                            block_size=block_size)  # fmt: skip
+            mirror = select(
+                load_model(model), engine, requested, environ={}, vllm_release=version, block_size=block_size
+            )
             assert selection["attention_backend"] == mirror.attention_backend, (case, attempt)
             # The second command found vLLM's answer in the cache and did not import vLLM again.
             assert ("vLLM's selector, remembered at" in err) == (attempt == "again"), (case, attempt)
@@ -240,10 +277,10 @@ WARM_CASES = [
 # binaries only, under the cross-compile driver for gfx942 (no GPU here).
 PRELOAD = """
 import json, kprecompile
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.serving import ServingParams
-from kprecompile.targets import TARGETS
+from kprecompile.selection.engines import select
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
 layout = kprecompile.activate()
 model = load_model("{model}")
 serving = ServingParams(max_model_len=8192, max_num_seqs=32)
@@ -258,25 +295,59 @@ def kernel_probes(tmp_path_factory):
     """tests/vllm_kernels_probe.py in every supported release, and `kprecompile warm` then
     `verify --deep` of WARM_CASES."""
     script = HERE / "vllm_kernels_probe.py"
-    documents = run_probes({version: ([script], probe_environment(version, tmp_path_factory.mktemp(
-        f"kernels-{version}"))) for version in SUPPORTED_RELEASES})  # fmt: skip
+    documents = run_probes(
+        {
+            version: ([script], probe_environment(version, tmp_path_factory.mktemp(f"kernels-{version}")))
+            for version in SUPPORTED_RELEASES
+        }
+    )
     # NVIDIA targets in processes of their own, as an NVIDIA request is planned.
-    nvidia = run_probes({(version, "sm90"): ([script, "--nvidia"], probe_environment(version, tmp_path_factory.mktemp(
-        f"nvidia-{version}"))) for version in SUPPORTED_RELEASES})  # fmt: skip
+    nvidia = run_probes(
+        {
+            (version, "sm90"): (
+                [script, "--nvidia"],
+                probe_environment(version, tmp_path_factory.mktemp(f"nvidia-{version}")),
+            )
+            for version in SUPPORTED_RELEASES
+        }
+    )
     for version in SUPPORTED_RELEASES:
         documents[version]["sm90"] = nvidia[version, "sm90"]
     for version, backend, model, _ in WARM_CASES:
         cache = tmp_path_factory.mktemp(f"warm-{version}")
         environment = {**vllm_environment(version, cache), "VLLM_ROCM_USE_AITER": ""}
-        chosen = ["--model", model, "--engine", "vllm", "--attention-backend", backend, "--target", "gfx942",
-                  "--max-model-len", "8192", "--max-num-seqs", "32", "--json"]  # fmt: skip
+        chosen = [
+            "--model",
+            model,
+            "--engine",
+            "vllm",
+            "--attention-backend",
+            backend,
+            "--target",
+            "gfx942",
+            "--max-model-len",
+            "8192",
+            "--max-num-seqs",
+            "32",
+            "--json",
+        ]
         outcome = []
         for command in (["warm", *chosen], ["verify", *chosen, "--deep"]):
-            result = subprocess.run([sys.executable, "-m", "kprecompile", *command], env=environment,
-                                    capture_output=True, text=True, timeout=900)  # fmt: skip
+            result = subprocess.run(
+                [sys.executable, "-m", "kprecompile", *command],
+                env=environment,
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             outcome.append((result.returncode, result.stdout, result.stderr))
-        preload = subprocess.run([sys.executable, "-c", PRELOAD.format(model=model, backend=backend)], env=environment,
-                                 capture_output=True, text=True, timeout=900)  # fmt: skip
+        preload = subprocess.run(
+            [sys.executable, "-c", PRELOAD.format(model=model, backend=backend)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         outcome.append((preload.returncode, preload.stdout, preload.stderr))
         documents[version][f"warm {backend}"] = outcome
     return documents
@@ -357,8 +428,12 @@ def test_triton_attn_kernels_keys_and_coverage(kernel_probes, version):
     assert document["choice"] == ["triton_attn", None]
     if version.startswith("0.33"):
         return
-    expected = {"kernel_unified_attention_2d": 6, "kernel_unified_attention_3d": 4, "reduce_segments": 2,
-                "reshape_and_cache_kernel_flash": 2}  # fmt: skip
+    expected = {
+        "kernel_unified_attention_2d": 6,
+        "kernel_unified_attention_3d": 4,
+        "reduce_segments": 2,
+        "reshape_and_cache_kernel_flash": 2,
+    }
     assert_triton_attn_up_to_0_18(document, expected)
     coverage = document["coverage"]
     assert coverage["steps"] >= 60 and coverage["kernels"] >= 8 and coverage["missing"] == 0
@@ -381,18 +456,29 @@ def test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cac
     KV cache, other capture sizes) compile nothing outside their plan, and do outside a plan for 8
     sequences and (ROCm) one without the layers whose keys cross 2 GiB and values do not."""
     rocm, nvidia = kernel_probes["0.33.0"]["triton_attn"], kernel_probes["0.33.0"]["sm90"]["triton_attn"]
-    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8",
-                 "gfx950 llama-3.1-8b-instruct", "gfx950 llama-3.1-8b-instruct fp8"):  # fmt: skip
+    for case in (
+        "mistral-7b-v0.1",
+        "llama-3.1-8b-instruct",
+        "llama-3.1-8b-instruct fp8",
+        "gfx950 llama-3.1-8b-instruct",
+        "gfx950 llama-3.1-8b-instruct fp8",
+    ):
         assert Counter(rocm[case]) == TRITON_ATTN_0_33_ROCM, case
     # NVIDIA's backend has no 2 GiB pointer classes: one reshape-and-cache, 3 + 3 attention kernels.
     expected = {"kernel_unified_attention": 6, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 1}
     for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
         assert Counter(nvidia[case]) == expected, case
     # Threshold 8: 3D for 1 and 2..8 sequences only.
-    assert Counter(rocm["other_capture_sizes"]) == {"kernel_unified_attention": 15, "reduce_segments": 2,
-                                                    "reshape_and_cache_kernel_flash": 3}  # fmt: skip
-    assert Counter(nvidia["other_capture_sizes"]) == {"kernel_unified_attention": 5, "reduce_segments": 2,
-                                                      "reshape_and_cache_kernel_flash": 1}  # fmt: skip
+    assert Counter(rocm["other_capture_sizes"]) == {
+        "kernel_unified_attention": 15,
+        "reduce_segments": 2,
+        "reshape_and_cache_kernel_flash": 3,
+    }
+    assert Counter(nvidia["other_capture_sizes"]) == {
+        "kernel_unified_attention": 5,
+        "reduce_segments": 2,
+        "reshape_and_cache_kernel_flash": 1,
+    }
     assert rocm["fp8_range"] == [-240.0, 240.0] and nvidia["fp8_range"] == [-448.0, 448.0]
     assert rocm["reshape_launch"] == [8, 4] and nvidia["reshape_launch"] == [16, 10]
     for document in (rocm, nvidia):
@@ -456,7 +542,7 @@ def test_the_plugin_records_what_compiles_beyond_the_plan_in_the_configurations_
 
 
 def test_without_vllm_register_does_nothing_and_says_so(caplog):
-    from kprecompile.integrations.vllm import plugin
+    from kprecompile.serve.vllm import plugin
 
     assert importlib.util.find_spec("vllm") is None
     with caplog.at_level(logging.INFO, logger="vllm.kprecompile"):
@@ -469,7 +555,7 @@ def test_without_vllm_register_does_nothing_and_says_so(caplog):
 
 FAILURES = """
 import sys, logging
-from kprecompile.integrations.vllm import plugin
+from kprecompile.serve.vllm import plugin
 # vLLM moved its model runner: the import fails.
 sys.modules["vllm.v1.worker.gpu_model_runner"] = None
 plugin.register()
@@ -491,8 +577,13 @@ print("unplannable:", hook.request is None, hook.events, flush=True)
 
 
 def test_failures_inside_vllm_are_one_warning_and_never_stop_the_server(tmp_path):
-    result = subprocess.run([sys.executable, "-c", FAILURES], env=vllm_environment("0.12.0", tmp_path / "cache"),
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", FAILURES],
+        env=vllm_environment("0.12.0", tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "moved: True" in result.stdout
     # Through vLLM's own logging (its handler writes to stdout), at WARNING.
@@ -575,8 +666,12 @@ def test_aiter_fa_context_keys_and_coverage(kernel_probes, version):
         assert coverage["steps"] == 60 and coverage["kernels"] >= 6
         # Speculative decoding's verify steps decode with AITER's Triton unified attention.
         speculative = document["speculative"]
-        assert set(speculative["kernels"]) == {"cp_mha_gather_cache_kernel", "kernel_unified_attention_2d",
-                                               "kernel_unified_attention_3d", "reduce_segments"}  # fmt: skip
+        assert set(speculative["kernels"]) == {
+            "cp_mha_gather_cache_kernel",
+            "kernel_unified_attention_2d",
+            "kernel_unified_attention_3d",
+            "reduce_segments",
+        }
         launched = speculative["keys"]["launched"]
         assert len(launched) == 1 and speculative["keys"]["traced"][:1] == launched
         assert speculative["coverage"]["missing"] == 0 and speculative["coverage"]["missing_without_speculation"] > 0
@@ -643,8 +738,12 @@ def test_triton_attn_on_nvidia_keys_and_coverage(kernel_probes, version):
     assert document["fp8_range"] == [-448.0, 448.0]
     # vLLM's CUDA launch of reshape-and-cache (16 warps, 10 stages; 8 and 4 under its ROCm platform).
     assert document["reshape_launch"] == [16, 10] and kernel_probes[version]["triton_attn"]["reshape_launch"] == [8, 4]
-    expected = {"kernel_unified_attention_2d": 3, "kernel_unified_attention_3d": 2, "reduce_segments": 2,
-                "reshape_and_cache_kernel_flash": 1}  # fmt: skip
+    expected = {
+        "kernel_unified_attention_2d": 3,
+        "kernel_unified_attention_3d": 2,
+        "reduce_segments": 2,
+        "reshape_and_cache_kernel_flash": 1,
+    }
     assert_triton_attn_up_to_0_18(document, expected)
     rocm = {key for row in kernel_probes[version]["triton_attn"]["keys"] for key in row["traced"]}
     assert rocm.isdisjoint(key for row in document["keys"] for key in row["traced"])

@@ -15,8 +15,13 @@ TARGETS = ("gfx950", "sm80", "sm89", "sm90")
 def linear_probes(tmp_path_factory):
     documents = {}
     for version in SUPPORTED_RELEASES:
-        runs = {(version, target): ([HERE / "vllm_linear_probe.py", target], probe_environment(
-            version, tmp_path_factory.mktemp(f"linear-{version}-{target}"))) for target in TARGETS}  # fmt: skip
+        runs = {
+            (version, target): (
+                [HERE / "vllm_linear_probe.py", target],
+                probe_environment(version, tmp_path_factory.mktemp(f"linear-{version}-{target}")),
+            )
+            for target in TARGETS
+        }
         documents.update(run_probes(runs))
     return documents
 

@@ -14,7 +14,7 @@ from test_vllm import HERE, SUPPORTED_RELEASES, probe_environment, run_probes
 def nvidia_servers(tmp_path_factory):
     model_dir = tmp_path_factory.mktemp("llama")
     (model_dir / "config.json").write_text(
-        (resources.files("kprecompile.presets") / "llama-3.1-8b-instruct.json").read_text()
+        (resources.files("kprecompile.inputs.presets") / "llama-3.1-8b-instruct.json").read_text()
     )
     runs = {}
     for version in SUPPORTED_RELEASES:
@@ -34,8 +34,11 @@ def test_a_triton_attn_server_on_an_h200_plans_warms_and_preloads_sm90_kernels(n
     not_warm, joined, loaded = server["events"]
     assert "(TRITON_ATTN) is not warm on sm90: warming" in not_warm
     assert joined.startswith("background warm: 4 kernels (4 compiled, 0 cached) in ")
-    unified = ["kernel_unified_attention"] * 2 if version.startswith("0.33") else [
-        "kernel_unified_attention_2d", "kernel_unified_attention_3d"]  # fmt: skip
+    unified = (
+        ["kernel_unified_attention"] * 2
+        if version.startswith("0.33")
+        else ["kernel_unified_attention_2d", "kernel_unified_attention_3d"]
+    )
     assert server["manifest_kernels"] == sorted([*unified, "reduce_segments", "reshape_and_cache_kernel_flash"])
     # Loading a CUDA binary needs the CUDA driver, which this machine lacks: the hook reached all
     # four of the configuration's kernels, and nothing compiled in the process.
@@ -50,8 +53,10 @@ def test_a_flash_attn_server_on_an_h200_says_nothing_compiles_ahead(nvidia_serve
     server = nvidia_servers[version]["default"]
     assert server["selected"] == "FLASH_ATTN" and server["targets"] == ["sm90"]
     assert not server["started_background"] and server["manifest_kernels"] is None
-    reason = ("FLASH_ATTN runs vLLM's prebuilt flash-attention build (vllm_flash_attn), not Triton: kprecompile plans "
-              "Triton kernels (--attention-backend TRITON_ATTN runs vLLM's own)")  # fmt: skip
+    reason = (
+        "FLASH_ATTN runs vLLM's prebuilt flash-attention build (vllm_flash_attn), not Triton: kprecompile plans "
+        "Triton kernels (--attention-backend TRITON_ATTN runs vLLM's own)"
+    )
     assert server["families"] == {"triton_attn": reason}
     said, loaded = server["events"]
     assert said.endswith(f"(FLASH_ATTN) on sm90: nothing to compile ahead ({reason})")

@@ -14,8 +14,15 @@ TARGETS = {"gfx942": [], "sm90": ["--nvidia"]}
 
 @pytest.fixture(scope="module")
 def spec_probes(tmp_path_factory):
-    return run_probes({target: ([HERE / "vllm_spec_probe.py", *arguments], probe_environment(
-        "0.33.0", tmp_path_factory.mktemp(f"spec-{target}"))) for target, arguments in TARGETS.items()})  # fmt: skip
+    return run_probes(
+        {
+            target: (
+                [HERE / "vllm_spec_probe.py", *arguments],
+                probe_environment("0.33.0", tmp_path_factory.mktemp(f"spec-{target}")),
+            )
+            for target, arguments in TARGETS.items()
+        }
+    )
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -58,9 +65,11 @@ def test_speculative_decoding_adds_no_triton_attn_kernel_under_vllm_0_33(spec_pr
     both kernels, so the plan's keys are those of the plan without speculative decoding, and that
     plan misses nothing of the speculative sweeps."""
     document = spec_probes[target]
-    expected = ({"kernel_unified_attention": 18, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 3}
-                if target == "gfx942" else
-                {"kernel_unified_attention": 6, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 1})  # fmt: skip
+    expected = (
+        {"kernel_unified_attention": 18, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 3}
+        if target == "gfx942"
+        else {"kernel_unified_attention": 6, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 1}
+    )
     for preset in ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct"):
         plans = [document["plans"][f"{preset} k={k}"] for k in (0, 2, 4)]
         assert all(Counter(plan["kernels"]) == expected for plan in plans), preset
@@ -74,6 +83,9 @@ def test_vllms_defaults_keep_reshape_and_cache_with_aiter_on(spec_probes):
     RopeKVCacheFusionPass (rotary embedding is not a custom op, and the KV-cache update splits the
     graph); in eager mode no pass runs at all."""
     document = spec_probes["gfx942"]["fused_rope_and_cache"]
-    assert document["graphs"] == {"fuse_rope_kvcache": False, "rotary_embedding_custom_op": False,
-                                  "splitting_ops_contain_kv_cache_update": True}  # fmt: skip
+    assert document["graphs"] == {
+        "fuse_rope_kvcache": False,
+        "rotary_embedding_custom_op": False,
+        "splitting_ops_contain_kv_cache_update": True,
+    }
     assert document["eager"]["fuse_rope_kvcache"] is False

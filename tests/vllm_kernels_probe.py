@@ -61,15 +61,15 @@ from dataclasses import replace
 
 from test_trace import launch_path_keys
 
-from kprecompile.engines import select
-from kprecompile.libraries import import_library_module
-from kprecompile.models import load_model
-from kprecompile.planning import plan
-from kprecompile.releases import installed_release
-from kprecompile.serving import ServingParams
+from kprecompile.build.planning import plan
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
 from kprecompile.shapes import FAMILIES
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
+from kprecompile.tracing.libraries import import_library_module
+from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import installed_release
 
 GFX942 = TARGETS["gfx942"]
 SM90 = TARGETS["sm90"]
@@ -105,8 +105,9 @@ def plans() -> dict[str, object]:
         document[f"{preset} fp8"] = kernels(planned(preset, kv_cache_dtype="fp8"))
         with environment(VLLM_ROCM_CUSTOM_PAGED_ATTN="0"):
             document[f"{preset} VLLM_ROCM_CUSTOM_PAGED_ATTN=0"] = kernels(planned(preset))
-    [choice] = select(load_model("llama-3.1-8b-instruct"), "vllm", "ROCM_ATTN", environ={},
-                      vllm_release=installed_release()).choices  # fmt: skip
+    [choice] = select(
+        load_model("llama-3.1-8b-instruct"), "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release()
+    ).choices
     document["choice"] = [choice.family, choice.skip_reason]
     return document
 
@@ -140,9 +141,14 @@ def keys() -> list[dict[str, object]]:
         traced = trace_calls([("call", call)], GFX942, "rocm_attn", FAMILY.traced_modules)
         with tempfile.TemporaryDirectory() as cache:
             launched = launch_path_keys(cache, GFX942, call, FAMILY.traced_modules)
-        rows.append({"step": "prefill" if shape.max_query_len > 1 else "decode",
-                     "traced": [job.key for job in traced.jobs], "launched": launched,
-                     "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]})  # fmt: skip
+        rows.append(
+            {
+                "step": "prefill" if shape.max_query_len > 1 else "decode",
+                "traced": [job.key for job in traced.jobs],
+                "launched": launched,
+                "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+            }
+        )
     return rows
 
 
@@ -161,29 +167,44 @@ def sweep_shapes(model, serving: ServingParams, rng: random.Random, count: int, 
             continue
         max_query_len = max(query_lens)
         max_seq_len = rng.randint(max_query_len, model_len)
-        shapes.append(replace(template, num_seqs=num_seqs, tokens=tokens, max_query_len=max_query_len,
-                              max_seq_len=max_seq_len,
-                              kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])))  # fmt: skip
+        shapes.append(
+            replace(
+                template,
+                num_seqs=num_seqs,
+                tokens=tokens,
+                max_query_len=max_query_len,
+                max_seq_len=max_seq_len,
+                kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+            )
+        )
     return shapes
 
 
 def coverage() -> dict[str, object]:
     rng = random.Random(12)
     document = {}
-    for preset, kv_cache_dtype in (("mistral-7b-v0.1", "auto"), ("mistral-7b-v0.1", "fp8"),
-                                   ("llama-3.1-8b-instruct", "auto")):  # fmt: skip
+    for preset, kv_cache_dtype in (
+        ("mistral-7b-v0.1", "auto"),
+        ("mistral-7b-v0.1", "fp8"),
+        ("llama-3.1-8b-instruct", "auto"),
+    ):
         model, serving = load_model(preset), ServingParams(**SERVING, kv_cache_dtype=kv_cache_dtype)
         plan_keys = {job.key for job in planned(preset, kv_cache_dtype=kv_cache_dtype).jobs}
         shapes = sweep_shapes(model, serving, rng, 60)
         swept = trace_calls(FAMILY.calls(tuple(shapes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules)
         missing = {job.key for job in swept.jobs} - plan_keys
-        document[f"{preset} {kv_cache_dtype}"] = {"steps": swept.calls, "kernels": len(swept.jobs),
-                                                  "missing": len(missing)}  # fmt: skip
+        document[f"{preset} {kv_cache_dtype}"] = {
+            "steps": swept.calls,
+            "kernels": len(swept.jobs),
+            "missing": len(missing),
+        }
     # Negative control: a plan that leaves out the KV caches over 2 GiB misses what the sweep finds.
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
     partial = [shape for shape in FAMILY.enumerate_shapes(model, serving) if shape.kv_cache_storage == "under_2gib"]
-    partial_keys = {job.key for job in trace_calls(FAMILY.calls(tuple(partial), GFX942), GFX942, "rocm_attn",
-                                                   FAMILY.traced_modules).jobs}  # fmt: skip
+    partial_keys = {
+        job.key
+        for job in trace_calls(FAMILY.calls(tuple(partial), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules).jobs
+    }
     shapes = sweep_shapes(model, serving, random.Random(5), 30)
     swept = trace_calls(FAMILY.calls(tuple(shapes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules)
     document["negative control"] = {"missing": len({job.key for job in swept.jobs} - partial_keys)}
@@ -215,13 +236,22 @@ def constants_of(job) -> dict[str, object]:
 
 
 def triton_attn(target=GFX942) -> dict[str, object]:
-    [choice] = select(load_model("mistral-7b-v0.1"), "vllm", "TRITON_ATTN", environ={},
-                      vllm_release=installed_release(), targets=[target]).choices  # fmt: skip
+    [choice] = select(
+        load_model("mistral-7b-v0.1"),
+        "vllm",
+        "TRITON_ATTN",
+        environ={},
+        vllm_release=installed_release(),
+        targets=[target],
+    ).choices
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
         return document
-    for preset, serving in (("mistral-7b-v0.1", {}), ("llama-3.1-8b-instruct", {}),
-                            ("llama-3.1-8b-instruct", {"kv_cache_dtype": "fp8"})):  # fmt: skip
+    for preset, serving in (
+        ("mistral-7b-v0.1", {}),
+        ("llama-3.1-8b-instruct", {}),
+        ("llama-3.1-8b-instruct", {"kv_cache_dtype": "fp8"}),
+    ):
         label = " ".join([preset, *serving.values()])
         document[label] = sorted(kernels(planned(preset, "TRITON_ATTN", target, **serving)))
     fp8 = planned("llama-3.1-8b-instruct", "TRITON_ATTN", target, kv_cache_dtype="fp8").jobs
@@ -236,14 +266,22 @@ def triton_attn(target=GFX942) -> dict[str, object]:
     small_decode = next(shape for shape in shapes if shape.max_query_len == 1 and shape.num_seqs == 3)
     prefill = next(shape for shape in shapes if shape.max_query_len > 1)
     rows = []
-    for step, call in (("reshape_and_cache", lambda: TRITON.launch(small_decode, target)),
-                       ("decode", _without_reshape_and_cache(small_decode, target)),
-                       ("prefill", _without_reshape_and_cache(prefill, target))):  # fmt: skip
+    for step, call in (
+        ("reshape_and_cache", lambda: TRITON.launch(small_decode, target)),
+        ("decode", _without_reshape_and_cache(small_decode, target)),
+        ("prefill", _without_reshape_and_cache(prefill, target)),
+    ):
         traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
         with tempfile.TemporaryDirectory() as cache:
             launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
-        rows.append({"step": step, "traced": [job.key for job in traced.jobs], "launched": launched,
-                     "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]})  # fmt: skip
+        rows.append(
+            {
+                "step": step,
+                "traced": [job.key for job in traced.jobs],
+                "launched": launched,
+                "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+            }
+        )
     document["keys"] = rows
     rng = random.Random(7)
     plan_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", target).jobs}
@@ -252,8 +290,12 @@ def triton_attn(target=GFX942) -> dict[str, object]:
     swept_keys = {job.key for job in swept.jobs}
     # Negative control: the plan for at most 8 sequences lacks the kernels for multiples of 16.
     small_keys = {job.key for job in planned("mistral-7b-v0.1", "TRITON_ATTN", target, max_num_seqs=8).jobs}
-    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
-                            "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
+    document["coverage"] = {
+        "steps": swept.calls,
+        "kernels": len(swept_keys),
+        "missing": len(swept_keys - plan_keys),
+        "missing_from_smaller_plan": len(swept_keys - small_keys),
+    }
     if installed_release().startswith("0.33"):
         document.update(triton_attn_0_19(target))
     return document
@@ -277,8 +319,10 @@ def _sweep_keys_0_19(preset: str, target, seed: int, count: int, **serving: obje
     contexts, and layer regions of random size, traced through the family's real call."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
     rng = random.Random(seed)
-    shapes = [replace(shape, kv_cache_blocks=_random_layer_blocks(shape, rng))
-              for shape in sweep_shapes(model, params, rng, count, TRITON)]  # fmt: skip
+    shapes = [
+        replace(shape, kv_cache_blocks=_random_layer_blocks(shape, rng))
+        for shape in sweep_shapes(model, params, rng, count, TRITON)
+    ]
     swept = trace_calls(TRITON.calls(tuple(shapes), target), target, "triton_attn", TRITON.traced_modules)
     return swept.calls, {job.key for job in swept.jobs}
 
@@ -293,33 +337,48 @@ def triton_attn_0_19(target) -> dict[str, object]:
         for serving in ({}, {"kv_cache_dtype": "fp8"}):
             label = " ".join(["gfx950 llama-3.1-8b-instruct", *serving.values()])
             document[label] = kernels(planned("llama-3.1-8b-instruct", "TRITON_ATTN", GFX950, **serving))
-    document["other_capture_sizes"] = kernels(planned("llama-3.1-8b-instruct", "TRITON_ATTN", target,
-                                                      cudagraph_capture_sizes=OTHER_CAPTURE_SIZES))  # fmt: skip
+    document["other_capture_sizes"] = kernels(
+        planned("llama-3.1-8b-instruct", "TRITON_ATTN", target, cudagraph_capture_sizes=OTHER_CAPTURE_SIZES)
+    )
     fp8_serving = ServingParams(**SERVING, kv_cache_dtype="fp8")
-    fp8_decode = next(shape for shape in TRITON.enumerate_shapes(load_model("llama-3.1-8b-instruct"), fp8_serving)
-                      if shape.max_query_len == 1 and shape.num_seqs == 3)  # fmt: skip
+    fp8_decode = next(
+        shape
+        for shape in TRITON.enumerate_shapes(load_model("llama-3.1-8b-instruct"), fp8_serving)
+        if shape.max_query_len == 1 and shape.num_seqs == 3
+    )
     call = _without_reshape_and_cache(fp8_decode, target)
     traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
     with tempfile.TemporaryDirectory() as cache:
         launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
-    document["fp8_keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched,
-                            "q_is_fp8": [constants_of(job).get("Q_IS_FP8") for job in traced.jobs]}  # fmt: skip
+    document["fp8_keys"] = {
+        "traced": [job.key for job in traced.jobs],
+        "launched": launched,
+        "q_is_fp8": [constants_of(job).get("Q_IS_FP8") for job in traced.jobs],
+    }
     coverage = {}
     llama, other = "llama-3.1-8b-instruct", {"cudagraph_capture_sizes": OTHER_CAPTURE_SIZES}
-    cases = {"mistral-7b-v0.1 auto": ("mistral-7b-v0.1", {}),
-             "llama-3.1-8b-instruct fp8": (llama, {"kv_cache_dtype": "fp8"}),
-             "llama-3.1-8b-instruct other capture sizes": (llama, other)}  # fmt: skip
+    cases = {
+        "mistral-7b-v0.1 auto": ("mistral-7b-v0.1", {}),
+        "llama-3.1-8b-instruct fp8": (llama, {"kv_cache_dtype": "fp8"}),
+        "llama-3.1-8b-instruct other capture sizes": (llama, other),
+    }
     for seed, (label, (preset, serving)) in enumerate(cases.items()):
         plan_keys = {job.key for job in planned(preset, "TRITON_ATTN", target, **serving).jobs}
         steps, swept_keys = _sweep_keys_0_19(preset, target, seed, 80, **serving)
-        coverage[label] = {"steps": steps, "kernels": len(swept_keys), "plan": len(plan_keys),
-                           "missing": len(swept_keys - plan_keys)}  # fmt: skip
+        coverage[label] = {
+            "steps": steps,
+            "kernels": len(swept_keys),
+            "plan": len(plan_keys),
+            "missing": len(swept_keys - plan_keys),
+        }
     # Negative control: the plan's own steps without the straddling layers miss what the sweep finds.
     model, serving = load_model(llama), ServingParams(**SERVING)
-    kept = tuple(shape for shape in TRITON.enumerate_shapes(model, serving)
-                 if shape.kv_cache_storage != "straddles_2gib")  # fmt: skip
-    kept_keys = {job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn",
-                                                TRITON.traced_modules).jobs}  # fmt: skip
+    kept = tuple(
+        shape for shape in TRITON.enumerate_shapes(model, serving) if shape.kv_cache_storage != "straddles_2gib"
+    )
+    kept_keys = {
+        job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn", TRITON.traced_modules).jobs
+    }
     _, swept_keys = _sweep_keys_0_19(llama, target, 21, 80)
     coverage["missing_without_straddling_layers"] = len(swept_keys - kept_keys)
     document["coverage_0_19"] = coverage
@@ -348,12 +407,21 @@ def triton_mla(target=GFX942) -> dict[str, object]:
     traced = trace_calls([("call", call)], target, "triton_mla", MLA.traced_modules)
     with tempfile.TemporaryDirectory() as cache:
         launched = launch_path_keys(cache, target, call, MLA.traced_modules)
-    document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched,
-                        "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+    document["keys"] = {
+        "traced": [job.key for job in traced.jobs],
+        "launched": launched,
+        "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+    }
     rng = random.Random(3)
-    swept_shapes = [replace(shapes[0], batch=rng.randint(1, serving.max_num_seqs),
-                            max_seq_len=rng.randint(1, serving.model_len(model)),
-                            kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])) for _ in range(20)]  # fmt: skip
+    swept_shapes = [
+        replace(
+            shapes[0],
+            batch=rng.randint(1, serving.max_num_seqs),
+            max_seq_len=rng.randint(1, serving.model_len(model)),
+            kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+        )
+        for _ in range(20)
+    ]
     swept = trace_calls(MLA.calls(tuple(swept_shapes), target), target, "triton_mla", MLA.traced_modules)
     swept_keys = {job.key for job in swept.jobs}
     plan_keys = {job.key for job in plan_jobs}
@@ -363,10 +431,15 @@ def triton_mla(target=GFX942) -> dict[str, object]:
         small = [shape for shape in shapes if shape.kv_cache_storage == "under_2gib"]
     else:
         small = [shape for shape in shapes if shape.context_chunks]
-    small_keys = {job.key for job in trace_calls(MLA.calls(tuple(small), target), target, "triton_mla",
-                                                 MLA.traced_modules).jobs}  # fmt: skip
-    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
-                            "missing_from_smaller_plan": len(swept_keys - small_keys)}  # fmt: skip
+    small_keys = {
+        job.key for job in trace_calls(MLA.calls(tuple(small), target), target, "triton_mla", MLA.traced_modules).jobs
+    }
+    document["coverage"] = {
+        "steps": swept.calls,
+        "kernels": len(swept_keys),
+        "missing": len(swept_keys - plan_keys),
+        "missing_from_smaller_plan": len(swept_keys - small_keys),
+    }
     return document
 
 
@@ -381,8 +454,11 @@ def cuda_merge() -> int:
         except ModuleNotFoundError:  # its parent package is not in this release
             return False
 
-    module = next(name for name in ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
-                  if exists(name))  # fmt: skip
+    module = next(
+        name
+        for name in ("vllm.v1.attention.ops.merge_attn_states", "vllm.attention.ops.merge_attn_states")
+        if exists(name)
+    )
     return merge_kernels(module, SM90)
 
 
@@ -410,17 +486,18 @@ def cuda_selection() -> list[dict[str, object]]:
     classes that cannot be imported without the GPU are named, and skipped)."""
     import vllm.platforms as platforms
 
-    from kprecompile.driver import active_target
-    from kprecompile.engines import select as select_backend
-    from kprecompile.integrations.vllm.platform import target_imports
+    from kprecompile.platforms.triton_driver import active_target
+    from kprecompile.platforms.vllm_platform import target_imports
+    from kprecompile.selection.engines import select as select_backend
 
     rows = []
     for name in ("sm80", "sm89", "sm90", "sm100"):
         target = TARGETS[name]
         for preset in ("llama-3.1-8b-instruct", "deepseek-v2-lite"):
             model = load_model(preset)
-            mirror = select_backend(model, "vllm", None, environ={}, vllm_release=installed_release(),
-                                    targets=[target]).attention_backend  # fmt: skip
+            mirror = select_backend(
+                model, "vllm", None, environ={}, vllm_release=installed_release(), targets=[target]
+            ).attention_backend
             with active_target(target), target_imports(target):
                 cuda = import_library_module("vllm.platforms.cuda")
                 capability = platforms.current_platform.get_device_capability()
@@ -464,15 +541,24 @@ def mla_merge() -> dict[str, object]:
     swept_shapes = []
     for _ in range(12):
         prefills = rng.randint(1, serving.max_num_seqs)
-        swept_shapes.append(replace(shapes[0], prefills=prefills, context_chunks=rng.randint(1, 4),
-                                    tokens=rng.randint(prefills, serving.max_num_batched_tokens)))  # fmt: skip
+        swept_shapes.append(
+            replace(
+                shapes[0],
+                prefills=prefills,
+                context_chunks=rng.randint(1, 4),
+                tokens=rng.randint(prefills, serving.max_num_batched_tokens),
+            )
+        )
     swept = trace_calls(MERGE.calls(tuple(swept_shapes), GFX942), GFX942, "mla_merge", MERGE.traced_modules)
     swept_keys = {job.key for job in swept.jobs}
     one_chunk = trace_calls(MERGE.calls(shapes[:1], GFX942), GFX942, "mla_merge", MERGE.traced_modules)
     smaller_plan = {job.key for job in one_chunk.jobs}
-    document["coverage"] = {"steps": swept.calls, "kernels": len(swept_keys),
-                            "missing": len(swept_keys - {job.key for job in plan_jobs}),
-                            "missing_from_smaller_plan": len(swept_keys - smaller_plan)}  # fmt: skip
+    document["coverage"] = {
+        "steps": swept.calls,
+        "kernels": len(swept_keys),
+        "missing": len(swept_keys - {job.key for job in plan_jobs}),
+        "missing_from_smaller_plan": len(swept_keys - smaller_plan),
+    }
     return document
 
 
@@ -512,19 +598,32 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
         extends = rng.choice([1, 2, 3, rng.randint(1, serving.max_num_seqs)])
         queries = tuple(rng.randint(2, 64) for _ in range(extends))
         contexts = tuple(rng.choice([1, rng.randint(1, 64), rng.randint(1, model_len - query)]) for query in queries)
-        swept_shapes.append(replace(shapes[0], query_lens=queries, context_lens=contexts,
-                                    kv_cache_storage=rng.choice(["under_2gib", "over_2gib"])))  # fmt: skip
+        swept_shapes.append(
+            replace(
+                shapes[0],
+                query_lens=queries,
+                context_lens=contexts,
+                kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+            )
+        )
     swept_keys = _context_keys(swept_shapes)
     small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
-    document["coverage"] = {"steps": len(swept_shapes), "kernels": len(swept_keys),
-                            "missing": len(swept_keys - {job.key for job in plan_jobs}),
-                            "missing_from_smaller_plan": len(swept_keys - _context_keys(small))}  # fmt: skip
+    document["coverage"] = {
+        "steps": len(swept_shapes),
+        "kernels": len(swept_keys),
+        "missing": len(swept_keys - {job.key for job in plan_jobs}),
+        "missing_from_smaller_plan": len(swept_keys - _context_keys(small)),
+    }
     return document
 
 
 def _context_keys(shapes, target=GFX942) -> set[str]:
-    return {job.key for job in trace_calls(CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context",
-                                           CONTEXT.traced_modules).jobs}  # fmt: skip
+    return {
+        job.key
+        for job in trace_calls(
+            CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context", CONTEXT.traced_modules
+        ).jobs
+    }
 
 
 def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int) -> list:
@@ -537,14 +636,23 @@ def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int)
         extends = rng.choice([1, 2, 3, rng.randint(1, 16), rng.randint(5, 24)])
         queries = tuple(rng.randint(2, 30) for _ in range(extends))
         near_end = rng.random() < 0.5
-        contexts = tuple(rng.choice([1, rng.randint(1, 64), rng.randint(1, model_len - query)]
-                                    + [model_len - query - rng.randint(0, 40)] * (3 if near_end else 0))
-                         for query in queries)  # fmt: skip
+        contexts = tuple(
+            rng.choice(
+                [1, rng.randint(1, 64), rng.randint(1, model_len - query)]
+                + [model_len - query - rng.randint(0, 40)] * (3 if near_end else 0)
+            )
+            for query in queries
+        )
         shape = rng.choice(shapes)
-        steps.append(replace(shape, query_lens=(1,) * decodes + queries,
-                             context_lens=tuple(rng.randint(1, model_len - 1) for _ in range(decodes)) + contexts,
-                             kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
-                             kv_cache_blocks=rng.choice([0, _random_layer_blocks(shape, rng)])))  # fmt: skip
+        steps.append(
+            replace(
+                shape,
+                query_lens=(1,) * decodes + queries,
+                context_lens=tuple(rng.randint(1, model_len - 1) for _ in range(decodes)) + contexts,
+                kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+                kv_cache_blocks=rng.choice([0, _random_layer_blocks(shape, rng)]),
+            )
+        )
     return steps
 
 
@@ -585,8 +693,9 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     for label, variables, kv_cache in (("default", {}, "auto"), ("fp8", {}, "fp8"), ("shuffle", shuffled, "auto")):
         with environment(**variables):
             jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA", kv_cache_dtype=kv_cache).jobs
-            document["kernels"][label] = sorted(job.kernel.rpartition(":")[2] for job in jobs
-                                                if job.family == "aiter_fa_context")  # fmt: skip
+            document["kernels"][label] = sorted(
+                job.kernel.rpartition(":")[2] for job in jobs if job.family == "aiter_fa_context"
+            )
             if label == "default":
                 plan_keys = {job.key for job in jobs}
     shapes = CONTEXT.enumerate_shapes(model, serving)
@@ -604,8 +713,12 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     swept_keys = _context_keys(swept)
     # The negative control: a plan whose extends' cached context always fits one chunk.
     one_chunk = [shape for shape in shapes if max(shape.context_lens) <= 32 * 1024 // len(shape.context_lens)]
-    document["coverage"] = {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
-                            "missing_from_smaller_plan": len(swept_keys - _context_keys(one_chunk))}  # fmt: skip
+    document["coverage"] = {
+        "steps": len(swept),
+        "kernels": len(swept_keys),
+        "missing": len(swept_keys - plan_keys),
+        "missing_from_smaller_plan": len(swept_keys - _context_keys(one_chunk)),
+    }
     document["speculative"] = _aiter_fa_speculative(model, seed)
     return document
 
@@ -619,8 +732,10 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
     serving = ServingParams(**SERVING, num_speculative_tokens=2)
     shapes = CONTEXT.enumerate_shapes(model, serving)
     plan_keys = _context_keys(shapes)
-    kernels = sorted(job.kernel.rpartition(":")[2] for job in trace_calls(
-        CONTEXT.calls(shapes, GFX942), GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs)  # fmt: skip
+    kernels = sorted(
+        job.kernel.rpartition(":")[2]
+        for job in trace_calls(CONTEXT.calls(shapes, GFX942), GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs
+    )
     step = replace(shapes[0], query_lens=(3, 2, 3), context_lens=(4000, 700, 9))
     call = functools.partial(CONTEXT.launch, step, GFX942)
     traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
@@ -632,23 +747,41 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
     for _ in range(80):
         decodes = rng.randint(1, serving.max_num_seqs)
         queries = tuple(rng.choice([1, 2, 3]) for _ in range(decodes))
-        contexts = tuple(rng.choice([rng.randint(1, 600), rng.randint(1, 3000), rng.randint(1, model_len - 3)])
-                         for _ in range(decodes))  # fmt: skip
+        contexts = tuple(
+            rng.choice([rng.randint(1, 600), rng.randint(1, 3000), rng.randint(1, model_len - 3)])
+            for _ in range(decodes)
+        )
         extends = rng.choice([0, 0, 1, rng.randint(2, 8)])
         queries += tuple(rng.randint(4, 20) for _ in range(extends))
         contexts += tuple(rng.choice([1, rng.randint(1, 64), model_len - 30]) for _ in range(extends))
-        swept.append(replace(shapes[0], query_lens=queries, context_lens=contexts,
-                             kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
-                             kv_cache_blocks=rng.choice([0, 0, rng.randint(1, 9000)])))  # fmt: skip
+        swept.append(
+            replace(
+                shapes[0],
+                query_lens=queries,
+                context_lens=contexts,
+                kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+                kv_cache_blocks=rng.choice([0, 0, rng.randint(1, 9000)]),
+            )
+        )
     swept_keys = _context_keys(swept)
     without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING)))
     # The negative control: verify steps at one batch size per integer class (1, 2, 16), not every one.
-    per_class = [shape for shape in shapes if max(shape.query_lens) > serving.decode_query_len
-                 or len(shape.query_lens) in (1, 2, 16)]  # fmt: skip
-    return {"kernels": kernels, "keys": {"traced": [job.key for job in traced.jobs], "launched": launched},
-            "coverage": {"steps": len(swept), "kernels": len(swept_keys), "missing": len(swept_keys - plan_keys),
-                         "missing_without_speculation": len(swept_keys - without),
-                         "missing_from_class_representatives": len(swept_keys - _context_keys(per_class))}}  # fmt: skip
+    per_class = [
+        shape
+        for shape in shapes
+        if max(shape.query_lens) > serving.decode_query_len or len(shape.query_lens) in (1, 2, 16)
+    ]
+    return {
+        "kernels": kernels,
+        "keys": {"traced": [job.key for job in traced.jobs], "launched": launched},
+        "coverage": {
+            "steps": len(swept),
+            "kernels": len(swept_keys),
+            "missing": len(swept_keys - plan_keys),
+            "missing_without_speculation": len(swept_keys - without),
+            "missing_from_class_representatives": len(swept_keys - _context_keys(per_class)),
+        },
+    }
 
 
 LINEAR = FAMILIES["block_fp8_linear"]
@@ -661,8 +794,12 @@ def _linear_shapes(**serving: object):
 
 
 def _linear_keys(shapes, target) -> set[str]:
-    return {job.key for job in trace_calls(LINEAR.calls(tuple(shapes), target), target, "block_fp8_linear",
-                                           LINEAR.traced_modules).jobs}  # fmt: skip
+    return {
+        job.key
+        for job in trace_calls(
+            LINEAR.calls(tuple(shapes), target), target, "block_fp8_linear", LINEAR.traced_modules
+        ).jobs
+    }
 
 
 def block_fp8_linear(seed: int = 12) -> dict[str, object]:
@@ -675,8 +812,11 @@ def block_fp8_linear(seed: int = 12) -> dict[str, object]:
     model = load_model("deepseek-r1")
     document: dict[str, object] = {"choices": {}, "vllm_chose": {}}
     for engine, aiter in (("vllm", "0"), ("vllm-aiter", "1")):
-        [choice] = [c for c in select(model, engine, None, environ={}, vllm_release=installed_release()).choices
-                    if c.family == "block_fp8_linear"]  # fmt: skip
+        [choice] = [
+            c
+            for c in select(model, engine, None, environ={}, vllm_release=installed_release()).choices
+            if c.family == "block_fp8_linear"
+        ]
         for target in (GFX942, GFX950):
             document["choices"][f"{target.name} aiter={aiter}"] = choice.skip_reason or choice.skip_reason_on(
                 target.name
@@ -707,27 +847,46 @@ def block_fp8_linear(seed: int = 12) -> dict[str, object]:
             swept.append(replace(rng.choice(shapes), m=m, device_name=rng.choice(DEVICE_NAMES[target.name])))
         swept_keys = _linear_keys(swept, target)
         without_div16 = _linear_keys([s for s in shapes if s.m % 16], target)
-        untuned_only = _linear_keys([s for s in shapes if s.device_name not in ("AMD_Instinct_MI300X",
-                                     "AMD_Instinct_MI325X", "AMD_Instinct_MI325_OAM")], target)  # fmt: skip
-        coverage[target.name] = {"steps": len(swept), "kernels": len(swept_keys), "plan": len(plan_keys),
-                                 "missing": len(swept_keys - plan_keys),
-                                 "missing_without_div16": len(swept_keys - without_div16),
-                                 "missing_untuned_only": len(swept_keys - untuned_only)}  # fmt: skip
+        untuned_only = _linear_keys(
+            [
+                s
+                for s in shapes
+                if s.device_name not in ("AMD_Instinct_MI300X", "AMD_Instinct_MI325X", "AMD_Instinct_MI325_OAM")
+            ],
+            target,
+        )
+        coverage[target.name] = {
+            "steps": len(swept),
+            "kernels": len(swept_keys),
+            "plan": len(plan_keys),
+            "missing": len(swept_keys - plan_keys),
+            "missing_without_div16": len(swept_keys - without_div16),
+            "missing_untuned_only": len(swept_keys - untuned_only),
+        }
     document["coverage"] = coverage
     # Traced first, then compiled for real: a kernel compiled in this process is launched, not traced.
-    calls = {"eager quantization": (eager[0], GFX950),
-             "gemm default config": (next(s for s in graph if s.arch == "gfx950" and s.m == 1), GFX950),
-             "gemm MI300X table": (tuned, GFX942)}  # fmt: skip
+    calls = {
+        "eager quantization": (eager[0], GFX950),
+        "gemm default config": (next(s for s in graph if s.arch == "gfx950" and s.m == 1), GFX950),
+        "gemm MI300X table": (tuned, GFX942),
+    }
     rows = {}
     for label, (shape, target) in calls.items():
-        traced = trace_calls([("call", functools.partial(LINEAR.launch, shape, target))], target, "block_fp8_linear",
-                             LINEAR.traced_modules)  # fmt: skip
-        rows[label] = {"traced": [job.key for job in traced.jobs],
-                       "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+        traced = trace_calls(
+            [("call", functools.partial(LINEAR.launch, shape, target))],
+            target,
+            "block_fp8_linear",
+            LINEAR.traced_modules,
+        )
+        rows[label] = {
+            "traced": [job.key for job in traced.jobs],
+            "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+        }
     for label, (shape, target) in calls.items():
         with tempfile.TemporaryDirectory() as cache:
-            rows[label]["launched"] = launch_path_keys(cache, target, functools.partial(LINEAR.launch, shape, target),
-                                                       LINEAR.traced_modules)  # fmt: skip
+            rows[label]["launched"] = launch_path_keys(
+                cache, target, functools.partial(LINEAR.launch, shape, target), LINEAR.traced_modules
+            )
     document["keys"] = rows
     return document
 
@@ -736,7 +895,7 @@ def untraceable() -> dict[str, object]:
     """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
     reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
     one selection with it here) is traced as before."""
-    from kprecompile.engines import FamilyChoice, Selection
+    from kprecompile.selection.engines import FamilyChoice, Selection
     from kprecompile.shapes import rocm_attn
     from kprecompile.shapes._vllm_backend import backend_step
 
@@ -751,8 +910,11 @@ def untraceable() -> dict[str, object]:
     finally:
         FAMILIES["rocm_attn"] = saved
     reasons = {family.family: family.skip_reason for family in result.families}
-    return {"reason": reasons["rocm_attn"], "planned": [name for name, reason in reasons.items() if reason is None],
-            "kernels": len(result.jobs)}  # fmt: skip
+    return {
+        "reason": reasons["rocm_attn"],
+        "planned": [name for name, reason in reasons.items() if reason is None],
+        "kernels": len(result.jobs),
+    }
 
 
 def nvidia() -> dict[str, object]:
@@ -761,8 +923,13 @@ def nvidia() -> dict[str, object]:
     model = load_model("deepseek-v2-lite")
     tp2 = ServingParams(**SERVING, tensor_parallel_size=2)
     selection = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=installed_release(), targets=[SM90])
-    return {"triton_attn": triton_attn(SM90), "triton_mla": triton_mla(SM90), "merge": cuda_merge(),
-            "selection": cuda_selection(), "mla_tp2": kernels(plan(model, tp2, [SM90], selection))}  # fmt: skip
+    return {
+        "triton_attn": triton_attn(SM90),
+        "triton_mla": triton_mla(SM90),
+        "merge": cuda_merge(),
+        "selection": cuda_selection(),
+        "mla_tp2": kernels(plan(model, tp2, [SM90], selection)),
+    }
 
 
 if __name__ == "__main__":
@@ -772,8 +939,17 @@ if __name__ == "__main__":
     # block_fp8_linear first: it imports vLLM's model modules (some register operators at import)
     # outside any family's per-target re-import of vLLM's attention ops (see the report).
     linear = block_fp8_linear()
-    document = {"release": installed_release(), "plans": plans(), "fp8_ranges": fp8_ranges(), "keys": keys(),
-                "coverage": coverage(), "triton_attn": triton_attn(), "triton_mla": triton_mla(),
-                "mla_merge": mla_merge(), "aiter_fa_context": aiter_fa_context(),
-                "block_fp8_linear": linear, "untraceable": untraceable()}  # fmt: skip
+    document = {
+        "release": installed_release(),
+        "plans": plans(),
+        "fp8_ranges": fp8_ranges(),
+        "keys": keys(),
+        "coverage": coverage(),
+        "triton_attn": triton_attn(),
+        "triton_mla": triton_mla(),
+        "mla_merge": mla_merge(),
+        "aiter_fa_context": aiter_fa_context(),
+        "block_fp8_linear": linear,
+        "untraceable": untraceable(),
+    }
     print(json.dumps(document))

@@ -30,14 +30,14 @@ from pathlib import Path
 from test_trace import launch_path_keys
 from vllm_kernels_probe import environment
 
-from kprecompile.engines import select
-from kprecompile.models import load_model
-from kprecompile.releases import installed_release
-from kprecompile.serving import ServingParams
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import select
 from kprecompile.shapes import FAMILIES
 from kprecompile.shapes.block_fp8_linear import DEVICE_NAMES, _tuned_batch_sizes, built_layer, chosen_path
-from kprecompile.targets import TARGETS
-from kprecompile.trace import trace_calls
+from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import installed_release
 
 LINEAR = FAMILIES["block_fp8_linear"]
 SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192, "tensor_parallel_size": 8}
@@ -55,8 +55,12 @@ def one_per_layer(shapes):
 
 
 def keys_of(shapes, target) -> set[str]:
-    return {job.key for job in trace_calls(LINEAR.calls(tuple(shapes), target), target, "block_fp8_linear",
-                                           LINEAR.traced_modules).jobs}  # fmt: skip
+    return {
+        job.key
+        for job in trace_calls(
+            LINEAR.calls(tuple(shapes), target), target, "block_fp8_linear", LINEAR.traced_modules
+        ).jobs
+    }
 
 
 def engine_rule(target) -> dict[str, object]:
@@ -64,8 +68,11 @@ def engine_rule(target) -> dict[str, object]:
     document: dict[str, object] = {}
     for aiter in ("0", "1") if target.is_rocm else ("0",):
         engine = "vllm-aiter" if aiter == "1" else "vllm"
-        [choice] = [c for c in select(model, engine, None, environ={}, vllm_release=installed_release(),
-                                      targets=[target]).choices if c.family == "block_fp8_linear"]  # fmt: skip
+        [choice] = [
+            c
+            for c in select(model, engine, None, environ={}, vllm_release=installed_release(), targets=[target]).choices
+            if c.family == "block_fp8_linear"
+        ]
         chose: dict[str, object] = {}
 
         def build(chose=chose):
@@ -76,8 +83,10 @@ def engine_rule(target) -> dict[str, object]:
 
         with environment(VLLM_ROCM_USE_AITER=aiter):
             trace_calls([("build", build)], target, "block_fp8_linear", LINEAR.traced_modules)
-        document[f"aiter={aiter}"] = {"reason": choice.skip_reason or choice.skip_reason_on(target.name),
-                                      "vllm_chose": chose}  # fmt: skip
+        document[f"aiter={aiter}"] = {
+            "reason": choice.skip_reason or choice.skip_reason_on(target.name),
+            "vllm_chose": chose,
+        }
     return document
 
 
@@ -95,8 +104,12 @@ def aiter_path(target) -> dict[str, object]:
 
         with environment(VLLM_ROCM_USE_AITER="1"):
             traced = trace_calls([("forward", forward)], target, "block_fp8_linear", LINEAR.traced_modules)
-        layers[shape.layer] = {"n": shape.n, "k": shape.k, "kernels": len(traced.jobs),
-                               "aiter_table": aiter_table(shape.n, shape.k)}  # fmt: skip
+        layers[shape.layer] = {
+            "n": shape.n,
+            "k": shape.k,
+            "kernels": len(traced.jobs),
+            "aiter_table": aiter_table(shape.n, shape.k),
+        }
         if len(layers) == 1:
             # The same forward with AITER off launches vLLM's Triton kernels: the trace sees them.
             with environment(VLLM_ROCM_USE_AITER="0"):
@@ -117,8 +130,9 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
     graph = shapes_of(target)
     # A layer and device with a tuned table in the release (DeepSeek-R1's have L20 tables, not L40S
     # ones), and one without, both at an M of the same integer class: only the table differs.
-    tuned = next(s for s in graph if s.m > 1 and s.m % 16
-                 and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is not None)  # fmt: skip
+    tuned = next(
+        s for s in graph if s.m > 1 and s.m % 16 and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is not None
+    )
     rng = random.Random(seed)
     plan_keys = keys_of(graph, target)
     swept = []
@@ -130,25 +144,36 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
     swept_keys = keys_of(swept, target)
     tuned_devices = ("NVIDIA_L40S", "NVIDIA_L20", "NVIDIA_L20Y")
     untuned_only = [s for s in graph if s.device_name not in tuned_devices]
-    coverage = {"steps": len(swept), "kernels": len(swept_keys), "plan": len(plan_keys),
-                "missing": len(swept_keys - plan_keys),
-                "missing_without_div16": len(swept_keys - keys_of([s for s in graph if s.m % 16], target)),
-                "missing_untuned_only": len(swept_keys - keys_of(untuned_only, target))}  # fmt: skip
-    untuned = next(s for s in graph if s.m > 1 and s.m % 16
-                   and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is None)  # fmt: skip
-    calls = {"gemm default config": untuned,
-             "gemm tuned table": tuned}  # fmt: skip
+    coverage = {
+        "steps": len(swept),
+        "kernels": len(swept_keys),
+        "plan": len(plan_keys),
+        "missing": len(swept_keys - plan_keys),
+        "missing_without_div16": len(swept_keys - keys_of([s for s in graph if s.m % 16], target)),
+        "missing_untuned_only": len(swept_keys - keys_of(untuned_only, target)),
+    }
+    untuned = next(
+        s for s in graph if s.m > 1 and s.m % 16 and _tuned_batch_sizes(s.n, s.k, s.device_name, s.block) is None
+    )
+    calls = {"gemm default config": untuned, "gemm tuned table": tuned}
     rows = {}
     for label, shape in calls.items():
-        traced = trace_calls([("call", functools.partial(LINEAR.launch, shape, target))], target, "block_fp8_linear",
-                             LINEAR.traced_modules)  # fmt: skip
-        rows[label] = {"traced": [job.key for job in traced.jobs],
-                       "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+        traced = trace_calls(
+            [("call", functools.partial(LINEAR.launch, shape, target))],
+            target,
+            "block_fp8_linear",
+            LINEAR.traced_modules,
+        )
+        rows[label] = {
+            "traced": [job.key for job in traced.jobs],
+            "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+        }
     # Traced first, then compiled for real: a kernel compiled in this process is launched, not traced.
     for label, shape in calls.items():
         with tempfile.TemporaryDirectory() as cache:
-            rows[label]["launched"] = launch_path_keys(cache, target, functools.partial(LINEAR.launch, shape, target),
-                                                       LINEAR.traced_modules)  # fmt: skip
+            rows[label]["launched"] = launch_path_keys(
+                cache, target, functools.partial(LINEAR.launch, shape, target), LINEAR.traced_modules
+            )
             rows[label]["compiled_files"] = sorted(path.suffix for path in Path(cache).rglob("*") if path.is_file())
     return {"coverage": coverage, "keys": rows}
 

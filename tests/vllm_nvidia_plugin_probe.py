@@ -25,10 +25,10 @@ import sys
 import torch
 from vllm_probe import _bind_platform
 
-from kprecompile.configuration import find_manifest
-from kprecompile.integrations.vllm.platform import cuda_platform, target_imports
-from kprecompile.integrations.vllm.plugin import loader_hook
-from kprecompile.targets import TARGETS
+from kprecompile.build.manifest_key import find_manifest
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
+from kprecompile.serve.vllm.plugin import loader_hook
 
 SM90 = TARGETS["sm90"]
 
@@ -56,8 +56,14 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
             os.environ["VLLM_ATTENTION_BACKEND"] = backend
         else:
             named["attention_backend"] = backend
-    config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1,
-                        max_num_batched_tokens=4096, **named).create_engine_config()  # fmt: skip
+    config = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=4096,
+        max_num_seqs=1,
+        max_num_batched_tokens=4096,
+        **named,
+    ).create_engine_config()
     try:
         from vllm.model_executor.layers.attention import Attention
     except ImportError:  # up to 0.18
@@ -67,8 +73,14 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
         model.attn = _FlashAttentionLayer()
     else:
         with target_imports(SM90), set_current_vllm_config(config):
-            model.attn = Attention(32, 128, 128**-0.5, num_kv_heads=8, cache_config=config.cache_config,
-                                   prefix="model.layers.0.self_attn.attn")  # fmt: skip
+            model.attn = Attention(
+                32,
+                128,
+                128**-0.5,
+                num_kv_heads=8,
+                cache_config=config.cache_config,
+                prefix="model.layers.0.self_attn.attn",
+            )
     os.environ.pop("VLLM_ATTENTION_BACKEND", None)
     hook.request, hook.background, hook.events = None, None, []
     hook._model_built(model, (), {"vllm_config": config})
@@ -76,8 +88,9 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
     started = hook.background is not None
     hook._before_weights_processed((), {})
     hook._model_loaded(None, (), {})
-    lookup = request and find_manifest(request.model, request.serving, request.selection, SM90, hook.layout,
-                                       remember=False)  # fmt: skip
+    lookup = request and find_manifest(
+        request.model, request.serving, request.selection, SM90, hook.layout, remember=False
+    )
     manifest = lookup.manifest if lookup else None
     return {
         "manifest_kernels": sorted(job.kernel.rpartition(":")[2] for job in manifest.jobs) if manifest else None,

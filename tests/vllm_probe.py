@@ -29,14 +29,15 @@ import sys
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from kprecompile.configuration import configuration_parts, find_manifest  # noqa: E402
-from kprecompile.engines import select  # noqa: E402
-from kprecompile.integrations.vllm.config import from_vllm_config  # noqa: E402
-from kprecompile.integrations.vllm.platform import rocm_platform  # noqa: E402
-from kprecompile.integrations.vllm.plugin import _MARK, loader_hook  # noqa: E402
-from kprecompile.models import load_model  # noqa: E402
-from kprecompile.settings import cache_layout  # noqa: E402
-from kprecompile.targets import TARGETS  # noqa: E402
+from kprecompile.build.manifest_key import configuration_parts, find_manifest  # noqa: E402
+from kprecompile.inputs.models import load_model  # noqa: E402
+from kprecompile.inputs.settings import cache_layout  # noqa: E402
+from kprecompile.inputs.targets import TARGETS  # noqa: E402
+from kprecompile.platforms.vllm_platform import rocm_platform  # noqa: E402
+from kprecompile.selection.engines import select  # noqa: E402
+from kprecompile.serve.vllm.plugin import _MARK, loader_hook  # noqa: E402
+from kprecompile.serve.vllm.request import from_vllm_config  # noqa: E402
+from kprecompile.vllm.releases import serving_capture_sizes  # noqa: E402
 
 GFX942 = TARGETS["gfx942"]
 
@@ -84,10 +85,11 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     }
     from vllm.engine.arg_utils import EngineArgs
 
-    config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1,
-                        max_num_batched_tokens=4096).create_engine_config()  # fmt: skip
+    config = EngineArgs(
+        model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1, max_num_batched_tokens=4096
+    ).create_engine_config()
     request = from_vllm_config(config)
-    document["serving"] = request.serving.resolved(request.model)
+    document["serving"] = request.serving.resolved(request.model, serving_capture_sizes(request.serving))
     document["backend_requested"] = request.selection.attention_backend
     # The key the CLI computes for the same config.json and the settings vLLM resolved.
     cli_model = load_model(model_dir)
@@ -95,16 +97,25 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     parts = {
         side: configuration_parts(
             model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
-        )  # fmt: skip
+        )
         for side, model in (("vllm", request.model), ("cli", cli_model))
     }
     document["same_key_as_cli"] = parts["vllm"] == parts["cli"]
     document["digests"] = [request.model.digest, cli_model.digest]
     # Another server: an FP8 KV cache, no graphs, pages of one token.
-    other = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=2048, max_num_seqs=8,
-                       kv_cache_dtype="fp8", enforce_eager=True, block_size=1).create_engine_config()  # fmt: skip
+    other = EngineArgs(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=2048,
+        max_num_seqs=8,
+        kv_cache_dtype="fp8",
+        enforce_eager=True,
+        block_size=1,
+    ).create_engine_config()
     other_request = from_vllm_config(other)
-    document["other_serving"] = other_request.serving.resolved(other_request.model)
+    document["other_serving"] = other_request.serving.resolved(
+        other_request.model, serving_capture_sizes(other_request.serving)
+    )
     document["selection"] = selections(config.model_config, cli_model)
     document["capture_sizes"] = capture_sizes(model_dir)
     document["load"] = load_sequence(config, hook, base_loader)
@@ -125,8 +136,12 @@ def _refresh_aiter_flags() -> None:
         setattr(rocm_aiter_ops, attribute, getattr(envs, variable))
 
 
-GQA_FLAGS = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MHA", "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
-             "VLLM_V1_USE_PREFILL_DECODE_ATTENTION")  # fmt: skip
+GQA_FLAGS = (
+    "VLLM_ROCM_USE_AITER",
+    "VLLM_ROCM_USE_AITER_MHA",
+    "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
+    "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
+)
 MLA_FLAGS = ("VLLM_ROCM_USE_AITER", "VLLM_ROCM_USE_AITER_MLA")
 
 
@@ -138,7 +153,7 @@ def selections(model_config, mla_model) -> list[dict]:
     import vllm
     from vllm.platforms import current_platform
 
-    from kprecompile.models import load_model
+    from kprecompile.inputs.models import load_model
 
     try:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
@@ -153,9 +168,10 @@ def selections(model_config, mla_model) -> list[dict]:
     gqa_model = load_model("llama-3.1-8b-instruct")
     rows = []
     saved = dict(os.environ)
-    cases = [(mla_model, True, MLA_FLAGS, (None, "ROCM_AITER_MLA", "TRITON_MLA")),
-             (gqa_model, False, GQA_FLAGS, (None, "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN",
-                                            "TRITON_ATTN"))]  # fmt: skip
+    cases = [
+        (mla_model, True, MLA_FLAGS, (None, "ROCM_AITER_MLA", "TRITON_MLA")),
+        (gqa_model, False, GQA_FLAGS, (None, "ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN")),
+    ]
     try:
         for model, use_mla, flags, requested_backends in cases:
             for values in itertools.product("01", repeat=len(flags)):
@@ -167,8 +183,9 @@ def selections(model_config, mla_model) -> list[dict]:
                     selected = AttentionBackendEnum[requested] if requested else None
                     try:
                         if vllm.__version__.startswith(("0.11", "0.12")):
-                            path = current_platform.get_attn_backend_cls(selected, head, torch.bfloat16, "auto", 16,
-                                                                         use_mla, False, False)  # fmt: skip
+                            path = current_platform.get_attn_backend_cls(
+                                selected, head, torch.bfloat16, "auto", 16, use_mla, False, False
+                            )
                         else:
                             from vllm.v1.attention.selector import AttentionSelectorConfig
 
@@ -179,17 +196,25 @@ def selections(model_config, mla_model) -> list[dict]:
                                 block_size=16,
                                 use_mla=use_mla,
                             )
-                            path = current_platform.get_attn_backend_cls(selected, selector)  # fmt: skip
+                            path = current_platform.get_attn_backend_cls(selected, selector)
                         real = names.get(path, path)
                     except Exception as error:
                         real = f"refused: {type(error).__name__}"
                     try:
-                        mirror = select(model, "vllm", requested, environ=environ, vllm_release=vllm.__version__
-                                        ).attention_backend  # fmt: skip
+                        mirror = select(
+                            model, "vllm", requested, environ=environ, vllm_release=vllm.__version__
+                        ).attention_backend
                     except Exception as error:
                         mirror = f"refused: {type(error).__name__}"
-                    rows.append({"model": "mla" if use_mla else "gqa", "flags": environ, "requested": requested,
-                                 "vllm": real, "mirror": mirror})  # fmt: skip
+                    rows.append(
+                        {
+                            "model": "mla" if use_mla else "gqa",
+                            "flags": environ,
+                            "requested": requested,
+                            "vllm": real,
+                            "mirror": mirror,
+                        }
+                    )
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -202,24 +227,34 @@ def capture_sizes(model_dir: str) -> list[dict]:
     import vllm
     from vllm.engine.arg_utils import EngineArgs
 
-    from kprecompile import releases
+    from kprecompile.vllm import releases
 
     rows = []
     for max_num_seqs, tokens in ((1, 2048), (3, 2048), (8, 2048), (64, 2048), (300, 400), (1024, 8192)):
-        config = EngineArgs(model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=max_num_seqs,
-                            max_num_batched_tokens=tokens).create_engine_config()  # fmt: skip
-        rows.append({"max_num_seqs": max_num_seqs, "max_num_batched_tokens": tokens,
-                     "vllm": list(config.compilation_config.cudagraph_capture_sizes),
-                     "mirror": list(releases.capture_sizes(vllm.__version__, max_num_seqs, tokens, 1))})  # fmt: skip
+        config = EngineArgs(
+            model=model_dir,
+            skip_tokenizer_init=True,
+            max_model_len=4096,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=tokens,
+        ).create_engine_config()
+        rows.append(
+            {
+                "max_num_seqs": max_num_seqs,
+                "max_num_batched_tokens": tokens,
+                "vllm": list(config.compilation_config.cudagraph_capture_sizes),
+                "mirror": list(releases.capture_sizes(vllm.__version__, max_num_seqs, tokens, 1)),
+            }
+        )
     return rows
 
 
 def layer_backend_names() -> dict[str, list]:
     """What the hook names the backend of a layer built with each of vLLM's ROCm backend classes
     (the real classes from vLLM's registry), beside the name each class gives itself."""
-    from kprecompile.integrations.vllm.config import attention_backends
-    from kprecompile.integrations.vllm.platform import target_imports
-    from kprecompile.libraries import AITER_PACKAGE, aiter_hip_absent, import_library_module
+    from kprecompile.platforms.vllm_platform import target_imports
+    from kprecompile.serve.vllm.request import attention_backends
+    from kprecompile.tracing.libraries import AITER_PACKAGE, aiter_hip_absent, import_library_module
 
     # AITER's Triton side, as a builder without ROCm has it (ROCM_AITER_FA's module imports `aiter`).
     import_library_module(AITER_PACKAGE)
@@ -228,8 +263,14 @@ def layer_backend_names() -> dict[str, list]:
     except ImportError:
         from vllm.attention.backends.registry import AttentionBackendEnum
     names = {}
-    for name in ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_ATTN", "TRITON_ATTN", "ROCM_AITER_MLA",
-                 "TRITON_MLA"):  # fmt: skip
+    for name in (
+        "ROCM_AITER_FA",
+        "ROCM_AITER_UNIFIED_ATTN",
+        "ROCM_ATTN",
+        "TRITON_ATTN",
+        "ROCM_AITER_MLA",
+        "TRITON_MLA",
+    ):
         # Imported as on the GPU host (ROCm's flash-attn build, AITER's HIP side: absent here).
         with target_imports(GFX942), aiter_hip_absent():
             backend = AttentionBackendEnum[name].get_class()
@@ -285,8 +326,9 @@ def load_sequence(config, hook, base_loader) -> dict:
 
     serving = fp8_bmm_loop_call(m=40)
     records = read_records(hook.layout, hook.monitor.sink.key) if hook.monitor.sink else {}
-    lookup = find_manifest(hook.request.model, hook.request.serving, hook.request.selection, GFX942, hook.layout,
-                           remember=False)  # fmt: skip
+    lookup = find_manifest(
+        hook.request.model, hook.request.serving, hook.request.selection, GFX942, hook.layout, remember=False
+    )
     return {
         "serving": serving,
         "recorded": {
@@ -307,9 +349,9 @@ def fp8_bmm_loop_call(m: int) -> str:
     """vLLM's own entry point, with the tensors of its load-time loop (W_K and W_V products)."""
     from vllm._aiter_ops import rocm_aiter_ops
 
-    from kprecompile.driver import active_target
     from kprecompile.errors import LaunchRefusedError
-    from kprecompile.libraries import import_library_module
+    from kprecompile.platforms.triton_driver import active_target
+    from kprecompile.tracing.libraries import import_library_module
 
     heads, nope, lora, v_dim = 16, 128, 512, 128  # DeepSeek-V2-Lite, tp 1
     scale = torch.empty((), dtype=torch.float32, device="meta")

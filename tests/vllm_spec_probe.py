@@ -31,13 +31,13 @@ from dataclasses import replace
 from test_trace import launch_path_keys
 from vllm_kernels_probe import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
-from kprecompile.engines import select
-from kprecompile.libraries import import_library_module
-from kprecompile.models import load_model
-from kprecompile.planning import plan
-from kprecompile.releases import installed_release
-from kprecompile.serving import ServingParams
-from kprecompile.trace import trace_calls
+from kprecompile.build.planning import plan
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.selection.engines import select
+from kprecompile.tracing.libraries import import_library_module
+from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import installed_release
 
 LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 
@@ -60,8 +60,11 @@ def builder_view(preset: str, target, num_speculative_tokens: int) -> dict[str, 
     """The threshold and scratch rows vLLM's builder passes `unified_attention` for a 3-sequence
     verify step (seen at the call, which then runs as usual; in the traced process's fresh vLLM)."""
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
-    step = next(shape for shape in TRITON.enumerate_shapes(load_model(preset), serving)
-                if shape.num_seqs == 3 and shape.max_query_len == serving.decode_query_len)  # fmt: skip
+    step = next(
+        shape
+        for shape in TRITON.enumerate_shapes(load_model(preset), serving)
+        if shape.num_seqs == 3 and shape.max_query_len == serving.decode_query_len
+    )
     seen: dict[str, int] = {}
 
     def call():
@@ -69,8 +72,12 @@ def builder_view(preset: str, target, num_speculative_tokens: int) -> dict[str, 
         original = module.unified_attention
 
         def watched(**kwargs):
-            seen.update(threshold=kwargs["seq_threshold_3D"], rows=kwargs["softmax_segm_max"].shape[0],
-                        segments=kwargs["num_par_softmax_segments"], max_query_len=kwargs["max_seqlen_q"])  # fmt: skip
+            seen.update(
+                threshold=kwargs["seq_threshold_3D"],
+                rows=kwargs["softmax_segm_max"].shape[0],
+                segments=kwargs["num_par_softmax_segments"],
+                max_query_len=kwargs["max_seqlen_q"],
+            )
             return original(**kwargs)
 
         module.unified_attention = watched
@@ -101,9 +108,14 @@ def spec_sweep(preset: str, target, seed: int, count: int, **serving: object) ->
         tokens = sum(query_lens)
         if tokens > params.max_num_batched_tokens:
             continue
-        step = replace(template, num_seqs=num_seqs, tokens=tokens, max_query_len=max(query_lens),
-                       max_seq_len=rng.randint(max(query_lens), model_len),
-                       kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]))  # fmt: skip
+        step = replace(
+            template,
+            num_seqs=num_seqs,
+            tokens=tokens,
+            max_query_len=max(query_lens),
+            max_seq_len=rng.randint(max(query_lens), model_len),
+            kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
+        )
         shapes.append(replace(step, kv_cache_blocks=_random_layer_blocks(step, rng)))
     swept = trace_calls(TRITON.calls(tuple(shapes), target), target, "triton_attn", TRITON.traced_modules)
     return swept.calls, {job.key for job in swept.jobs}
@@ -112,26 +124,33 @@ def spec_sweep(preset: str, target, seed: int, count: int, **serving: object) ->
 def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
     """The plan's own steps without the decodes that verify fewer than k drafts."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
-    kept = tuple(shape for shape in TRITON.enumerate_shapes(model, params)
-                 if shape.max_query_len >= params.decode_query_len)  # fmt: skip
-    return {job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn",
-                                           TRITON.traced_modules).jobs}  # fmt: skip
+    kept = tuple(
+        shape for shape in TRITON.enumerate_shapes(model, params) if shape.max_query_len >= params.decode_query_len
+    )
+    return {
+        job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn", TRITON.traced_modules).jobs
+    }
 
 
 def key_rows(preset: str, target, num_speculative_tokens: int) -> dict[str, dict[str, list]]:
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
     shapes = TRITON.enumerate_shapes(load_model(preset), serving)
     verify = serving.decode_query_len
-    steps = {"verify 3d": next(s for s in shapes if s.num_seqs == 3 and s.max_query_len == verify),
-             "verify 2d": next(s for s in shapes if s.num_seqs == 16 and s.max_query_len == verify)}  # fmt: skip
+    steps = {
+        "verify 3d": next(s for s in shapes if s.num_seqs == 3 and s.max_query_len == verify),
+        "verify 2d": next(s for s in shapes if s.num_seqs == 16 and s.max_query_len == verify),
+    }
     rows = {}
     for label, step in steps.items():
         call = _without_reshape_and_cache(step, target)
         traced = trace_calls([("call", call)], target, "triton_attn", TRITON.traced_modules)
         with tempfile.TemporaryDirectory() as cache:
             launched = launch_path_keys(cache, target, call, TRITON.traced_modules)
-        rows[label] = {"traced": [job.key for job in traced.jobs], "launched": launched,
-                       "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs]}  # fmt: skip
+        rows[label] = {
+            "traced": [job.key for job in traced.jobs],
+            "launched": launched,
+            "kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+        }
     return rows
 
 
@@ -145,8 +164,8 @@ def fused_rope_and_cache(preset: str) -> dict[str, object]:
     and eager: whether `RopeKVCacheFusionPass` runs, and the two conditions vLLM enables it on."""
     import os
 
-    from kprecompile.integrations.vllm.engine_config import engine_config
-    from kprecompile.integrations.vllm.platform import refresh_switches
+    from kprecompile.platforms.vllm_platform import refresh_switches
+    from kprecompile.vllm.engine_config import engine_config
 
     model, saved = load_model(preset), os.environ.get("VLLM_ROCM_USE_AITER")
     os.environ["VLLM_ROCM_USE_AITER"] = "1"
@@ -170,27 +189,32 @@ def fused_rope_and_cache(preset: str) -> dict[str, object]:
 
 
 def probe(target) -> dict[str, object]:
-    [choice] = select(load_model(LLAMA_8B), "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(),
-                      targets=[target]).choices  # fmt: skip
+    [choice] = select(
+        load_model(LLAMA_8B), "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(), targets=[target]
+    ).choices
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     document["builder"] = {str(k): builder_view(LLAMA_8B, target, k) for k in (0, 3, 4)}
     document["plans"] = {}
     for preset in (LLAMA_8B, LLAMA_70B):
         for k in (0, 2, 4):
             jobs = planned(preset, target, num_speculative_tokens=k).jobs
-            document["plans"][f"{preset} k={k}"] = {"kernels": dict(Counter(kernels_of(jobs))),
-                                                     "keys": sorted(job.key for job in jobs)}  # fmt: skip
+            document["plans"][f"{preset} k={k}"] = {
+                "kernels": dict(Counter(kernels_of(jobs))),
+                "keys": sorted(job.key for job in jobs),
+            }
     document["keys"] = key_rows(LLAMA_70B, target, 2)
     coverage = {}
     for seed, (label, (preset, k)) in enumerate(CASES.items()):
         serving = {"num_speculative_tokens": k, **({"kv_cache_dtype": "fp8"} if "fp8" in label else {})}
         steps, swept = spec_sweep(preset, target, seed, 80, **serving)
         without_spec = plan_keys(preset, target, **{**serving, "num_speculative_tokens": 0})
-        coverage[label] = {"steps": steps, "kernels": len(swept),
-                           "missing": len(swept - plan_keys(preset, target, **serving)),
-                           "missing_from_plan_without_spec": len(swept - without_spec),
-                           "missing_from_full_verify_only": len(swept - full_verify_only_keys(preset, target,
-                                                                                               **serving))}  # fmt: skip
+        coverage[label] = {
+            "steps": steps,
+            "kernels": len(swept),
+            "missing": len(swept - plan_keys(preset, target, **serving)),
+            "missing_from_plan_without_spec": len(swept - without_spec),
+            "missing_from_full_verify_only": len(swept - full_verify_only_keys(preset, target, **serving)),
+        }
     document["coverage"] = coverage
     if target.is_rocm:
         document["fused_rope_and_cache"] = fused_rope_and_cache(LLAMA_8B)

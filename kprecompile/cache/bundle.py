@@ -122,8 +122,9 @@ def check_index(document: Any) -> None:
         if not isinstance(manifest, str) or not HEX64.fullmatch(manifest):
             raise ValueError(f"configurations[{number}].manifest is {_short(manifest)}, expected 64 hex digits")
         if not isinstance(configuration.get("target"), str):
-            raise ValueError(f"configurations[{number}].target is {_short(configuration.get('target'))}, "
-                             "expected a target name")  # fmt: skip
+            raise ValueError(
+                f"configurations[{number}].target is {_short(configuration.get('target'))}, expected a target name"
+            )
     toolchains = document.get("toolchains")
     if not isinstance(toolchains, dict):
         raise ValueError(f"toolchains is a JSON {json_type(toolchains)}, expected an object")

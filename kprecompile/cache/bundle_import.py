@@ -387,18 +387,26 @@ def _check_manifests(bundle: _Bundle) -> None:
             recorded = manifest.artifacts.get(job.key, {})
             group = bundle.groups.get(entry)
             if entry not in bundle.entries or group is None or set(recorded) != group[1]:
-                raise BundleError(name, f"kernel entries in the bundle for its jobs ({Bucket.TRITON.value}/{entry}/ "
-                                        "is missing or its group file lists other files)")  # fmt: skip
+                raise BundleError(
+                    name,
+                    f"kernel entries in the bundle for its jobs ({Bucket.TRITON.value}/{entry}/ "
+                    "is missing or its group file lists other files)",
+                )
             for file_name, record in recorded.items():
                 listed = files.get(f"{Bucket.TRITON.value}/{entry}/{file_name}")
                 if listed != record:
-                    raise BundleError(name, f"files in the bundle as it records them ({Bucket.TRITON.value}/{entry}/"
-                                            f"{file_name} differs)")  # fmt: skip
+                    raise BundleError(
+                        name,
+                        f"files in the bundle as it records them ({Bucket.TRITON.value}/{entry}/{file_name} differs)",
+                    )
         bundle.manifests[key] = manifest
     for number, configuration in enumerate(bundle.index["configurations"]):
         if configuration["manifest"] not in bundle.manifests:
-            raise BundleError(BUNDLE_FILE, f"configurations naming manifests in the bundle (configurations[{number}] "
-                                           f"names {configuration['manifest']})")  # fmt: skip
+            raise BundleError(
+                BUNDLE_FILE,
+                f"configurations naming manifests in the bundle (configurations[{number}] "
+                f"names {configuration['manifest']})",
+            )
 
 
 def _read_journals(bundle: _Bundle) -> None:
@@ -431,8 +439,10 @@ def _check_jit_files(bundle: _Bundle, layout: CacheLayout) -> None:
         record = bundle.index["files"][name]
         path = layout.root / name
         if _same_file(path, record["sha256"], record["size"]) is False:
-            raise BundleError(name, f"a file the cache does not hold with other content ({path} differs: "
-                                    "remove it to take the bundle's)")  # fmt: skip
+            raise BundleError(
+                name,
+                f"a file the cache does not hold with other content ({path} differs: remove it to take the bundle's)",
+            )
 
 
 def _check_free_space(bundle: _Bundle, root: Path) -> None:
@@ -638,8 +648,10 @@ def _install_jit_file(
         os.link(staging / name, final)
     except FileExistsError:
         if not _same_file(final, record["sha256"], record["size"]):
-            raise BundleError(name, f"a file the cache does not hold with other content ({final} differs: "
-                                    "remove it to take the bundle's)") from None  # fmt: skip
+            raise BundleError(
+                name,
+                f"a file the cache does not hold with other content ({final} differs: remove it to take the bundle's)",
+            ) from None
         counts.jit_files_present += 1
         return
     journal.add("file", final)

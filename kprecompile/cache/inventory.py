@@ -76,12 +76,16 @@ def configurations(layout: CacheLayout) -> list[Configuration]:
                 manifest = parse_manifest(path.read_bytes(), path.stem)
             except (OSError, ValueError):
                 continue  # `verify` names a bad manifest; `prune` removes it
-            entries = {triton_entry_name(job_key): sum(int(file["size"]) for file in files.values())
-                       for job_key, files in manifest.artifacts.items()}  # fmt: skip
-            complete = not any(entry_problem(layout, job_key, files, deep=False)
-                               for job_key, files in manifest.artifacts.items())  # fmt: skip
-            found.append(Configuration(manifest.key, path, root == layout.root, manifest, entries, info.st_mtime,
-                                       complete))  # fmt: skip
+            entries = {
+                triton_entry_name(job_key): sum(int(file["size"]) for file in files.values())
+                for job_key, files in manifest.artifacts.items()
+            }
+            complete = not any(
+                entry_problem(layout, job_key, files, deep=False) for job_key, files in manifest.artifacts.items()
+            )
+            found.append(
+                Configuration(manifest.key, path, root == layout.root, manifest, entries, info.st_mtime, complete)
+            )
     return found
 
 

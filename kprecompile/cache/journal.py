@@ -168,8 +168,16 @@ def _check_record(values: dict[str, Any]) -> None:
 
 
 # Triton's specialization data (`JITFunction.preload`'s input) as its fields and their JSON types.
-_SPECIALIZATION_FIELDS = {"name": str, "signature": dict, "constant_keys": list, "constant_vals": list,
-                          "attrs_keys": list, "attrs_vals": list, "options": dict, "key": object}  # fmt: skip
+_SPECIALIZATION_FIELDS = {
+    "name": str,
+    "signature": dict,
+    "constant_keys": list,
+    "constant_vals": list,
+    "attrs_keys": list,
+    "attrs_vals": list,
+    "options": dict,
+    "key": object,
+}
 
 
 def _check_specialization(text: Any) -> None:
@@ -367,8 +375,9 @@ def _journal_lock(layout: CacheLayout, key: str, timeout_seconds: float) -> Iter
     try:
         lock.acquire(timeout=timeout_seconds)
     except Timeout:
-        raise OSError(errno.ETIMEDOUT, f"another process held the journal's lock for {timeout_seconds:g} s",
-                      str(path)) from None  # fmt: skip
+        raise OSError(
+            errno.ETIMEDOUT, f"another process held the journal's lock for {timeout_seconds:g} s", str(path)
+        ) from None
     try:
         yield
     finally:

@@ -115,8 +115,12 @@ def execute(layout: CacheLayout, plan: DeletionPlan) -> None:
 
 def _configuration_removal(configuration: Configuration, reason: str) -> Removal:
     size = configuration.path.stat().st_size if configuration.path.exists() else 0
-    return Removal("configuration", str(configuration.path), size, f"{configuration.model_name} on "
-                   f"{configuration.target}: {reason}")  # fmt: skip
+    return Removal(
+        "configuration",
+        str(configuration.path),
+        size,
+        f"{configuration.model_name} on {configuration.target}: {reason}",
+    )
 
 
 def _entries_only_of(layout: CacheLayout, removed: list[Configuration], kept: list[Configuration]) -> list[Removal]:
@@ -137,8 +141,14 @@ def _unreadable_manifests(layout: CacheLayout, readable: list[Configuration]) ->
         for item in items:
             path = Path(item.path)
             if item.name.endswith(".json") and path not in known:
-                removals.append(Removal("manifest", item.path, item.stat(follow_symlinks=False).st_size,
-                                        "not a manifest this version of kprecompile reads"))  # fmt: skip
+                removals.append(
+                    Removal(
+                        "manifest",
+                        item.path,
+                        item.stat(follow_symlinks=False).st_size,
+                        "not a manifest this version of kprecompile reads",
+                    )
+                )
     return removals
 
 
@@ -151,8 +161,14 @@ def _other_versions(layout: CacheLayout) -> list[Removal]:
         for item in items:
             match = _BUCKET_NAME.fullmatch(item.name)
             if match and match["name"] in names and item.name not in current and item.is_dir(follow_symlinks=False):
-                removals.append(Removal("bucket", item.path, directory_size(Path(item.path)),
-                                        "a layout version this kprecompile never reads"))  # fmt: skip
+                removals.append(
+                    Removal(
+                        "bucket",
+                        item.path,
+                        directory_size(Path(item.path)),
+                        "a layout version this kprecompile never reads",
+                    )
+                )
     return removals
 
 
@@ -175,8 +191,9 @@ def _unreferenced_entries(layout: CacheLayout, referenced: set[str], now: float)
                 continue  # a launcher or driver module: not a kernel, rebuilt only with a host compiler
             if now - newest < UNREFERENCED_GRACE_SECONDS:
                 continue
-            removals.append(Removal("entry", item.path, directory_size(Path(item.path)),
-                                    "a kernel no configuration references"))  # fmt: skip
+            removals.append(
+                Removal("entry", item.path, directory_size(Path(item.path)), "a kernel no configuration references")
+            )
     return removals
 
 

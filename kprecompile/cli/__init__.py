@@ -14,8 +14,9 @@ import sys
 
 import click
 
-from .. import __version__, settings
+from .._version import __version__
 from ..errors import InputError, KprecompileError
+from ..inputs import settings
 from .output import ExitStatus
 
 # Each command's module, imported only when that command runs: `verify` and a warm that finds

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .. import settings
-from ..bundling import bake
+from ..build.bundling import bake
+from ..inputs import settings
 from . import options
 from .output import ExitStatus, Output, human_size, plural
 from .warm import show_failures
@@ -30,8 +30,15 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, no_reco
     check_worker_options(max_workers, job_timeout_seconds)
     requests = options.requests(chosen)
     recorded_from = None if no_recorded else settings.cache_layout(cache_dir)
-    report = bake(requests, out, archive, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds,
-                  progress=output.progress(), recorded_from=recorded_from)  # fmt: skip
+    report = bake(
+        requests,
+        out,
+        archive,
+        max_workers=max_workers,
+        job_timeout_seconds=job_timeout_seconds,
+        progress=output.progress(),
+        recorded_from=recorded_from,
+    )
     output.document(report.as_dict())
     show_failures(output, report.failures)
     if report.failed:
@@ -39,8 +46,10 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, no_reco
         raise SystemExit(ExitStatus.FAILURE)
     for configuration in report.configurations:
         kernels = plural(configuration["kernels"], "kernel")
-        output.data(f"{configuration['model']['name']} on {configuration['target']}: {kernels} "
-                    f"(manifest {configuration['manifest']})")  # fmt: skip
+        output.data(
+            f"{configuration['model']['name']} on {configuration['target']}: {kernels} "
+            f"(manifest {configuration['manifest']})"
+        )
     size = f"{human_size(report.bytes)} in {plural(report.files, 'file')}"
     if report.archive_bytes is not None:
         size += f"; {report.archive} {human_size(report.archive_bytes)}"

@@ -9,18 +9,28 @@ import time
 
 import click
 
-from .. import settings
 from ..cache.inventory import Configuration, configurations, directory_size
 from ..cache.pruning import DeletionPlan, execute, plan_prune, plan_rm
 from ..cache.usage import using
 from ..errors import InputError
-from ..targets import resolve_target
+from ..inputs import settings
+from ..inputs.targets import resolve_target
 from ..wording import human_size
 from . import options
 from .output import Output, plural
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30,
-          "ti": 2**40}  # fmt: skip
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "m": 10**6,
+    "g": 10**9,
+    "t": 10**12,
+    "ki": 2**10,
+    "mi": 2**20,
+    "gi": 2**30,
+    "ti": 2**40,
+}
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
 
 
@@ -36,8 +46,7 @@ def cache_dir(cache_dir, json_output) -> None:
     """Print the cache root."""
     output = Output(json_output)
     layout = settings.cache_layout(cache_dir)
-    output.document({"cache_dir": str(layout.root),
-                     "layers": [str(layer) for layer in layout.layers]})  # fmt: skip
+    output.document({"cache_dir": str(layout.root), "layers": [str(layer) for layer in layout.layers]})
     output.data(str(layout.root))
 
 
@@ -52,35 +61,48 @@ def cache_ls(cache_dir, json_output) -> None:
     found = configurations(layout)
     current = _current_toolchains(layout, found)
     recorded = _recorded_counts(layout, found)
-    documents = [{**configuration.as_dict(current.get(configuration.key)), "recorded": recorded[configuration.key]}
-                 for configuration in found]  # fmt: skip
+    documents = [
+        {**configuration.as_dict(current.get(configuration.key)), "recorded": recorded[configuration.key]}
+        for configuration in found
+    ]
     unique = {name: size for configuration in found for name, size in configuration.entries.items()}
     root_bytes = directory_size(layout.root)
-    output.document({"cache_dir": str(layout.root),
-                     "configurations": documents, "kernels": len(unique), "kernel_bytes": sum(unique.values()),
-                     "cache_bytes": root_bytes})  # fmt: skip
+    output.document(
+        {
+            "cache_dir": str(layout.root),
+            "configurations": documents,
+            "kernels": len(unique),
+            "kernel_bytes": sum(unique.values()),
+            "cache_bytes": root_bytes,
+        }
+    )
     if not found:
         output.data(f"no configurations in {layout.root} ({human_size(root_bytes)})")
         return
-    rows = [["MODEL", "TARGET", "ENGINE", "SERVING", "TOOLCHAIN", "KERNELS", "RECORDED", "SIZE", "LAST SERVED",
-             "STATUS"]]  # fmt: skip
+    rows = [
+        ["MODEL", "TARGET", "ENGINE", "SERVING", "TOOLCHAIN", "KERNELS", "RECORDED", "SIZE", "LAST SERVED", "STATUS"]
+    ]
     for configuration, document in zip(found, documents, strict=True):
         toolchain = {True: "current", False: "other", None: "unknown"}[document["toolchain_current"]]
-        rows.append([
-            document["model"] + ("" if configuration.writable else " (layer)"),
-            document["target"],
-            _engine_in_short(document),
-            _serving_in_short(document["serving"]),
-            toolchain,
-            f"{document['kernels']:,}",
-            f"{document['recorded']:,}",
-            human_size(document["bytes"]),
-            _ago(document["last_used"]),
-            document["status"],
-        ])  # fmt: skip
+        rows.append(
+            [
+                document["model"] + ("" if configuration.writable else " (layer)"),
+                document["target"],
+                _engine_in_short(document),
+                _serving_in_short(document["serving"]),
+                toolchain,
+                f"{document['kernels']:,}",
+                f"{document['recorded']:,}",
+                human_size(document["bytes"]),
+                _ago(document["last_used"]),
+                document["status"],
+            ]
+        )
     output.table(rows)
-    output.data(f"{plural(len(found), 'configuration')}, {plural(len(unique), 'kernel')} "
-                f"({human_size(sum(unique.values()))}); {layout.root}: {human_size(root_bytes)}")  # fmt: skip
+    output.data(
+        f"{plural(len(found), 'configuration')}, {plural(len(unique), 'kernel')} "
+        f"({human_size(sum(unique.values()))}); {layout.root}: {human_size(root_bytes)}"
+    )
 
 
 @command.command(name="rm")
@@ -114,8 +136,11 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
     with _deleting(layout, dry_run):
         selected = [configuration for configuration in configurations(layout) if chosen(configuration)]
         if not selected:
-            raise InputError("cache rm", " ".join([*manifests, *model_names, *target_names]) or "--all",
-                             "configurations of the writable cache (see kprecompile cache ls)")  # fmt: skip
+            raise InputError(
+                "cache rm",
+                " ".join([*manifests, *model_names, *target_names]) or "--all",
+                "configurations of the writable cache (see kprecompile cache ls)",
+            )
         plan = plan_rm(layout, selected)
         _report(output, plan, dry_run, layout)
 
@@ -162,14 +187,25 @@ class _deleting:  # noqa: N801
 def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
     if not dry_run:
         execute(layout, plan)
-    output.document({"cache_dir": str(layout.root), "dry_run": dry_run,
-                     "removals": [removal.as_dict() for removal in plan.removals], "bytes": plan.bytes})  # fmt: skip
+    output.document(
+        {
+            "cache_dir": str(layout.root),
+            "dry_run": dry_run,
+            "removals": [removal.as_dict() for removal in plan.removals],
+            "bytes": plan.bytes,
+        }
+    )
     verb = "Would remove" if dry_run else "Removed"
     for removal in plan.removals:
         output.data(f"  {removal.kind:<13} {human_size(removal.bytes):>9}  {removal.path}  ({removal.reason})")
-    nouns = (("configuration", "configuration", "configurations"), ("entry", "kernel entry", "kernel entries"),
-             ("bucket", "old bucket", "old buckets"), ("manifest", "unreadable manifest", "unreadable manifests"),
-             ("lock", "lock file", "lock files"), ("staging", "staging directory", "staging directories"))  # fmt: skip
+    nouns = (
+        ("configuration", "configuration", "configurations"),
+        ("entry", "kernel entry", "kernel entries"),
+        ("bucket", "old bucket", "old buckets"),
+        ("manifest", "unreadable manifest", "unreadable manifests"),
+        ("lock", "lock file", "lock files"),
+        ("staging", "staging directory", "staging directories"),
+    )
     counts = [plural(plan.count(kind), one, many) for kind, one, many in nouns if plan.count(kind)]
     if not counts:
         output.data("Nothing to remove")
@@ -180,16 +216,17 @@ def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
 def _current_toolchains(layout, found: list[Configuration]) -> dict[str, bool | None]:
     """Per manifest key: built by this process's toolchain for its target (None: a target this
     kprecompile does not know)."""
-    from ..targets import TARGETS
-    from ..toolchain import current_toolchain
+    from ..inputs.targets import TARGETS
+    from ..inputs.toolchain import current_toolchain
 
     by_target: dict[str, dict | None] = {}
     answers: dict[str, bool | None] = {}
     for configuration in found:
         target = configuration.target
         if target not in by_target:
-            by_target[target] = (current_toolchain(layout, TARGETS[target], remember=False).as_dict()
-                                 if target in TARGETS else None)  # fmt: skip
+            by_target[target] = (
+                current_toolchain(layout, TARGETS[target], remember=False).as_dict() if target in TARGETS else None
+            )
         expected = by_target[target]
         answers[configuration.key] = (
             None if expected is None else configuration.manifest.parts.get("toolchain") == expected
@@ -213,8 +250,8 @@ def _engine_in_short(document: dict) -> str:
 def _recorded_counts(layout, found: list[Configuration]) -> dict[str, int]:
     """Per manifest key: kernels serving processes recorded in its journal on its target (see
     `kprecompile misses`)."""
+    from ..build.manifest_key import journal_key
     from ..cache.journal import read_records
-    from ..configuration import journal_key
 
     by_journal: dict[str, dict] = {}
     counts = {}
@@ -227,8 +264,11 @@ def _recorded_counts(layout, found: list[Configuration]) -> dict[str, int]:
 
 
 def _serving_in_short(serving: dict) -> str:
-    parts = [f"tp{serving.get('tensor_parallel_size', 1)}", f"seqs {serving.get('max_num_seqs')}",
-             f"len {serving.get('max_model_len')}"]  # fmt: skip
+    parts = [
+        f"tp{serving.get('tensor_parallel_size', 1)}",
+        f"seqs {serving.get('max_num_seqs')}",
+        f"len {serving.get('max_model_len')}",
+    ]
     if serving.get("kv_cache_dtype") not in (None, "auto"):
         parts.append(f"kv {serving['kv_cache_dtype']}")
     if serving.get("num_speculative_tokens"):

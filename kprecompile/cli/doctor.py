@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .. import settings
-from ..doctor import run_checks
+from ..build.doctor import run_checks
+from ..inputs import settings
 from . import options
 from .output import ExitStatus, Output
 
@@ -17,8 +17,9 @@ def command(cache_dir, json_output) -> None:
     """Report the toolchain, GPU, vLLM release and cache, and what works here (exit 1 on an error)."""
     output = Output(json_output)
     checks = run_checks(settings.cache_layout(cache_dir))
-    output.document({"checks": [check.as_dict() for check in checks],
-                     "ok": all(check.verdict != "error" for check in checks)})  # fmt: skip
+    output.document(
+        {"checks": [check.as_dict() for check in checks], "ok": all(check.verdict != "error" for check in checks)}
+    )
     output.table([[check.verdict, check.name, check.value, check.detail] for check in checks])
     if any(check.verdict == "error" for check in checks):
         raise SystemExit(ExitStatus.FAILURE)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..environment import DEFAULT_ENGINE, ENGINES, VARIABLES, fingerprint
+from ..inputs.environment import DEFAULT_ENGINE, ENGINES, VARIABLES, fingerprint
 from . import options
 from .output import Output
 
@@ -14,8 +14,12 @@ def _shown(value: str | None) -> str:
 
 
 @click.command(name="env")
-@click.option("--engine", default=DEFAULT_ENGINE, show_default=True,
-              help=f"Engine profile whose defaults apply to unset variables ({', '.join(ENGINES)}).")  # fmt: skip
+@click.option(
+    "--engine",
+    default=DEFAULT_ENGINE,
+    show_default=True,
+    help=f"Engine profile whose defaults apply to unset variables ({', '.join(ENGINES)}).",
+)
 @options.json_option
 def command(engine, json_output) -> None:
     """Print the environment fingerprint that enters every cache key, and its hash."""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from .. import settings
-from ..bundling import export
+from ..build.bundling import export
+from ..inputs import settings
 from . import options
 from .output import Output, plural
 

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import click
 
-from .. import settings
-from ..bundling import import_bundle
+from ..build.bundling import import_bundle
+from ..inputs import settings
 from . import options
 from .output import Output, plural
 
@@ -27,7 +27,10 @@ def command(archive, cache_dir, json_output) -> None:
         f"added, {report.entries_present} already present, {report.entries_replaced} damaged replaced; "
         f"{plural(report.manifests_added, 'manifest')} added, {report.manifests_present} already present, "
         f"{report.manifests_replaced} damaged replaced; "
-        + (f"{plural(report.jit_files_added, 'AITER JIT file')} added, {report.jit_files_present} already present; "
-           if report.jit_files_added or report.jit_files_present else "")
+        + (
+            f"{plural(report.jit_files_added, 'AITER JIT file')} added, {report.jit_files_present} already present; "
+            if report.jit_files_added or report.jit_files_present
+            else ""
+        )
         + f"into {report.cache_dir}"
-    )  # fmt: skip
+    )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import settings
+from ..build.misses import find_misses
 from ..errors import InputError
-from ..misses import find_misses
-from ..targets import resolve_target
+from ..inputs import settings
+from ..inputs.targets import resolve_target
 from . import options
 from .output import Output, plural
 
@@ -41,20 +41,36 @@ def command(manifests, model_names, target_names, cache_dir, json_output) -> Non
         )
 
     reports = find_misses(layout, chosen)
-    output.document({"cache_dir": str(layout.root), "journals": [report.as_dict() for report in reports],
-                     "kernels": sum(len(report.misses) for report in reports)})  # fmt: skip
+    output.document(
+        {
+            "cache_dir": str(layout.root),
+            "journals": [report.as_dict() for report in reports],
+            "kernels": sum(len(report.misses) for report in reports),
+        }
+    )
     if not reports:
         output.data(f"no kernels recorded while serving in {layout.root}")
         return
     for report in reports:
         manifests_text = ", ".join(key[:12] for key in report.manifests) or "-"
-        output.data(f"{report.model} on {', '.join(report.targets)}: {plural(len(report.misses), 'kernel')} "
-                    f"recorded while serving (journal {report.journal[:12]}; manifests {manifests_text})")  # fmt: skip
+        output.data(
+            f"{report.model} on {', '.join(report.targets)}: {plural(len(report.misses), 'kernel')} "
+            f"recorded while serving (journal {report.journal[:12]}; manifests {manifests_text})"
+        )
         rows = [["KERNEL", "LIBRARY", "FAMILY", "SEEN", "LAST SEEN", "STATUS", "SPECIALIZATION"]]
         for miss in report.misses:
             specialization = miss.specialization
             if len(specialization) > _SPECIALIZATION_WIDTH:
                 specialization = specialization[: _SPECIALIZATION_WIDTH - 3] + "..."
-            rows.append([miss.kernel.rpartition(":")[2], miss.library, miss.family or "-", f"{miss.count:,}",
-                         miss.last_seen, miss.status, specialization])  # fmt: skip
+            rows.append(
+                [
+                    miss.kernel.rpartition(":")[2],
+                    miss.library,
+                    miss.family or "-",
+                    f"{miss.count:,}",
+                    miss.last_seen,
+                    miss.status,
+                    specialization,
+                ]
+            )
         output.table(rows)

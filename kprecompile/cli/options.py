@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from ..cache.layout import CacheLayout
-from ..environment import DEFAULT_ENGINE, ENGINES
 from ..errors import InputError
-from ..inputs import Request, parse_capture_sizes, resolve_requests
-from ..releases import DEFAULT_RELEASE
-from ..serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
+from ..inputs.environment import DEFAULT_ENGINE, ENGINES
+from ..inputs.serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
+from ..selection.request import Request, parse_capture_sizes, resolve_requests
+from ..vllm.releases import DEFAULT_RELEASE
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -52,49 +52,133 @@ def combined(options: list[Decorator]) -> Decorator:
 
 def selection_options(multiple_models: bool = False) -> Decorator:
     """The model, serving parameters, engine selection and targets (bake takes several models)."""
-    return combined([
-        click.option("--model", "model_spec", required=True, multiple=multiple_models, metavar="MODEL",
-                     help="Preset name, path to a config.json or a directory holding one, or a Hugging Face id "
-                     "(org/name) in the local Hugging Face cache" + ("; repeatable." if multiple_models else ".")),
-        click.option("--revision", default=None, metavar="REV",
-                     help="Branch, tag or commit of a Hugging Face --model [default: main]."),
-        click.option("-tp", "--tp", "--tensor-parallel-size", "tensor_parallel_size", type=int, default=1,
-                     show_default=True, help="Tensor-parallel size: attention heads are split across this many ranks."),
-        click.option("--target", "target_names", multiple=True, default=("auto",), show_default=True,
-                     metavar="TARGET", help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable."),
-        click.option("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS, show_default=True,
-                     help="Most sequences in one step (vLLM --max-num-seqs): the largest decode batch."),
-        click.option("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS, show_default=True,
-                     help="Most tokens in one step (vLLM --max-num-batched-tokens): the largest prefill chunk."),
-        click.option("--max-model-len", type=int, default=None,
-                     help="Longest sequence [default: the config's max_position_embeddings]."),
-        click.option("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, show_default=True,
-                     help="KV-cache tokens per block."),
-        click.option("--kv-cache-dtype", default="auto", show_default=True,
-                     help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8)."),
-        click.option("--dtype", default="auto", show_default=True, callback=_dtype,
-                     help="auto, bfloat16, float16 or half (vLLM's spellings)."),
-        click.option("--cudagraph-capture-sizes", default=None, metavar="N,N,...",
-                     help="Token counts graphs are captured for [default: vLLM's rule from --max-num-seqs]."),
-        click.option("--enforce-eager", is_flag=True, help="The engine runs without CUDA/HIP graphs."),
-        click.option("--num-speculative-tokens", type=int, default=0, show_default=True,
-                     help="Draft tokens per step (MTP / speculative decoding)."),
-        click.option("--speculative-config", "speculative_config", default=None, metavar="JSON",
-                     help="vLLM's speculative config; its num_speculative_tokens is used."),
-        click.option("--engine", default=DEFAULT_ENGINE, show_default=True,
-                     help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
-                     "vLLM's own defaults, aiter AITER's API called directly."),
-        click.option("--vllm-version", default=None, metavar="VERSION",
-                     help="The vLLM release the server runs: its backend selection and capture sizes "
-                     f"[default: the installed vLLM's, else {DEFAULT_RELEASE}]."),
-        click.option("--family", "families", multiple=True, metavar="FAMILY",
-                     help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
-                     "[default: all the engine runs]."),
-        click.option("--attention-backend", default=None,
-                     help="The engine's attention backend [env: VLLM_ATTENTION_BACKEND; default: chosen from the "
-                     "flags]."),
-        json_option,
-    ])  # fmt: skip
+    return combined(
+        [
+            click.option(
+                "--model",
+                "model_spec",
+                required=True,
+                multiple=multiple_models,
+                metavar="MODEL",
+                help="Preset name, path to a config.json or a directory holding one, or a Hugging Face id "
+                "(org/name) in the local Hugging Face cache" + ("; repeatable." if multiple_models else "."),
+            ),
+            click.option(
+                "--revision",
+                default=None,
+                metavar="REV",
+                help="Branch, tag or commit of a Hugging Face --model [default: main].",
+            ),
+            click.option(
+                "-tp",
+                "--tp",
+                "--tensor-parallel-size",
+                "tensor_parallel_size",
+                type=int,
+                default=1,
+                show_default=True,
+                help="Tensor-parallel size: attention heads are split across this many ranks.",
+            ),
+            click.option(
+                "--target",
+                "target_names",
+                multiple=True,
+                default=("auto",),
+                show_default=True,
+                metavar="TARGET",
+                help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable.",
+            ),
+            click.option(
+                "--max-num-seqs",
+                type=int,
+                default=DEFAULT_MAX_NUM_SEQS,
+                show_default=True,
+                help="Most sequences in one step (vLLM --max-num-seqs): the largest decode batch.",
+            ),
+            click.option(
+                "--max-num-batched-tokens",
+                type=int,
+                default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                show_default=True,
+                help="Most tokens in one step (vLLM --max-num-batched-tokens): the largest prefill chunk.",
+            ),
+            click.option(
+                "--max-model-len",
+                type=int,
+                default=None,
+                help="Longest sequence [default: the config's max_position_embeddings].",
+            ),
+            click.option(
+                "--block-size",
+                type=int,
+                default=DEFAULT_BLOCK_SIZE,
+                show_default=True,
+                help="KV-cache tokens per block.",
+            ),
+            click.option(
+                "--kv-cache-dtype",
+                default="auto",
+                show_default=True,
+                help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8).",
+            ),
+            click.option(
+                "--dtype",
+                default="auto",
+                show_default=True,
+                callback=_dtype,
+                help="auto, bfloat16, float16 or half (vLLM's spellings).",
+            ),
+            click.option(
+                "--cudagraph-capture-sizes",
+                default=None,
+                metavar="N,N,...",
+                help="Token counts graphs are captured for [default: vLLM's rule from --max-num-seqs].",
+            ),
+            click.option("--enforce-eager", is_flag=True, help="The engine runs without CUDA/HIP graphs."),
+            click.option(
+                "--num-speculative-tokens",
+                type=int,
+                default=0,
+                show_default=True,
+                help="Draft tokens per step (MTP / speculative decoding).",
+            ),
+            click.option(
+                "--speculative-config",
+                "speculative_config",
+                default=None,
+                metavar="JSON",
+                help="vLLM's speculative config; its num_speculative_tokens is used.",
+            ),
+            click.option(
+                "--engine",
+                default=DEFAULT_ENGINE,
+                show_default=True,
+                help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
+                "vLLM's own defaults, aiter AITER's API called directly.",
+            ),
+            click.option(
+                "--vllm-version",
+                default=None,
+                metavar="VERSION",
+                help="The vLLM release the server runs: its backend selection and capture sizes "
+                f"[default: the installed vLLM's, else {DEFAULT_RELEASE}].",
+            ),
+            click.option(
+                "--family",
+                "families",
+                multiple=True,
+                metavar="FAMILY",
+                help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
+                "[default: all the engine runs].",
+            ),
+            click.option(
+                "--attention-backend",
+                default=None,
+                help="The engine's attention backend [env: VLLM_ATTENTION_BACKEND; default: chosen from the flags].",
+            ),
+            json_option,
+        ]
+    )
 
 
 json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
@@ -116,8 +200,11 @@ def speculative_tokens(config: str | None, num_speculative_tokens: int) -> int:
     try:
         document = json.loads(config)
     except (ValueError, RecursionError):
-        raise InputError("--speculative-config", config[:80], "a JSON object such as "
-                         '\'{"method": "mtp", "num_speculative_tokens": 1}\'') from None  # fmt: skip
+        raise InputError(
+            "--speculative-config",
+            config[:80],
+            'a JSON object such as \'{"method": "mtp", "num_speculative_tokens": 1}\'',
+        ) from None
     tokens = document.get("num_speculative_tokens") if isinstance(document, dict) else None
     if isinstance(tokens, bool) or not isinstance(tokens, int):
         raise InputError("--speculative-config", config[:80], "a JSON object with an integer num_speculative_tokens")
@@ -148,8 +235,9 @@ def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tupl
     own selector is asked, its answers are remembered in `layout`'s cache."""
     selection = {name: options.pop(name) for name in _SELECTION_OPTIONS}
     chosen = {name: options.pop(name) for name in _SERVING_OPTIONS}
-    chosen["num_speculative_tokens"] = speculative_tokens(selection["speculative_config"],
-                                                          chosen["num_speculative_tokens"])  # fmt: skip
+    chosen["num_speculative_tokens"] = speculative_tokens(
+        selection["speculative_config"], chosen["num_speculative_tokens"]
+    )
     serving = ServingParams(
         **chosen,
         cudagraph_capture_sizes=parse_capture_sizes(selection["cudagraph_capture_sizes"]),

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import click
 
-from .. import settings
-from ..planning import FamilyPlan, plan
+from ..build.planning import FamilyPlan, plan
+from ..inputs import settings
 from . import options
 from .output import Output, plural
 

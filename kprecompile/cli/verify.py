@@ -6,8 +6,8 @@ import shlex
 
 import click
 
-from .. import settings
-from ..verification import verify
+from ..build.verification import verify
+from ..inputs import settings
 from . import options
 from .output import ExitStatus, Output, plural
 
@@ -36,8 +36,9 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
     output.document(report.as_dict())
     for verdict in report.targets:
         if verdict.status == "warm":
-            output.data(f"{report.model} on {verdict.target}: warm ({plural(verdict.kernels, 'kernel')}, "
-                        f"{verdict.manifest})")  # fmt: skip
+            output.data(
+                f"{report.model} on {verdict.target}: warm ({plural(verdict.kernels, 'kernel')}, {verdict.manifest})"
+            )
         elif verdict.status == "incomplete":
             output.data(
                 f"{report.model} on {verdict.target}: not warm: {len(verdict.problems)} of "

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     import torch
 
-    from ..models import ModelConfig
-    from ..serving import ServingParams
-    from ..targets import Target
+    from ..inputs.models import ModelConfig
+    from ..inputs.serving import ServingParams
+    from ..inputs.targets import Target
 
 # On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
 # ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..libraries import AITER_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
 from ._paged_kv import PagedAttentionShape, block_count, cache_element, kv_cache_parameters
 from .family import FamilyName, KernelFamily
 

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..releases import installed_release, line_of
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
+from ..vllm.releases import installed_release, line_of
 from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
 
@@ -180,8 +180,9 @@ def kv_scales_layer() -> Any:
     import torch
 
     scale = torch.empty((), dtype=torch.float32, device="meta")
-    return SimpleNamespace(_q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0,
-                           _v_scale_float=1.0)  # fmt: skip
+    return SimpleNamespace(
+        _q_scale=scale, _k_scale=scale, _v_scale=scale, _q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0
+    )
 
 
 def traced_from_0_19() -> bool:
@@ -200,15 +201,14 @@ def layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: Storage
     return max(needed, -(-(TWO_GIB + head_bytes) // page_bytes))
 
 
-def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
-                    target: Target) -> tuple[Any, int]:  # fmt: skip
+def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Target) -> tuple[Any, int]:
     """Layer 0's KV cache as vLLM 0.19 and newer's runner binds it: the engine's layout resolved by
     vLLM, its planner's placement of every layer in one allocation, and its per-layer view; with
     the width of the runner's block table. `shape` gives the step's `num_seqs`, `max_seq_len`,
     `kv_cache_storage` and `kv_cache_blocks` (0: as few as `layer_blocks` gives)."""
     import torch
 
-    from ..integrations.vllm.engine_config import no_cutlass_gemms
+    from ..vllm.engine_config import no_cutlass_gemms
 
     utils = import_library_module("vllm.v1.attention.backends.utils")
     planning = import_library_module("vllm.v1.core.kv_cache_planning")
@@ -235,8 +235,9 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any,
     kv_config = planning.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
     [tensor] = kv_config.kv_cache_tensors
     raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
-    views = interface.create_kv_cache_views(raw, spec, kv_config.num_blocks, layout, tensor,
-                                            kernel_block_size=kernel_block)  # fmt: skip
+    views = interface.create_kv_cache_views(
+        raw, spec, kv_config.num_blocks, layout, tensor, kernel_block_size=kernel_block
+    )
     return views[0], width
 
 
@@ -269,15 +270,20 @@ def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
 
 
 # What the metadata builders of 0.11 to 0.18 set for a step without cascade attention.
-_NO_CASCADE = {"use_cascade": False, "common_prefix_len": 0, "cu_prefix_query_lens": None, "prefix_kv_lens": None,
-               "suffix_kv_lens": None}  # fmt: skip
+_NO_CASCADE = {
+    "use_cascade": False,
+    "common_prefix_len": 0,
+    "cu_prefix_query_lens": None,
+    "prefix_kv_lens": None,
+    "suffix_kv_lens": None,
+}
 
 
 def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) -> None:
     """One step through the backend's real `forward` on meta tensors."""
     import torch
 
-    from ..integrations.vllm.platform import refresh_switches
+    from ..platforms.vllm_platform import refresh_switches
 
     module = import_library_module(spec.module)
     backend = getattr(module, spec.backend_class)
@@ -289,21 +295,31 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
     needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
     kv_cache = _kv_cache(backend, spec, shape, element_type, block_count(needed, per_block, shape.kv_cache_storage))
-    impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
-                                  shape.sliding_window or None, "fp8" if shape.kv_cache_fp8 else "auto")  # fmt: skip
+    impl = backend.get_impl_cls()(
+        shape.q_heads,
+        shape.head_size,
+        shape.head_size**-0.5,
+        shape.kv_heads,
+        None,
+        shape.sliding_window or None,
+        "fp8" if shape.kv_cache_fp8 else "auto",
+    )
     query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
     layer = kv_scales_layer()
-    metadata = vllm_record(getattr(module, spec.metadata_class), {
-        **_NO_CASCADE,
-        "num_actual_tokens": shape.tokens,
-        "max_query_len": shape.max_query_len,
-        "query_start_loc": torch.empty(shape.num_seqs + 1, dtype=torch.int32, device=meta),
-        "max_seq_len": shape.max_seq_len,
-        "seq_lens": torch.empty(shape.num_seqs, dtype=torch.int32, device=meta),
-        "block_table": torch.empty((shape.num_seqs, shape.max_blocks_per_seq), dtype=torch.int32, device=meta),
-        "slot_mapping": torch.empty(shape.tokens, dtype=torch.int64, device=meta),
-    })  # fmt: skip
+    metadata = vllm_record(
+        getattr(module, spec.metadata_class),
+        {
+            **_NO_CASCADE,
+            "num_actual_tokens": shape.tokens,
+            "max_query_len": shape.max_query_len,
+            "query_start_loc": torch.empty(shape.num_seqs + 1, dtype=torch.int32, device=meta),
+            "max_seq_len": shape.max_seq_len,
+            "seq_lens": torch.empty(shape.num_seqs, dtype=torch.int32, device=meta),
+            "block_table": torch.empty((shape.num_seqs, shape.max_blocks_per_seq), dtype=torch.int32, device=meta),
+            "slot_mapping": torch.empty(shape.tokens, dtype=torch.int64, device=meta),
+        },
+    )
     # vLLM's rules read its switches (environment flags) at import: read them for this step.
     refresh_switches()
     with prebuilt_ops_skipped(spec.prebuilt_ops):

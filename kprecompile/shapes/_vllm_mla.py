@@ -4,7 +4,7 @@ and one prefill step with cached context through the impl's real `_forward_prefi
 vLLM's MLA impls read the engine's `VllmConfig` when they are built (the prefill workspace from
 the model length and the sequence limit): the impl is built under a `VllmConfig` that vLLM's
 `EngineArgs` make from the model's config.json and the serving parameters
-(`integrations/vllm/engine_config.py`). What the step calls besides vLLM's Triton kernels is
+(`vllm/engine_config.py`). What the step calls besides vLLM's Triton kernels is
 prebuilt and does nothing while tracing: the prefill attention itself (AITER's CK flash
 attention or ROCm's flash-attn build: `_vllm_backend.prebuilt_varlen_attention`), the cache
 gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
@@ -18,19 +18,26 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import import_library_module
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import import_library_module
 from ._vllm_backend import aiter_attention_prebuilt, prebuilt_ops_skipped, prebuilt_varlen_attention, vllm_record
 
 COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
 
 
-def build_impl(module_name: str, backend_class: str, heads: int, config_json: str, serving: ServingParams,
-               target: Target, kv_cache_dtype: str = "auto") -> Any:  # fmt: skip
+def build_impl(
+    module_name: str,
+    backend_class: str,
+    heads: int,
+    config_json: str,
+    serving: ServingParams,
+    target: Target,
+    kv_cache_dtype: str = "auto",
+) -> Any:
     """The backend's MLA impl for one layer, built as vLLM's attention layer builds it."""
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
+    from ..platforms.vllm_platform import refresh_switches
+    from ..vllm.engine_config import engine_config
 
     module = import_library_module(module_name)
     set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
@@ -41,10 +48,24 @@ def build_impl(module_name: str, backend_class: str, heads: int, config_json: st
     prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
     with set_current_vllm_config(engine_config(config_json, serving, target)), prebuilt:
         return getattr(module, backend_class).get_impl_cls()(
-            heads, latent + rope, (nope + rope) ** -0.5, 1, None, None, kv_cache_dtype, None, "decoder", None,
-            q_lora_rank=raw.get("q_lora_rank"), kv_lora_rank=latent, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
-            qk_head_dim=nope + rope, v_head_dim=raw["v_head_dim"], kv_b_proj=None,
-        )  # fmt: skip
+            heads,
+            latent + rope,
+            (nope + rope) ** -0.5,
+            1,
+            None,
+            None,
+            kv_cache_dtype,
+            None,
+            "decoder",
+            None,
+            q_lora_rank=raw.get("q_lora_rank"),
+            kv_lora_rank=latent,
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            qk_head_dim=nope + rope,
+            v_head_dim=raw["v_head_dim"],
+            kv_b_proj=None,
+        )
 
 
 def _context_chunk_limit(impl: Any, serving: ServingParams) -> int:
@@ -55,8 +76,17 @@ def _context_chunk_limit(impl: Any, serving: ServingParams) -> int:
     return max(per_prefill // serving.block_size * serving.block_size, serving.block_size)
 
 
-def prefill_with_context(impl: Any, serving: ServingParams, *, tokens: int, prefills: int, context_chunks: int,
-                         longest_context: int, max_blocks_per_seq: int, dtype: str) -> None:  # fmt: skip
+def prefill_with_context(
+    impl: Any,
+    serving: ServingParams,
+    *,
+    tokens: int,
+    prefills: int,
+    context_chunks: int,
+    longest_context: int,
+    max_blocks_per_seq: int,
+    dtype: str,
+) -> None:
     """One prefill step whose sequences have cached context, through the impl's real
     `_forward_prefill`: new tokens' attention, the context in `context_chunks` chunks (merged
     chunk by chunk), and the final merge, with the metadata vLLM's builder makes for it. Nothing
@@ -80,22 +110,28 @@ def prefill_with_context(impl: Any, serving: ServingParams, *, tokens: int, pref
     def ints(*shape: int) -> Any:
         return torch.empty(shape, dtype=torch.int32, device=meta)
 
-    chunked = vllm_record(common.MLACommonPrefillMetadata.ChunkedContextMetadata, {
-        "cu_seq_lens": ints(context_chunks, prefills + 1),
-        "starts": ints(context_chunks, prefills),
-        "seq_tot": [chunk_tokens] * context_chunks,
-        "max_seq_lens": [chunk_tokens] * context_chunks,
-        "seq_lens": ints(context_chunks, prefills),
-        "workspace": torch.empty((impl.chunked_prefill_workspace_size, head_size), dtype=torch_dtype, device=meta),
-        "token_to_seq": ints(context_chunks, chunk_tokens),
-        "chunk_total_token": [chunk_tokens] * context_chunks,
-    })  # fmt: skip
-    prefill = vllm_record(common.MLACommonPrefillMetadata, {
-        "block_table": ints(prefills, max_blocks_per_seq),
-        "query_start_loc": ints(prefills + 1),
-        "max_query_len": -(-tokens // prefills),
-        "chunked_context": chunked,
-    })  # fmt: skip
+    chunked = vllm_record(
+        common.MLACommonPrefillMetadata.ChunkedContextMetadata,
+        {
+            "cu_seq_lens": ints(context_chunks, prefills + 1),
+            "starts": ints(context_chunks, prefills),
+            "seq_tot": [chunk_tokens] * context_chunks,
+            "max_seq_lens": [chunk_tokens] * context_chunks,
+            "seq_lens": ints(context_chunks, prefills),
+            "workspace": torch.empty((impl.chunked_prefill_workspace_size, head_size), dtype=torch_dtype, device=meta),
+            "token_to_seq": ints(context_chunks, chunk_tokens),
+            "chunk_total_token": [chunk_tokens] * context_chunks,
+        },
+    )
+    prefill = vllm_record(
+        common.MLACommonPrefillMetadata,
+        {
+            "block_table": ints(prefills, max_blocks_per_seq),
+            "query_start_loc": ints(prefills + 1),
+            "max_query_len": -(-tokens // prefills),
+            "chunked_context": chunked,
+        },
+    )
     metadata = SimpleNamespace(prefill=prefill, num_prefills=prefills)
     blocks = max_blocks_per_seq * prefills
     arguments = {

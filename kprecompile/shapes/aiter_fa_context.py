@@ -39,10 +39,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..libraries import VLLM_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
 from ._vllm_backend import (
     LAYER_NAME,
@@ -94,8 +94,14 @@ def _context_mixes(model_len: int, max_extends: int, last_totals: tuple[int, ...
     longest = model_len - 2  # an extend has at least 2 new tokens
     # Up to 8 extends, and for each count modulo 4 the two smallest counts whose chunks are
     # small enough for five of them within the model length.
-    enough = next((count for count in range(1, max_extends + 1)
-                   if 4 * (CONTEXT_TOKENS_PER_CHUNK // count) + 16 * 37 + 1 <= longest), max_extends)  # fmt: skip
+    enough = next(
+        (
+            count
+            for count in range(1, max_extends + 1)
+            if 4 * (CONTEXT_TOKENS_PER_CHUNK // count) + 16 * 37 + 1 <= longest
+        ),
+        max_extends,
+    )
     counts = sorted({*range(1, 9), *range(enough, enough + 8)} & set(range(1, max_extends + 1)))
     mixes: set[tuple[int, ...]] = set()
     for count in counts:
@@ -153,7 +159,7 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
             context_lens=contexts,
             config_json=model.config_json,
             serving=serving,
-        )  # fmt: skip
+        )
         for storage in KV_CACHE_STORAGE_CLASSES
         for contexts in _context_mixes(model_len, max_extends, _TOTAL_CLASSES)
     )
@@ -184,8 +190,11 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineS
     spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
     for longest in range(2, serving.decode_query_len + 1):
         for context in sorted({max(1, span - longest) for span in spans}):
-            steps += [((longest,) * batch, (context,) * batch)
-                      for batch in serving.decode_batch_sizes() if batch * longest <= budget]  # fmt: skip
+            steps += [
+                ((longest,) * batch, (context,) * batch)
+                for batch in serving.decode_batch_sizes()
+                if batch * longest <= budget
+            ]
     return tuple(
         EngineStep(
             **base,
@@ -194,15 +203,16 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineS
             context_lens=contexts,
             config_json=model.config_json,
             serving=serving,
-        )  # fmt: skip
+        )
         for storage in KV_CACHE_STORAGE_CLASSES
         for queries, contexts in steps
     )
 
 
 def describe_shapes(shapes: tuple[ExtendStep, ...]) -> dict[str, object]:
-    return kv_cache_parameters(shapes[0], steps="prefills with cached context",
-                               contexts=len({shape.context_lens for shape in shapes}))  # fmt: skip
+    return kv_cache_parameters(
+        shapes[0], steps="prefills with cached context", contexts=len({shape.context_lens for shape in shapes})
+    )
 
 
 def describe_call(shape: ExtendStep) -> str:
@@ -231,21 +241,25 @@ def _common_metadata(shape: ExtendStep) -> Any:
     torch.cumsum(query_lens, 0, out=query_start_loc[1:])
     seq_lens = query_lens + context_lens
     tokens = int(query_lens.sum())
-    return vllm_record(utils.CommonAttentionMetadata, {
-        "query_start_loc": query_start_loc.to(meta),
-        "query_start_loc_cpu": query_start_loc,
-        "seq_lens": seq_lens.to(meta),
-        "seq_lens_cpu": seq_lens,
-        "num_computed_tokens_cpu": context_lens,
-        "num_reqs": len(shape.query_lens),
-        "num_actual_tokens": tokens,
-        "max_query_len": max(shape.query_lens),
-        "max_seq_len": int(seq_lens.max()),
-        "block_table_tensor": torch.empty((len(shape.query_lens), shape.max_blocks_per_seq), dtype=torch.int32,
-                                          device=meta),
-        "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
-        "causal": True,
-    })  # fmt: skip
+    return vllm_record(
+        utils.CommonAttentionMetadata,
+        {
+            "query_start_loc": query_start_loc.to(meta),
+            "query_start_loc_cpu": query_start_loc,
+            "seq_lens": seq_lens.to(meta),
+            "seq_lens_cpu": seq_lens,
+            "num_computed_tokens_cpu": context_lens,
+            "num_reqs": len(shape.query_lens),
+            "num_actual_tokens": tokens,
+            "max_query_len": max(shape.query_lens),
+            "max_seq_len": int(seq_lens.max()),
+            "block_table_tensor": torch.empty(
+                (len(shape.query_lens), shape.max_blocks_per_seq), dtype=torch.int32, device=meta
+            ),
+            "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
+            "causal": True,
+        },
+    )
 
 
 def launch(shape: ExtendStep, target: Target) -> None:
@@ -269,10 +283,16 @@ def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[
     torch.set_default_dtype(getattr(torch, shape.dtype))
     try:
         with torch.device("meta"):
-            layer = attention.Attention(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads,
-                                        cache_config=config.cache_config, prefix=LAYER_NAME,
-                                        per_layer_sliding_window=shape.sliding_window or None,
-                                        attn_backend=backend)  # fmt: skip
+            layer = attention.Attention(
+                shape.q_heads,
+                shape.head_size,
+                shape.head_size**-0.5,
+                shape.kv_heads,
+                cache_config=config.cache_config,
+                prefix=LAYER_NAME,
+                per_layer_sliding_window=shape.sliding_window or None,
+                attn_backend=backend,
+            )
     finally:
         torch.set_default_dtype(default_dtype)
     try:
@@ -285,8 +305,8 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     """One step as vLLM 0.19 and newer run it (see the module doc), on meta tensors."""
     import torch
 
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
+    from ..platforms.vllm_platform import refresh_switches
+    from ..vllm.engine_config import engine_config
 
     module = import_library_module(BACKEND_MODULE)
     api = import_library_module("vllm.v1.attention.backend")
@@ -294,8 +314,10 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     config = engine_config(shape.config_json, shape.serving, target)
     refresh_switches()
     backend = module.AiterFlashAttentionBackend
-    with import_library_module("vllm.config").set_current_vllm_config(config), \
-            _attention_layer(config, shape, backend) as layer:  # fmt: skip
+    with (
+        import_library_module("vllm.config").set_current_vllm_config(config),
+        _attention_layer(config, shape, backend) as layer,
+    ):
         spec = layer.get_kv_cache_spec(config)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
@@ -304,27 +326,29 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
         torch.cumsum(query_lens, 0, out=query_start_loc[1:])
         seq_lens = query_lens + torch.tensor(shape.context_lens, dtype=torch.int32)
         tokens = sum(shape.query_lens)
-        common = vllm_record(api.CommonAttentionMetadata, {
-            "query_start_loc": query_start_loc.to(meta),
-            "query_start_loc_cpu": query_start_loc,
-            "seq_lens": seq_lens.to(meta),
-            "seq_lens_cpu_upper_bound": seq_lens,
-            "num_reqs": shape.num_seqs,
-            "num_actual_tokens": tokens,
-            "max_query_len": max(shape.query_lens),
-            "max_seq_len": shape.max_seq_len,
-            "block_table_tensor": torch.empty((shape.num_seqs, width), dtype=torch.int32, device=meta),
-            "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
-            "causal": True,
-        })  # fmt: skip
+        common = vllm_record(
+            api.CommonAttentionMetadata,
+            {
+                "query_start_loc": query_start_loc.to(meta),
+                "query_start_loc_cpu": query_start_loc,
+                "seq_lens": seq_lens.to(meta),
+                "seq_lens_cpu_upper_bound": seq_lens,
+                "num_reqs": shape.num_seqs,
+                "num_actual_tokens": tokens,
+                "max_query_len": max(shape.query_lens),
+                "max_seq_len": shape.max_seq_len,
+                "block_table_tensor": torch.empty((shape.num_seqs, width), dtype=torch.int32, device=meta),
+                "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
+                "causal": True,
+            },
+        )
         with unpinned_host_memory(), host_copies({id(common.seq_lens): seq_lens}):
             metadata = builder.build(0, common)
         query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=getattr(torch, shape.dtype), device=meta)
         key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=query.dtype, device=meta)
         output = torch.empty_like(query)
         # vLLM's compiled KV-cache write and merge (on CDNA3 and newer) are prebuilt.
-        with compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"), \
-                prebuilt_ops_skipped(("merge_attn_states",)):  # fmt: skip
+        with compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"), prebuilt_ops_skipped(("merge_attn_states",)):
             layer.impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
             layer.impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
@@ -332,8 +356,8 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
 def _extend_step(shape: ExtendStep, target: Target) -> None:
     import torch
 
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
+    from ..platforms.vllm_platform import refresh_switches
+    from ..vllm.engine_config import engine_config
 
     module = import_library_module(BACKEND_MODULE)
     interface = import_library_module("vllm.v1.kv_cache_interface")
@@ -342,18 +366,31 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     dtype = getattr(torch, shape.dtype)
     refresh_switches()
     vllm_config = engine_config(shape.config_json, shape.serving, target)
-    spec = vllm_record(interface.FullAttentionSpec, {
-        "block_size": shape.block_size, "num_kv_heads": shape.kv_heads, "head_size": shape.head_size,
-        "dtype": dtype, "sliding_window": shape.sliding_window or None,
-    })  # fmt: skip
+    spec = vllm_record(
+        interface.FullAttentionSpec,
+        {
+            "block_size": shape.block_size,
+            "num_kv_heads": shape.kv_heads,
+            "head_size": shape.head_size,
+            "dtype": dtype,
+            "sliding_window": shape.sliding_window or None,
+        },
+    )
     backend = module.AiterFlashAttentionBackend
     with set_current_vllm_config(vllm_config):
         builder = backend.get_builder_cls()(spec, ["layer"], vllm_config, meta)
         with unpinned_host_memory():
             metadata = builder.build(common_prefix_len=0, common_attn_metadata=_common_metadata(shape))
         kv_cache_dtype = "fp8" if shape.kv_cache_fp8 else "auto"
-        impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
-                                      shape.sliding_window or None, kv_cache_dtype)  # fmt: skip
+        impl = backend.get_impl_cls()(
+            shape.q_heads,
+            shape.head_size,
+            shape.head_size**-0.5,
+            shape.kv_heads,
+            None,
+            shape.sliding_window or None,
+            kv_cache_dtype,
+        )
     # The KV-cache write is vLLM's compiled operator: the impl's own switch for a layer that
     # shares an earlier layer's cache skips it.
     impl.kv_sharing_target_layer_name = "prebuilt"
@@ -362,8 +399,11 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
     needed = shape.max_blocks_per_seq * len(shape.query_lens)
     blocks = block_count(needed, per_block, shape.kv_cache_storage)
-    kv_cache = torch.empty(backend.get_kv_cache_shape(blocks, shape.block_size, shape.kv_heads, shape.head_size),
-                           dtype=element_type, device=meta)  # fmt: skip
+    kv_cache = torch.empty(
+        backend.get_kv_cache_shape(blocks, shape.block_size, shape.kv_heads, shape.head_size),
+        dtype=element_type,
+        device=meta,
+    )
     tokens = sum(shape.query_lens)
     query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)

@@ -49,10 +49,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ModelConfigError
-from ..libraries import AITER_DISTRIBUTION, AITER_PACKAGE, VLLM_DISTRIBUTION, aiter_hip_absent, import_library_module
-from ..models import FieldReader, ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import FieldReader, ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import (
+    AITER_DISTRIBUTION,
+    AITER_PACKAGE,
+    VLLM_DISTRIBUTION,
+    aiter_hip_absent,
+    import_library_module,
+)
 from .family import KernelFamily
 
 FP8_MODULE = "vllm.model_executor.layers.quantization.fp8"
@@ -65,13 +71,19 @@ GEMM_MODULES = (FP8_UTILS_MODULE, "vllm.model_executor.kernels.linear.scaled_mm.
 # Device names as vLLM's ROCm platform reports them (its device-ID map, else the market name),
 # per arch: each with a tuned table gets its own kernels, the others share the default config.
 DEVICE_NAMES = {
-    "gfx942": ("AMD_Instinct_MI300X", "AMD_Instinct_MI325X", "AMD_Instinct_MI325_OAM", "AMD_Instinct_MI300X_HF",
-               "AMD_Instinct_MI300A", "AMD_Instinct_MI308X"),
+    "gfx942": (
+        "AMD_Instinct_MI300X",
+        "AMD_Instinct_MI325X",
+        "AMD_Instinct_MI325_OAM",
+        "AMD_Instinct_MI300X_HF",
+        "AMD_Instinct_MI300A",
+        "AMD_Instinct_MI308X",
+    ),
     "gfx950": ("AMD_Instinct_MI350X", "AMD_Instinct_MI355X"),
     # NVIDIA's as torch names them (spaces as underscores): Ada parts with a table, and the L4 for
     # those without.
     "sm89": ("NVIDIA_L40S", "NVIDIA_L20", "NVIDIA_L20Y", "NVIDIA_L4"),
-}  # fmt: skip
+}
 # vLLM's compiled query of CUTLASS's block-FP8 support, asked when its FP8 modules are imported
 # and when a linear method is built. Its answer where vLLM's extension cannot be loaded (a
 # builder): its C++ (`cutlass_scaled_mm_supports_block_fp8`, csrc/.../scaled_mm_entry.cu) says
@@ -150,8 +162,11 @@ def linear_layers(model: ModelConfig, tp: int) -> tuple[_Layer, ...]:
         kv_per_rank = max(1, kv_heads // tp)
         q_width = _split(heads * model.head_dim, tp, "num_attention_heads", model)
         kv_width = kv_per_rank * model.head_dim
-        layers.append(_Layer("qkv_proj", (q_width, kv_width, kv_width), hidden, hidden,
-                             (heads + 2 * kv_heads) * model.head_dim, tp))  # fmt: skip
+        layers.append(
+            _Layer(
+                "qkv_proj", (q_width, kv_width, kv_width), hidden, hidden, (heads + 2 * kv_heads) * model.head_dim, tp
+            )
+        )
         attention_out = heads * model.head_dim
     layers.append(_Layer("o_proj", (hidden,), attention_out // tp, attention_out, hidden, tp))
     experts = raw.get("n_routed_experts") or raw.get("num_experts") or raw.get("num_local_experts")
@@ -169,8 +184,10 @@ def linear_layers(model: ModelConfig, tp: int) -> tuple[_Layer, ...]:
 
 
 def _mlp(name: str, intermediate: int, hidden: int, tp: int) -> list[_Layer]:
-    return [_Layer(f"{name}.gate_up_proj", (intermediate, intermediate), hidden, hidden, 2 * intermediate * tp, tp),
-            _Layer(f"{name}.down_proj", (hidden,), intermediate, intermediate * tp, hidden, tp)]  # fmt: skip
+    return [
+        _Layer(f"{name}.gate_up_proj", (intermediate, intermediate), hidden, hidden, 2 * intermediate * tp, tp),
+        _Layer(f"{name}.down_proj", (hidden,), intermediate, intermediate * tp, hidden, tp),
+    ]
 
 
 def aiter_has_tuned_lookup() -> bool:
@@ -238,18 +255,36 @@ def enumerate_block_fp8_linear(model: ModelConfig, serving: ServingParams) -> tu
                         continue
                     untuned_seen = True
                 for m in m_representatives(sizes, serving.max_num_batched_tokens):
-                    shapes.append(BlockFp8LinearShape(
-                        layer.name, layer.output_sizes, layer.k, layer.input_size, layer.output_size, layer.tp_size,
-                        m, device_name, arch, model.fp8_block_size, dtype, serving.enforce_eager, model.config_json,
-                        serving))  # fmt: skip
+                    shapes.append(
+                        BlockFp8LinearShape(
+                            layer.name,
+                            layer.output_sizes,
+                            layer.k,
+                            layer.input_size,
+                            layer.output_size,
+                            layer.tp_size,
+                            m,
+                            device_name,
+                            arch,
+                            model.fp8_block_size,
+                            dtype,
+                            serving.enforce_eager,
+                            model.config_json,
+                            serving,
+                        )
+                    )
     return tuple(shapes)
 
 
 def describe_shapes(shapes: tuple[BlockFp8LinearShape, ...]) -> dict[str, object]:
     layers = {shape.layer: f"N={shape.n} K={shape.k}" for shape in shapes}
     quantization = "Triton (eager)" if shapes[0].enforce_eager else "compiled with the model's graph"
-    return {**layers, "m": f"{len({shape.m for shape in shapes})} values up to {max(shape.m for shape in shapes)}",
-            "block": "x".join(map(str, shapes[0].block)), "quantization": quantization}  # fmt: skip
+    return {
+        **layers,
+        "m": f"{len({shape.m for shape in shapes})} values up to {max(shape.m for shape in shapes)}",
+        "block": "x".join(map(str, shapes[0].block)),
+        "quantization": quantization,
+    }
 
 
 def describe_call(shape: BlockFp8LinearShape) -> str:
@@ -258,8 +293,10 @@ def describe_call(shape: BlockFp8LinearShape) -> str:
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
     if target.name not in DEVICE_NAMES:
-        return (f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (where vLLM takes it; "
-                "CUTLASS, DeepGEMM or Marlin elsewhere on NVIDIA GPUs)")  # fmt: skip
+        return (
+            f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (where vLLM takes it; "
+            "CUTLASS, DeepGEMM or Marlin elsewhere on NVIDIA GPUs)"
+        )
     return None
 
 
@@ -296,10 +333,14 @@ def _target_platform_bound(platform: Any) -> list[tuple[object, str, object]]:
     the native path's, not the kernel's)."""
     import sys
 
-    return [(module, "current_platform", platform) for name, module in list(sys.modules.items())
-            if name.startswith("vllm.") and module is not None
-            and type(getattr(module, "current_platform", None)).__name__ == type(platform).__name__
-            and module.current_platform is not platform]  # fmt: skip
+    return [
+        (module, "current_platform", platform)
+        for name, module in list(sys.modules.items())
+        if name.startswith("vllm.")
+        and module is not None
+        and type(getattr(module, "current_platform", None)).__name__ == type(platform).__name__
+        and module.current_platform is not platform
+    ]
 
 
 def _compiled_queries(target: Target) -> list[tuple[object, str, object]]:
@@ -319,8 +360,11 @@ def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
     import sys
 
     answer, name = int(target.arch) >= CUTLASS_BLOCK_FP8_FROM, "CUTLASS_BLOCK_FP8_SUPPORTED"
-    return [(module, name, answer) for module_name, module in list(sys.modules.items())
-            if module_name.startswith("vllm.") and isinstance(getattr(module, name, None), bool)]  # fmt: skip
+    return [
+        (module, name, answer)
+        for module_name, module in list(sys.modules.items())
+        if module_name.startswith("vllm.") and isinstance(getattr(module, name, None), bool)
+    ]
 
 
 def _gemm_implementation() -> Any:
@@ -346,8 +390,8 @@ def built_layer(shape: BlockFp8LinearShape, target: Target, loaded: bool = True)
     compiled weight repacking, Marlin's, needs vLLM's extension)."""
     import torch
 
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches, target_imports
+    from ..platforms.vllm_platform import refresh_switches, target_imports
+    from ..vllm.engine_config import engine_config
 
     queries = _compiled_queries(target)
     # vLLM inspects the model's class when it builds its config: its modules import as on the GPU host.
@@ -403,8 +447,15 @@ def built_layer(shape: BlockFp8LinearShape, target: Target, loaded: bool = True)
                 torch.set_default_dtype(default_dtype)
             layer = torch.nn.Module()
             layer.tp_size = shape.tp_size
-            method.create_weights(layer, shape.k, list(shape.output_sizes), shape.input_size, shape.output_size,
-                                  getattr(torch, shape.dtype), weight_loader=lambda *args, **kwargs: None)  # fmt: skip
+            method.create_weights(
+                layer,
+                shape.k,
+                list(shape.output_sizes),
+                shape.input_size,
+                shape.output_size,
+                getattr(torch, shape.dtype),
+                weight_loader=lambda *args, **kwargs: None,
+            )
             if loaded:
                 method.process_weights_after_loading(layer)
             yield method, layer

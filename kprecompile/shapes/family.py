@@ -13,12 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
-from ..libraries import missing_library
+from ..tracing.libraries import missing_library
 
 if TYPE_CHECKING:
-    from ..models import ModelConfig
-    from ..serving import ServingParams
-    from ..targets import Target
+    from ..inputs.models import ModelConfig
+    from ..inputs.serving import ServingParams
+    from ..inputs.targets import Target
 
 # Every family kprecompile knows; each has one module in this package and one registry line.
 FamilyName = Literal[

@@ -25,10 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..libraries import AITER_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
 from .family import KernelFamily
 
 GROUP_SIZE = 128

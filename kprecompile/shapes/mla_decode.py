@@ -19,11 +19,11 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..driver import meta_allocations
-from ..libraries import AITER_DISTRIBUTION, AITER_PACKAGE, import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..platforms.triton_driver import meta_allocations
+from ..tracing.libraries import AITER_DISTRIBUTION, AITER_PACKAGE, import_library_module
 from .family import KernelFamily
 
 # AITER 0.1.7's non-persistent MLA decode supports these head counts per rank.

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..libraries import VLLM_DISTRIBUTION
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import VLLM_DISTRIBUTION
 from ._vllm_backend import VLLM_ATTENTION_OPS
 from ._vllm_mla import build_impl, prefill_with_context
 from .family import KernelFamily
@@ -73,8 +73,12 @@ def enumerate_mla_merge(model: ModelConfig, serving: ServingParams) -> tuple[Mla
 def describe_shapes(shapes: tuple[MlaMergeShape, ...]) -> dict[str, object]:
     first = shapes[0]
     chunks = ",".join(str(shape.context_chunks) for shape in shapes)
-    return {"heads_per_rank": first.heads, "v_head_dim": first.v_head_dim, "context_chunks": chunks,
-            "dtype": first.dtype}  # fmt: skip
+    return {
+        "heads_per_rank": first.heads,
+        "v_head_dim": first.v_head_dim,
+        "context_chunks": chunks,
+        "dtype": first.dtype,
+    }
 
 
 def describe_call(shape: MlaMergeShape) -> str:
@@ -90,10 +94,16 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
 
 def launch(shape: MlaMergeShape, target: Target) -> None:
     impl = build_impl(BACKEND_MODULE, BACKEND_CLASS, shape.heads, shape.config_json, shape.serving, target)
-    prefill_with_context(impl, shape.serving, tokens=shape.tokens, prefills=shape.prefills,
-                         context_chunks=shape.context_chunks, longest_context=shape.longest_context,
-                         max_blocks_per_seq=shape.max_blocks_per_seq,
-                         dtype=shape.dtype)  # fmt: skip
+    prefill_with_context(
+        impl,
+        shape.serving,
+        tokens=shape.tokens,
+        prefills=shape.prefills,
+        context_chunks=shape.context_chunks,
+        longest_context=shape.longest_context,
+        max_blocks_per_seq=shape.max_blocks_per_seq,
+        dtype=shape.dtype,
+    )
 
 
 FAMILY = KernelFamily(

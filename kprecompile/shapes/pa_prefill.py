@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..libraries import AITER_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
     StorageClass,
@@ -107,9 +107,21 @@ def launch(shape: PaPrefillShape, target: Target) -> None:
     seq_lens = torch.empty(shape.batch, dtype=torch.int32, device=meta)
     scale = torch.empty((), dtype=torch.float32, device=meta)
     wrapper.context_attention_fwd(
-        q, k, v, out, "fp8" if shape.kv_cache_fp8 else "auto", key_cache, value_cache, block_table, start_loc,
-        seq_lens, shape.max_query_len, scale, scale, sliding_window=shape.sliding_window or None,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        out,
+        "fp8" if shape.kv_cache_fp8 else "auto",
+        key_cache,
+        value_cache,
+        block_table,
+        start_loc,
+        seq_lens,
+        shape.max_query_len,
+        scale,
+        scale,
+        sliding_window=shape.sliding_window or None,
+    )
 
 
 FAMILY = KernelFamily(

@@ -7,8 +7,8 @@ always takes the 2D kernel; beyond, it may take the 3D one), and both KV-cache s
 
 from __future__ import annotations
 
-from ..models import ModelConfig
-from ..serving import ServingParams
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 

@@ -7,8 +7,8 @@ token counts one per power-of-two bucket, and short and long contexts.
 
 from __future__ import annotations
 
-from ..models import ModelConfig
-from ..serving import ServingParams
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 from ._points import geometric_points, int_class_representatives

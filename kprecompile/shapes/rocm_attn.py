@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
 from ._vllm_backend import VllmBackend, vllm_backend_family
 
@@ -46,7 +46,7 @@ def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[Pag
             max_query_len=query_len,
             max_seq_len=seq_len,
             kv_cache_storage=storage,
-        )  # fmt: skip
+        )
         for storage in KV_CACHE_STORAGE_CLASSES
         for query_len in query_lens
         for seq_len in contexts
@@ -76,8 +76,9 @@ def _layer_view(shape: PagedAttentionShape, element_type: Any, blocks: int) -> A
     head_size) over physical (2, blocks, ...); the backend's `forward` transposes it back."""
     import torch
 
-    physical = torch.empty((2, blocks, shape.block_size, shape.kv_heads * shape.head_size), dtype=element_type,
-                           device="meta")  # fmt: skip
+    physical = torch.empty(
+        (2, blocks, shape.block_size, shape.kv_heads * shape.head_size), dtype=element_type, device="meta"
+    )
     return physical.transpose(0, 1)
 
 

@@ -53,10 +53,10 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import import_library_module
-from ..models import ModelConfig
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import import_library_module
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
     TWO_GIB,
@@ -97,8 +97,11 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[P
     prefill = min(budget, model_len, decode + 1)
     steps = [(batch, decode) for batch in serving.decode_batch_sizes() if batch * decode <= budget]
     if prefill > decode:
-        steps += [(batch, prefill) for batch in int_class_representatives(min(serving.max_num_seqs, budget))
-                  if prefill + (batch - 1) * decode <= budget]  # fmt: skip
+        steps += [
+            (batch, prefill)
+            for batch in int_class_representatives(min(serving.max_num_seqs, budget))
+            if prefill + (batch - 1) * decode <= budget
+        ]
     contexts = sorted({min(_SHORT_CONTEXT, model_len), model_len})
     shapes = []
     for storage in KV_CACHE_STORAGE_CLASSES:
@@ -108,8 +111,16 @@ def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[P
                     continue
                 # A step with a prefill: one sequence prefills, the others decode.
                 tokens = batch * query_len if query_len == decode else query_len + (batch - 1) * decode
-                shapes.append(PagedAttentionShape(**base, num_seqs=batch, tokens=tokens, max_query_len=query_len,
-                                                 max_seq_len=seq_len, kv_cache_storage=storage))  # fmt: skip
+                shapes.append(
+                    PagedAttentionShape(
+                        **base,
+                        num_seqs=batch,
+                        tokens=tokens,
+                        max_query_len=query_len,
+                        max_seq_len=seq_len,
+                        kv_cache_storage=storage,
+                    )
+                )
     return tuple(shapes)
 
 
@@ -158,8 +169,12 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonA
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
     decode = serving.decode_query_len
-    steps = [(batch, query_len, batch * query_len) for query_len in range(1, decode + 1)
-             for batch in range(1, serving.max_num_seqs + 1) if batch * query_len <= budget]  # fmt: skip
+    steps = [
+        (batch, query_len, batch * query_len)
+        for query_len in range(1, decode + 1)
+        for batch in range(1, serving.max_num_seqs + 1)
+        if batch * query_len <= budget
+    ]
     for batch in int_class_representatives(min(serving.max_num_seqs, budget)):
         # One sequence prefills as much as the step's budget leaves, the others decode.
         query_len = min(budget - (batch - 1) * decode, model_len)
@@ -176,7 +191,7 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonA
             kv_cache_storage=storage,
             config_json=model.config_json,
             serving=serving,
-        )  # fmt: skip
+        )
         for storage in _storage_classes_0_19(model, serving)
         for seq_len in contexts
         for batch, query_len, tokens in steps
@@ -204,8 +219,8 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
     by the impl's `do_kv_cache_update` (the layer calls it before `forward`), then `forward`."""
     import torch
 
-    from ..integrations.vllm.engine_config import engine_config
-    from ..integrations.vllm.platform import refresh_switches
+    from ..platforms.vllm_platform import refresh_switches
+    from ..vllm.engine_config import engine_config
 
     assert shape.serving is not None
     config = engine_config(shape.config_json, shape.serving, target)
@@ -222,11 +237,15 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
     with import_library_module("vllm.config").set_current_vllm_config(config):
         # The layer's own KV-cache spec (its method, on the fields it reads).
         layer_fields = SimpleNamespace(
-            attn_type=api.AttentionType.DECODER, kv_cache_dtype=kv_cache_dtype, sliding_window=sliding_window,
-            attn_backend=backend, num_kv_heads=shape.kv_heads, head_size=shape.head_size,
+            attn_type=api.AttentionType.DECODER,
+            kv_cache_dtype=kv_cache_dtype,
+            sliding_window=sliding_window,
+            attn_backend=backend,
+            num_kv_heads=shape.kv_heads,
+            head_size=shape.head_size,
             head_size_v=shape.head_size,
             kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
-        )  # fmt: skip
+        )
         spec = attention.Attention.get_kv_cache_spec(layer_fields, config)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
@@ -234,21 +253,25 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
         def ints(*dims: int, dtype: Any = torch.int32) -> Any:
             return torch.empty(dims, dtype=dtype, device=meta)
 
-        common = vllm_record(api.CommonAttentionMetadata, {
-            "query_start_loc": ints(shape.num_seqs + 1),
-            "query_start_loc_cpu": torch.empty(shape.num_seqs + 1, dtype=torch.int32),
-            "seq_lens": ints(shape.num_seqs),
-            "num_reqs": shape.num_seqs,
-            "num_actual_tokens": shape.tokens,
-            "max_query_len": shape.max_query_len,
-            "max_seq_len": shape.max_seq_len,
-            "block_table_tensor": ints(shape.num_seqs, width),
-            "slot_mapping": ints(shape.tokens, dtype=torch.int64),
-            "causal": True,
-        })  # fmt: skip
+        common = vllm_record(
+            api.CommonAttentionMetadata,
+            {
+                "query_start_loc": ints(shape.num_seqs + 1),
+                "query_start_loc_cpu": torch.empty(shape.num_seqs + 1, dtype=torch.int32),
+                "seq_lens": ints(shape.num_seqs),
+                "num_reqs": shape.num_seqs,
+                "num_actual_tokens": shape.tokens,
+                "max_query_len": shape.max_query_len,
+                "max_seq_len": shape.max_seq_len,
+                "block_table_tensor": ints(shape.num_seqs, width),
+                "slot_mapping": ints(shape.tokens, dtype=torch.int64),
+                "causal": True,
+            },
+        )
         metadata = builder.build(0, common)
-        impl = backend.get_impl_cls()(shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None,
-                                      sliding_window, kv_cache_dtype)  # fmt: skip
+        impl = backend.get_impl_cls()(
+            shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None, sliding_window, kv_cache_dtype
+        )
     # vLLM's attention layer quantizes the query to the platform's FP8 before the backend when the
     # KV cache is FP8 and the impl takes an FP8 query (`Attention.__init__`: `query_quant`).
     query_type = target.fp8_dtype if shape.kv_cache_fp8 and impl.supports_quant_query_input else dtype

@@ -29,11 +29,11 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
 
-from ..libraries import VLLM_DISTRIBUTION, import_library_module
-from ..models import ModelConfig
-from ..releases import installed_release, line_of
-from ..serving import ServingParams
-from ..targets import Target
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
+from ..vllm.releases import installed_release, line_of
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import VLLM_ATTENTION_OPS, vllm_record
 from ._vllm_mla import COMMON_MODULE, build_impl, prefill_with_context
@@ -90,10 +90,14 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
         for batch in batches
     )
     prefills = tuple(
-        replace(decodes[0], batch=max(2, min(serving.max_num_batched_tokens, 512)), max_seq_len=model_len,
-                context_chunks=chunks)
+        replace(
+            decodes[0],
+            batch=max(2, min(serving.max_num_batched_tokens, 512)),
+            max_seq_len=model_len,
+            context_chunks=chunks,
+        )
         for chunks in (1, 2)
-    )  # fmt: skip
+    )
     return decodes + prefills
 
 
@@ -113,9 +117,14 @@ def describe_shapes(shapes: tuple[TritonMlaShape, ...]) -> dict[str, object]:
     first = shapes[0]
     batches = ",".join(str(batch) for batch in sorted({s.batch for s in shapes if not s.context_chunks}))
     chunks = ",".join(str(chunks) for chunks in sorted({s.context_chunks for s in shapes if s.context_chunks}))
-    return {"heads_per_rank": first.heads, "latent": f"{first.kv_lora_rank}+{first.qk_rope_head_dim}",
-            "block_size": first.block_size, "batches": batches, "prefill_context_chunks": chunks,
-            "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype}  # fmt: skip
+    return {
+        "heads_per_rank": first.heads,
+        "latent": f"{first.kv_lora_rank}+{first.qk_rope_head_dim}",
+        "block_size": first.block_size,
+        "batches": batches,
+        "prefill_context_chunks": chunks,
+        "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype,
+    }
 
 
 def describe_call(shape: TritonMlaShape) -> str:
@@ -141,8 +150,9 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
     kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
-    impl = build_impl(BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target,
-                      kv_cache_dtype)  # fmt: skip
+    impl = build_impl(
+        BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target, kv_cache_dtype
+    )
     if hasattr(impl, "forward_mqa"):
         # 0.19 and newer: on CDNA3 and newer the prefill merges with vLLM's compiled operator
         # (nothing to compile; gfx90a's Triton merge is not planned).
@@ -150,10 +160,16 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
             _decode_step_0_19(impl, shape, target)
         return
     if shape.context_chunks:
-        prefill_with_context(impl, shape.serving, tokens=shape.batch, prefills=min(shape.batch, 2),
-                             context_chunks=shape.context_chunks, longest_context=shape.max_seq_len - 1,
-                             max_blocks_per_seq=shape.max_blocks_per_seq,
-                             dtype=shape.dtype)  # fmt: skip
+        prefill_with_context(
+            impl,
+            shape.serving,
+            tokens=shape.batch,
+            prefills=min(shape.batch, 2),
+            context_chunks=shape.context_chunks,
+            longest_context=shape.max_seq_len - 1,
+            max_blocks_per_seq=shape.max_blocks_per_seq,
+            dtype=shape.dtype,
+        )
         return
     _decode_step(impl, shape)
 
@@ -172,8 +188,10 @@ def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
     # The latent cache: (blocks, block_size, kv_lora_rank + rope), as vLLM's MLA backends shape it.
     kv_cache = torch.empty((blocks, shape.block_size, head_size), dtype=dtype, device=meta)
     # The decode query as the MLA layer hands it over: absorbed nope part and rope part.
-    query = (torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
-             torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta))  # fmt: skip
+    query = (
+        torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
+        torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta),
+    )
     block_table = torch.empty((shape.batch, shape.max_blocks_per_seq), dtype=torch.int32, device=meta)
     seq_lens = torch.empty(shape.batch, dtype=torch.int32, device=meta)
     metadata = SimpleNamespace(decode=_decode_metadata(common, block_table, seq_lens))
@@ -195,11 +213,14 @@ def _decode_step_0_19(impl: Any, shape: TritonMlaShape, target: Target) -> None:
     needed = -(-shape.max_seq_len // shape.block_size) * shape.batch
     blocks = block_count(needed, shape.block_size * head_size * element, shape.kv_cache_storage)
     kv_cache = torch.empty((blocks, shape.block_size, head_size), dtype=element_type, device=meta)
-    query = (torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
-             torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta))  # fmt: skip
-    decode = SimpleNamespace(block_table=torch.empty((shape.batch, shape.max_blocks_per_seq), dtype=torch.int32,
-                                                     device=meta),
-                             seq_lens=torch.empty(shape.batch, dtype=torch.int32, device=meta))  # fmt: skip
+    query = (
+        torch.empty((shape.batch, shape.heads, shape.kv_lora_rank), dtype=dtype, device=meta),
+        torch.empty((shape.batch, shape.heads, shape.qk_rope_head_dim), dtype=dtype, device=meta),
+    )
+    decode = SimpleNamespace(
+        block_table=torch.empty((shape.batch, shape.max_blocks_per_seq), dtype=torch.int32, device=meta),
+        seq_lens=torch.empty(shape.batch, dtype=torch.int32, device=meta),
+    )
     metadata = SimpleNamespace(decode=decode, max_seq_len=shape.max_seq_len, causal=True)
     layer = SimpleNamespace(_k_scale=torch.empty((), dtype=torch.float32, device=meta), _k_scale_float=1.0)
     impl.forward_mqa(query, kv_cache, metadata, layer)

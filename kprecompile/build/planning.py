@@ -1,0 +1,196 @@
+"""`plan`: model + serving parameters + engine selection + targets -> the unique kernels to compile.
+
+The engine's selection says which families run (and why the others are not compiled); each
+planned family's shapes are enumerated, the family says whether it runs on each target, and
+its real calls are traced into compile jobs. Nothing is compiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..cache.jobs import CompileJob
+from ..cache.layout import CacheLayout
+from ..errors import TracingError
+from ..inputs.environment import DEFAULT_ENGINE, engine_environment
+from ..inputs.models import ModelConfig
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+from ..inputs.toolchain import triton_key_text
+from ..selection.engines import Selection, select
+from ..shapes import FAMILIES, FamilyName
+from ..tracing.libraries import VLLM_DISTRIBUTION
+from ..tracing.trace import trace_calls
+from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, serving_capture_sizes
+
+logger = logging.getLogger(__name__)
+
+# Each planned family's shapes, in selection order.
+PlannedShapes = Mapping[FamilyName, tuple[Any, ...]]
+
+
+@dataclass(frozen=True)
+class FamilyPlan:
+    family: FamilyName
+    target: str
+    # Library calls enumerated for this family (one per shape record).
+    calls: int
+    # Unique kernels those calls compile.
+    kernels: int
+    parameters: dict[str, Any]
+    # Why this family is not compiled for this target, or None.
+    skip_reason: str | None = None
+    # The engine backend (or flag) that runs this family.
+    backend: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    serving: ServingParams
+    selection: Selection
+    targets: tuple[str, ...]
+    families: tuple[FamilyPlan, ...]
+    jobs: tuple[CompileJob, ...] = field(repr=False)
+    # Tracing alone, and the library imports and toolchain key before it.
+    trace_seconds: float
+    import_seconds: float = 0.0
+    # The serving parameters as the engine resolves them for this model (`dtype` "auto" and an
+    # unset `max_model_len` replaced by their values): what the cache keys and the JSON shows.
+    resolved_serving: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def kernels(self) -> int:
+        return len(self.jobs)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document of `kprecompile plan --json`."""
+        return {
+            "model": self.model,
+            "serving": {**self.resolved_serving, "enforce_eager": self.serving.enforce_eager},
+            "engine": self.selection.as_dict(),
+            "targets": list(self.targets),
+            "families": [family.as_dict() for family in self.families],
+            "kernels": self.kernels,
+            "trace_seconds": self.trace_seconds,
+            "import_seconds": self.import_seconds,
+        }
+
+
+def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> dict[FamilyName, tuple]:
+    """The shapes of every family the selection plans (input errors surface here). Families
+    with nothing to do for this model are left out."""
+    serving.check(model)
+    shapes = {name: FAMILIES[name].enumerate_shapes(model, serving) for name in selection.planned}
+    return {name: found for name, found in shapes.items() if found}
+
+
+def compiled_families(
+    model: ModelConfig, serving: ServingParams, shapes: PlannedShapes, target: Target
+) -> list[FamilyName]:
+    """The families of `shapes` that compile something on `target`."""
+    return [
+        name for name, found in shapes.items() if found and FAMILIES[name].skip_reason(model, serving, target) is None
+    ]
+
+
+def plan_family(
+    name: FamilyName,
+    shapes: tuple[Any, ...],
+    model: ModelConfig,
+    serving: ServingParams,
+    target: Target,
+    backend: str = "",
+    triton_key: str | None = None,
+    engine: str = DEFAULT_ENGINE,
+) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
+    family = FAMILIES[name]
+    parameters = family.describe_shapes(shapes) if shapes else {}
+    skip_reason = family.skip_reason(model, serving, target)
+    if skip_reason:
+        return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
+    try:
+        with engine_environment(engine):
+            result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+    except TracingError as error:
+        if family.library != VLLM_DISTRIBUTION:
+            raise
+        # vLLM moves fast: a release whose backend changed where the family does not follow loses
+        # that family only, said plainly, never the rest of the plan (or a server's warm).
+        reason = f"{error} (kprecompile is tested against vLLM {', '.join(TESTED_RELEASES)})"
+        logger.warning("kprecompile: %s on %s is not planned: %s", name, target.name, reason)
+        return FamilyPlan(name, target.name, len(shapes), 0, parameters, reason, backend), ()
+    return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
+
+
+def plan(
+    model: ModelConfig,
+    serving: ServingParams,
+    targets: Sequence[Target],
+    selection: Selection | None = None,
+    shapes: PlannedShapes | None = None,
+    layout: CacheLayout | None = None,
+) -> Plan:
+    """Trace every selected family's calls on every target.
+
+    `selection` defaults to the default engine under this process's environment; `shapes`
+    to `planned_shapes`. Families the engine runs but kprecompile does not compile are listed
+    with the reason. `layout` is where Triton's toolchain key is remembered between runs.
+    """
+    imports_started = time.perf_counter()
+    if selection is None:
+        selection = select(model)
+    if shapes is None:
+        shapes = planned_shapes(model, serving, selection)
+    triton_key = None
+    if any(shapes.values()):
+        # Libraries first, timed apart: importing torch alone takes about a second.
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+
+        triton_key = triton_key_text(layout)
+    started = time.perf_counter()
+    import_seconds = started - imports_started
+    plans: list[FamilyPlan] = []
+    jobs: dict[str, CompileJob] = {}
+    for target in targets:
+        for choice in selection.choices:
+            skip_reason = choice.skip_reason or choice.skip_reason_on(target.name)
+            if skip_reason is not None:
+                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, skip_reason, choice.backend))
+                continue
+            if choice.family not in shapes:
+                continue
+            family_plan, family_jobs = plan_family(
+                choice.family,
+                shapes[choice.family],
+                model,
+                serving,
+                target,
+                choice.backend,
+                triton_key,
+                selection.engine,
+            )
+            plans.append(family_plan)
+            for job in family_jobs:
+                jobs.setdefault(job.key, job)
+    return Plan(
+        model=model.name,
+        serving=serving,
+        selection=selection,
+        targets=tuple(target.name for target in targets),
+        families=tuple(plans),
+        jobs=tuple(jobs.values()),
+        trace_seconds=time.perf_counter() - started,
+        import_seconds=import_seconds,
+        resolved_serving=serving.resolved(
+            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE)
+        ),
+    )

@@ -1,0 +1,217 @@
+"""The compile worker pool: every missing job compiled once, in parallel, each in isolation.
+
+Jobs already in the cache are found in this process first; workers are started only for the
+rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8, about 2.5 s
+of CPU each); on a cold cache they are started early, so that those imports overlap with the
+parent's tracing. Workers are spawned, not forked (Triton and torch do not survive fork).
+`pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the
+compiler) or overruns into a failed job while the pool replaces the worker and carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeoutError
+
+from ..cache.entries import is_compiled
+from ..cache.jobs import CompileJob
+from ..cache.layout import CacheLayout
+from ..progress import NoProgress, Progress
+from ..tracing.libraries import VLLM_PACKAGE, import_library_module
+from .compile import JobOutcome, compile_job
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_JOB_TIMEOUT_SECONDS = 900.0
+# A worker that cannot start (its main module cannot be re-imported, say) would otherwise
+# leave the pool waiting forever.
+WORKER_START_TIMEOUT_SECONDS = 120.0
+
+
+def default_worker_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _prepare_worker(modules: tuple[str, ...]) -> None:
+    """Pool initializer: pay imports and Triton's toolchain hash before the first job arrives.
+
+    Workers start while the parent is still tracing, so this overlaps with the trace. It
+    never raises: a worker whose initializer failed would be restarted forever; a job that
+    needs what failed here fails on its own, with the real error.
+    """
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+        for name in modules:
+            # vLLM's modules read their platform at import: the jobs import them per target.
+            if not name.startswith(VLLM_PACKAGE + "."):
+                import_library_module(name)
+    except Exception as error:  # reported by the jobs that need it
+        logger.debug("worker preparation failed: %s", error)
+
+
+def _worker_ready() -> int:
+    return os.getpid()
+
+
+class CompilePool:
+    """Spawned compile workers, started on demand: by `start()` before other work, so that their
+    start-up overlaps it, or by `compile()` with as many workers as jobs are missing."""
+
+    def __init__(
+        self,
+        layout: CacheLayout,
+        *,
+        max_workers: int | None = None,
+        job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+        preload_modules: tuple[str, ...] = (),
+    ):
+        self.layout = layout
+        self.max_workers = max(1, max_workers or default_worker_count())
+        self.workers = 0
+        self.job_timeout_seconds = job_timeout_seconds
+        self.preload_modules = preload_modules
+        self._pool = None
+        self._ready = None
+
+    def start(self, workers: int | None = None) -> CompilePool:
+        """Start the workers now (at most `max_workers`); their imports run while the caller works."""
+        from pebble import ProcessPool
+
+        if self._pool is None:
+            self.workers = max(1, min(self.max_workers, workers or self.max_workers))
+            self._pool = ProcessPool(
+                max_workers=self.workers,
+                context=multiprocessing.get_context("spawn"),
+                initializer=_prepare_worker,
+                initargs=(self.preload_modules,),
+            )
+            # Scheduling starts the workers now; its result says a worker could start at all.
+            self._ready = self._pool.schedule(_worker_ready)
+        return self
+
+    @property
+    def started(self) -> bool:
+        return self._pool is not None
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.stop()
+            self._pool.join()
+            self._pool = self._ready = None
+
+    def compile(
+        self,
+        jobs: Sequence[CompileJob],
+        progress: Progress | None = None,
+        label: str = "compiling",
+        damaged: frozenset[str] = frozenset(),
+    ) -> tuple[JobOutcome, ...]:
+        """Compile every job not yet in the cache; one outcome per job, in job order. Checked in
+        this process first: no worker starts when nothing is missing. Keys in `damaged` are
+        looked up, and compiled, in the writable root only: their entries in read-only layers
+        failed their checks and must not count as cached."""
+        outcomes, missing = _check_cache(jobs, self.layout, damaged)
+        if missing:
+            if self.started and self.workers < min(self.max_workers, len(missing)):
+                self.close()  # started small for an earlier target: start again, as large as needed
+            self.start(len(missing))
+            logger.info("compiling %d kernels with %d workers", len(missing), self.workers)
+            progress = progress or NoProgress()
+            progress.start(label, len(jobs), len(jobs) - len(missing))
+            try:
+                for outcome in self._run(missing, damaged):
+                    outcomes[outcome.job.key] = outcome
+                    progress.advance()
+            finally:
+                progress.finish()
+        return tuple(outcomes[job.key] for job in jobs)
+
+    def _run(self, jobs: list[CompileJob], damaged: frozenset[str] = frozenset()) -> Iterator[JobOutcome]:
+        from concurrent.futures import as_completed
+
+        from pebble import ProcessExpired
+
+        waited = time.perf_counter()
+        try:
+            pid = self._ready.result(timeout=WORKER_START_TIMEOUT_SECONDS)
+            logger.info("first compile worker (pid %d) ready after %.2f s more", pid, time.perf_counter() - waited)
+        except Exception as error:
+            detail = (
+                f"none was ready after {WORKER_START_TIMEOUT_SECONDS:g} s"
+                if isinstance(error, FutureTimeoutError)
+                else f"{type(error).__name__}: {error}"
+            )
+            reason = f"compile workers could not start ({detail}); their own error is on stderr"
+            yield from (JobOutcome(job, "failed", 0.0, reason) for job in jobs)
+            return
+        timeout = self.job_timeout_seconds
+        writable = CacheLayout(self.layout.root)
+
+        def submit(job: CompileJob):
+            layout = writable if job.key in damaged else self.layout
+            return self._pool.schedule(compile_job, args=(job, layout), timeout=timeout)
+
+        futures = {submit(job): job for job in jobs}
+        for future in as_completed(futures):
+            job = futures[future]
+            try:
+                yield future.result()
+            except FutureTimeoutError:
+                yield JobOutcome(job, "failed", timeout, f"timed out after {timeout:g} s")
+            except ProcessExpired as error:
+                yield JobOutcome(job, "failed", 0.0, f"worker died: {_describe_exit(error.exitcode)}")
+            except Exception as error:  # the worker could not even run compile_job
+                yield JobOutcome(job, "failed", 0.0, f"{type(error).__name__}: {error}")
+
+
+def _check_cache(
+    jobs: Sequence[CompileJob], layout: CacheLayout, damaged: frozenset[str] = frozenset()
+) -> tuple[dict[str, JobOutcome], list[CompileJob]]:
+    """In-process: outcomes of jobs already cached, and the jobs that are not."""
+    writable = CacheLayout(layout.root)
+    outcomes: dict[str, JobOutcome] = {}
+    missing = []
+    for job in jobs:
+        if is_compiled(writable if job.key in damaged else layout, job.key):
+            outcomes[job.key] = JobOutcome(job, "cached", 0.0)
+        else:
+            missing.append(job)
+    return outcomes, missing
+
+
+def compile_jobs(
+    jobs: Sequence[CompileJob],
+    layout: CacheLayout,
+    *,
+    max_workers: int | None = None,
+    job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+    progress: Progress | None = None,
+) -> tuple[JobOutcome, ...]:
+    """Compile every job not yet in the cache; no worker is started when none is missing."""
+    with CompilePool(layout, max_workers=max_workers, job_timeout_seconds=job_timeout_seconds) as pool:
+        return pool.compile(jobs, progress)
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

@@ -1,0 +1,167 @@
+"""The toolchain a cache was built with: what must match for its binaries to be served.
+
+Part of every manifest key (see `configuration.py`) and of every bundle's index.
+
+Triton's own key hashes its version, its compiler sources and libtriton's bytes (DESIGN.md
+fact 6): a cache built under another Triton build or another Python never hits. Hashing the
+400 MB libtriton takes about half a second, so its result is remembered in the cache under a
+digest of the sizes and modification times of every file it reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+
+from ..cache.files import write_atomic
+from ..cache.layout import CacheLayout
+from .targets import Target
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    triton_version: str
+    # sha256 of `triton.runtime.cache.triton_key()`.
+    triton_key: str
+    # Triton's install directory: on ROCm, HIP options hash the absolute paths of its bitcode.
+    triton_path: str
+    # The interpreter's cache tag (cpython-311): Triton wheels differ per Python ABI.
+    python: str
+    torch_version: str | None
+    aiter_version: str | None
+    # CUDA targets: the ptxas release Triton's CUDA backend hashes into every key.
+    ptxas: str | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def _distribution_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _triton_key_inputs(triton_dir: Path) -> list[Path]:
+    """The files `triton_key()` reads (its own module, compiler, backends, language, libtriton)."""
+    files = [triton_dir / "runtime" / "cache.py"]
+    for sub in ("compiler", "backends", "language"):
+        for root, _, names in os.walk(triton_dir / sub):
+            files += [Path(root) / name for name in names if name.endswith(".py")]
+    files += sorted((triton_dir / "_C").glob("libtriton.*"))
+    return sorted(files)
+
+
+def stat_digest(files: list[Path]) -> str:
+    """A digest of the files' paths, sizes and modification times: what a memo of their content is keyed by."""
+    digest = hashlib.sha256()
+    for path in files:
+        status = path.stat()
+        digest.update(f"{path}\0{status.st_size}\0{status.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) -> str:
+    """Triton's `triton_key()` (its version and the hashes of its files), remembered in the
+    cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s."""
+    import triton
+
+    triton_dir = Path(triton.__file__).parent
+    memo = None
+    if layout is not None:
+        memo = layout.toolchain_dir / f"{stat_digest(_triton_key_inputs(triton_dir))}.json"
+        try:
+            text = json.loads(memo.read_text())["triton_key_text"]
+            if _is_triton_key(text, triton.__version__):
+                return text
+            logger.warning("ignoring a remembered Triton key that is not one (%s): computing it again", memo)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    from triton.runtime.cache import triton_key
+
+    text = triton_key()
+    if memo is not None and remember:
+        try:
+            write_atomic(memo, json.dumps({"triton_key_text": text}).encode())
+        except OSError as error:  # a read-only cache still works, only slower
+            logger.debug("cannot remember the Triton key at %s: %s", memo, error)
+    return text
+
+
+def _is_triton_key(text: object, version: str) -> bool:
+    """Whether `text` has the form of `triton_key()`: the version, then sha256 digests joined by '-'."""
+    if not isinstance(text, str) or not text.startswith(version):
+        return False
+    digests = text[len(version) :].split("-")
+    return len(digests) > 1 and all(_SHA256.fullmatch(digest) for digest in digests)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def triton_key_digest(layout: CacheLayout | None = None, remember: bool = True) -> str:
+    """sha256 of Triton's toolchain key."""
+    return hashlib.sha256(triton_key_text(layout, remember).encode("utf-8")).hexdigest()
+
+
+def ptxas_release(arch: int) -> str:
+    """The release line of the ptxas Triton uses for `arch` (Triton hashes its whole banner)."""
+    from triton.backends.nvidia.compiler import get_ptxas_version
+
+    banner = get_ptxas_version(arch)
+    lines = [line for line in banner.splitlines() if "release" in line]
+    return lines[-1].strip() if lines else hashlib.sha256(banner.encode()).hexdigest()
+
+
+def current_toolchain(
+    layout: CacheLayout | None = None, target: Target | None = None, remember: bool = True
+) -> Toolchain:
+    """This process's toolchain; `target` adds what only its backend hashes (ptxas for CUDA).
+
+    With `remember` false (verify), a Triton key computed here is not written to the cache.
+    """
+    import triton
+
+    return Toolchain(
+        triton_version=triton.__version__,
+        triton_key=triton_key_digest(layout, remember),
+        triton_path=str(Path(triton.__file__).parent),
+        python=sys.implementation.cache_tag,
+        torch_version=_distribution_version("torch"),
+        aiter_version=_distribution_version("amd-aiter"),
+        ptxas=ptxas_release(int(target.arch)) if target is not None and not target.is_rocm else None,
+    )
+
+
+# What must match for binaries built elsewhere to be served here: Triton's keys hash these.
+SERVING_FIELDS = ("triton_key", "triton_path", "python", "ptxas")
+
+
+def toolchain_differences(
+    baked: dict[str, str | None], here: dict[str, str | None], fields: tuple[str, ...] | None = None
+) -> list[str]:
+    """Each way the toolchain a cache was baked with differs from this process's, in words.
+
+    `fields` limits the comparison (import checks only `SERVING_FIELDS`; verify explains all).
+    """
+    names = sorted(set(baked) | set(here)) if fields is None else list(fields)
+    lines = []
+    if any(baked.get(name) != here.get(name) for name in ("triton_key", "triton_path") if name in names):
+        lines.append(
+            f"toolchain mismatch: baked with Triton key {baked.get('triton_key')} at path "
+            f"{baked.get('triton_path')}; this process has {here.get('triton_key')} at {here.get('triton_path')}"
+        )
+    for name in names:
+        if name not in ("triton_key", "triton_path") and baked.get(name) != here.get(name):
+            lines.append(f"toolchain mismatch: {name} was {baked.get(name)!r}, here {here.get(name)!r}")
+    return lines

@@ -1,1 +1,0 @@
-"""Engine integrations: each maps an engine's own config onto the loader hook."""

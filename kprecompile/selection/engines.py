@@ -1,0 +1,498 @@
+"""Which kernel families an engine runs for a model, decided by the engine's own flags.
+
+The model fixes the attention structure (MLA or GQA); the engine's attention backend and
+flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
+first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
+compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
+selection for the release planned for (`releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
+and newer; each mirror is tested against the real selector of a release of its line), so that
+the plan covers what the engine will launch, and says plainly what it does not cover. Inside a
+running vLLM the plugin does not need the mirror: it reads the backend vLLM built; where vLLM
+is installed, the commands ask its own selector (`vllm/selector.py`) through
+`select(selector=...)`, and the mirror serves builders without it.
+
+On NVIDIA targets vLLM takes its CUDA platform's selection instead: the first backend of its
+priority list (`vllm/platforms/cuda.py`) whose compute-capability rule takes the GPU
+(`_cuda_backend`: FLASH_ATTN for GQA up to sm90, FLASHINFER on sm100; for MLA FLASH_ATTN_MLA on
+sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and sm89). Only
+TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA platform); the
+others are listed as not planned with what they run. A request whose targets are all NVIDIA is
+selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm selection stands, and
+vLLM's own kernels are not planned on its NVIDIA targets (vLLM's config modules keep the platform
+they were first imported under: plan those targets in a request of their own).
+
+Engines:
+- `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
+  environment says otherwise: the configuration AMD recommends on Instinct GPUs.
+- `vllm`: vLLM with its own defaults, where AITER is off unless `VLLM_ROCM_USE_AITER=1`.
+- `aiter`: AITER's Triton kernels as AITER's own Python API calls them, no serving engine
+  (AITER's tests and benchmarks, custom stacks): MLA models get the Triton MLA path, GQA
+  models `pa_prefill`, the one AITER attention kernel that also runs on NVIDIA GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from ..errors import InputError
+from ..inputs.environment import DEFAULT_ENGINE, ENGINES, registered_values
+from ..inputs.models import ModelConfig
+from ..inputs.targets import Target
+from ..shapes.family import FamilyName
+from ..vllm.releases import Line, installed_release, line_of, resolve_release
+
+MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
+GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
+
+# vLLM's CUDA priority lists (`_get_backend_priorities`, the same in 0.11.2 and 0.12.0; 0.33.0
+# puts FLASHINFER_MLA and TOKENSPEED_MLA first on sm100), without the sparse-MLA backends
+# (models with a sparse indexer) and those for multimodal prefixes; what each one runs.
+_CUDA_MLA = {
+    "0.11": ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
+    "sm100": ("CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+    "sm100 0.19": ("FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+}
+_CUDA_GQA = {
+    "0.11": ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
+    "sm100": ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"),
+}
+# The compute capabilities (major) each backend's `supports_compute_capability` takes (None: any).
+_CUDA_CAPABILITIES: dict[str, tuple[int, ...] | None] = {
+    "FLASH_ATTN_MLA": (9,),
+    "FLASHMLA": (9, 10),
+    "FLASHINFER_MLA": (10,),
+    "CUTLASS_MLA": (10,),
+    "TOKENSPEED_MLA": (10,),
+    "TRITON_MLA": None,
+    "FLASH_ATTN": (8, 9, 10),
+    "FLASHINFER": (8, 9, 10),
+    "TRITON_ATTN": None,
+    "FLEX_ATTENTION": None,
+}
+_CUDA_RUNS = {
+    "FLASH_ATTN": "vLLM's prebuilt flash-attention build (vllm_flash_attn)",
+    "FLASHINFER": "FlashInfer's CUDA kernels",
+    "FLEX_ATTENTION": "torch's FlexAttention, compiled by torch.compile",
+    "FLASH_ATTN_MLA": "vLLM's prebuilt FlashAttention-3 MLA kernels",
+    "FLASHMLA": "vLLM's prebuilt FlashMLA kernels",
+    "FLASHINFER_MLA": "FlashInfer's CUDA MLA kernels",
+    "CUTLASS_MLA": "vLLM's prebuilt CUTLASS MLA kernels",
+    "TOKENSPEED_MLA": "TokenSpeed's CUDA MLA kernels",
+}
+
+
+# The variables of the environment registry that decide vLLM's attention backend and FP8 BMM.
+SELECTION_FLAGS = (
+    "VLLM_ROCM_USE_AITER",
+    "VLLM_ROCM_USE_AITER_MLA",
+    "VLLM_ROCM_USE_AITER_FP8BMM",
+    "VLLM_ROCM_USE_AITER_MHA",
+    "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
+    "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
+    "VLLM_ROCM_USE_AITER_LINEAR",
+    "VLLM_BATCH_INVARIANT",
+)
+BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
+# The "backend" of the aiter engine: AITER's Python API itself.
+AITER_API = "aiter"
+
+
+@dataclass(frozen=True)
+class FamilyChoice:
+    family: FamilyName
+    # The engine's backend (or path) that runs this family's kernels.
+    backend: str
+    # Why kprecompile does not compile this family under this selection, or None when it does.
+    skip_reason: str | None = None
+    # (target, why not) where the engine takes another path on that target only.
+    skip_targets: tuple[tuple[str, str], ...] = ()
+
+    def skip_reason_on(self, target: str) -> str | None:
+        """Why the family is not compiled for `target` (besides `skip_reason`), or None."""
+        return dict(self.skip_targets).get(target)
+
+
+@dataclass(frozen=True)
+class Selection:
+    engine: str
+    attention_backend: str
+    flags: dict[str, bool]
+    choices: tuple[FamilyChoice, ...]
+    # The vLLM release planned for (None for the aiter engine, which has no vLLM).
+    vllm_release: str | None = None
+    # Who chose the attention backend: vLLM's own selector or kprecompile's mirror of it.
+    selected_by: str = "kprecompile's mirror"
+
+    @property
+    def planned(self) -> tuple[FamilyName, ...]:
+        return tuple(choice.family for choice in self.choices if choice.skip_reason is None)
+
+    def as_dict(self) -> dict[str, object]:
+        """The selection as `plan --json` shows it."""
+        return {
+            "engine": self.engine,
+            "vllm_release": self.vllm_release,
+            "attention_backend": self.attention_backend,
+            "selected_by": self.selected_by,
+            "flags": dict(self.flags),
+        }
+
+    def key_part(self) -> dict[str, object]:
+        """What of the selection enters the manifest key. The flags enter it through the
+        environment fingerprint as effective values, so the profile's name does not: vllm-aiter
+        with VLLM_ROCM_USE_AITER unset and vllm with it set to 1 share a cache."""
+        return {
+            "vllm_release": self.vllm_release,
+            "attention_backend": self.attention_backend,
+            "planned": list(self.planned),
+        }
+
+
+class BackendSelector(Protocol):
+    """Another source of the attention backend than the mirror: vLLM's own selector
+    (`vllm/selector.py`). Returns None where it cannot answer for `release`."""
+
+    description: str
+
+    def __call__(
+        self, release: str, field: str, requested: str | None, flags: Mapping[str, str | None]
+    ) -> str | None: ...
+
+
+def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
+    """The selection flags as vLLM reads them, under the engine profile's defaults."""
+    values = registered_values(environ, engine)
+    return {name: values[name] == "1" for name in SELECTION_FLAGS}
+
+
+def select(
+    model: ModelConfig,
+    engine: str = DEFAULT_ENGINE,
+    attention_backend: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    families: Sequence[str] = (),
+    vllm_release: str | None = None,
+    block_size: int = 16,
+    selector: BackendSelector | None = None,
+    targets: Sequence[Target] = (),
+) -> Selection:
+    """The families `engine` runs for `model` under these flags, each planned or with why not.
+
+    `vllm_release` (the CLI's --vllm-version) defaults to the installed vLLM's, else
+    `releases.DEFAULT_RELEASE`. `attention_backend` (the CLI's --attention-backend) wins over
+    VLLM_ATTENTION_BACKEND, as vLLM's --attention-backend does (the variable is gone from 0.19).
+    `families`, when given, keeps only those (--family). `block_size` matters to 0.11 and 0.12,
+    whose selector takes AITER's MLA for pages of one token. `selector`, when it answers, chooses
+    the backend instead of the mirror (where vLLM is installed).
+    """
+    if engine not in ENGINES:
+        raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
+    environ = os.environ if environ is None else environ
+    flags = read_flags(engine, environ)
+    if engine == "aiter":
+        if attention_backend:
+            raise InputError("--attention-backend", attention_backend, "no backend with --engine aiter (it has none)")
+        choices = _aiter_choices(model)
+        return Selection(engine, AITER_API, flags, _filtered(model, choices, families), selected_by="no engine")
+    release = resolve_release(vllm_release)
+    line = line_of(release)
+    field, requested = "--attention-backend", attention_backend
+    if not requested and line != "0.19":
+        field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    if targets and not any(target.is_rocm for target in targets):
+        choices = _cuda_choices(model, field, requested, line, release, targets, flags)
+        backend = next(choice.backend for choice in choices if choice.family in ("triton_attn", "triton_mla"))
+        return Selection(engine, backend, flags, _filtered(model, choices, families), release)
+    backends = [
+        backend
+        for backend in (MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS)
+        if not (line == "0.11" and backend == "ROCM_AITER_TRITON_MLA")
+    ]
+    if requested is not None and requested not in backends:
+        kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
+        raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind} in vLLM {release}")
+    backend = selector(release, field, requested, registered_values(environ, engine)) if selector else None
+    selected_by = selector.description if backend else Selection.selected_by
+    if backend is None:
+        if model.attention == "mla":
+            backend = requested or _default_mla_backend(flags, line, block_size)
+        else:
+            backend = _gqa_backend(requested, flags, line)
+    if backend not in backends:
+        # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
+        raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
+    if model.attention == "mla":
+        choices = _mla_choices(backend, flags, line, release)
+    else:
+        choices = _gqa_choices(backend, release)
+    if model.fp8_block_size is not None:
+        choices += (_block_fp8_linear(flags, line, release),)
+    nvidia = tuple(target.name for target in targets if not target.is_rocm)
+    if nvidia:
+        # vLLM selects per platform, and its config modules keep the platform they were first
+        # imported under: one process traces one platform's vLLM kernels.
+        reason = (
+            f"vLLM selects its attention backend and binds its platform per platform: plan NVIDIA targets "
+            f"in a request of their own (--target {nvidia[0]})"
+        )
+        skipped = tuple((name, reason) for name in nvidia)
+        vllm_kernels = ("triton_attn", "triton_mla")
+        choices = tuple(
+            replace(choice, skip_targets=choice.skip_targets + skipped) if choice.family in vllm_kernels else choice
+            for choice in choices
+        )
+    return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
+
+
+def _cuda_priorities(model: ModelConfig, line: Line, target: Target) -> tuple[str, ...]:
+    table = _CUDA_MLA if model.attention == "mla" else _CUDA_GQA
+    if int(target.arch) // 10 != 10:
+        return table["0.11"]
+    return table.get(f"sm100 {line}", table["sm100"])
+
+
+def _cuda_takes(backend: str, target: Target) -> bool:
+    majors = _CUDA_CAPABILITIES[backend]
+    return majors is None or int(target.arch) // 10 in majors
+
+
+def _cuda_backend(model: ModelConfig, line: Line, target: Target) -> str:
+    """vLLM's CUDA selection without a backend named: the first of its priority list whose
+    compute-capability rule takes the target (for the usual head sizes and dtypes)."""
+    return next(backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target))
+
+
+def _cuda_choices(
+    model: ModelConfig,
+    field: str,
+    requested: str | None,
+    line: Line,
+    release: str,
+    targets: Sequence[Target],
+    flags: dict[str, bool],
+) -> tuple[FamilyChoice, ...]:
+    """The families vLLM runs for `model` on these NVIDIA targets (module doc)."""
+    kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
+    if requested is not None:
+        for target in targets:
+            valid = [backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target)]
+            if requested not in valid:
+                expected = f"one of {', '.join(valid)} for {model.name}'s {kind} on {target.name} in vLLM {release}"
+                raise InputError(field, requested, expected)
+        backend = requested
+    else:
+        chosen = {target.name: _cuda_backend(model, line, target) for target in targets}
+        if len(set(chosen.values())) > 1:
+            answer = ", ".join(f"{backend} on {name}" for name, backend in chosen.items())
+            raise InputError("--target", ",".join(chosen), f"targets vLLM gives one backend; it selects {answer}")
+        backend = next(iter(chosen.values()))
+    family: FamilyName = "triton_mla" if model.attention == "mla" else "triton_attn"
+    triton = "TRITON_MLA" if model.attention == "mla" else "TRITON_ATTN"
+    if backend != triton:
+        reason = (
+            f"{backend} runs {_CUDA_RUNS[backend]}, not Triton: kprecompile plans Triton kernels "
+            f"(--attention-backend {triton} runs vLLM's own)"
+        )
+        choice = FamilyChoice(family, backend, reason)
+    else:
+        choice = _vllm_kernels(family, backend, release)
+    choices: tuple[FamilyChoice, ...] = (choice,)
+    if model.fp8_block_size is not None:
+        choices += (_cuda_block_fp8_linear(line, release, targets, flags),)
+    return choices
+
+
+def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], flags: dict[str, bool]) -> FamilyChoice:
+    """vLLM's block-FP8 linear layers on NVIDIA GPUs (read in each release, and asked of its linear
+    method in tests/vllm_linear_probe.py): from sm90 CUTLASS, or DeepGEMM where installed; below
+    sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19. Batch-
+    invariant mode turns Marlin off (vLLM's Triton GEMM, or Humming's, in its place) and adds
+    vLLM's own Triton matmul kernels: not planned."""
+    # vLLM's compiled CUTLASS query, as kprecompile's stand-in answers it on a builder.
+    from ..shapes.block_fp8_linear import CUTLASS_BLOCK_FP8_FROM
+
+    if flags["VLLM_BATCH_INVARIANT"]:
+        reason = (
+            "with VLLM_BATCH_INVARIANT=1 vLLM takes its batch-invariant linear paths (no Marlin; its own "
+            "Triton kernels), which kprecompile does not plan"
+        )
+        return FamilyChoice("block_fp8_linear", "Fp8LinearMethod", reason)
+    cutlass = (
+        "vLLM runs block-FP8 linear layers with CUTLASS from sm90: nothing to compile for Triton (DeepGEMM, "
+        "where installed, JIT-builds its own CUDA kernels)"
+    )
+    marlin = f"vLLM {release} runs block-FP8 linear layers with Marlin's weight-only FP8 on {{}}: nothing to compile"
+    skipped = []
+    for target in targets:
+        if int(target.arch) >= CUTLASS_BLOCK_FP8_FROM:
+            skipped.append((target.name, cutlass))
+        elif int(target.arch) < 89 or line == "0.19":
+            skipped.append((target.name, marlin.format(target.name)))
+    if len(skipped) == len(targets):
+        return FamilyChoice("block_fp8_linear", "Fp8LinearMethod", "; ".join(dict.fromkeys(r for _, r in skipped)))
+    return replace(_vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release), skip_targets=tuple(skipped))
+
+
+def _filtered(
+    model: ModelConfig, choices: tuple[FamilyChoice, ...], families: Sequence[str]
+) -> tuple[FamilyChoice, ...]:
+    if not families:
+        return choices
+    available = [choice.family for choice in choices]
+    for family in families:
+        if family not in available:
+            raise InputError("--family", family, f"one of {', '.join(available)} for {model.name}")
+    return tuple(choice for choice in choices if choice.family in families)
+
+
+def _aiter_choices(model: ModelConfig) -> tuple[FamilyChoice, ...]:
+    if model.attention == "mla":
+        return tuple(FamilyChoice(family, AITER_API) for family in ("fp8_bmm", "mla_decode", "mla_prefill"))
+    return (FamilyChoice("pa_prefill", AITER_API),)
+
+
+def _default_mla_backend(flags: dict[str, bool], line: Line, block_size: int) -> str:
+    aiter_mla = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_MLA"]
+    if aiter_mla or (line in ("0.11", "0.12") and block_size == 1):
+        return "ROCM_AITER_MLA"
+    return "TRITON_MLA"
+
+
+def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> str:
+    """vLLM's ROCm selector for multi-head / grouped-query attention, release line by line."""
+    aiter = flags["VLLM_ROCM_USE_AITER"]
+    mha, unified = aiter and flags["VLLM_ROCM_USE_AITER_MHA"], aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]
+    prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]
+    if line == "0.11":
+        # 0.11 asks the flags first, also when a backend is named: AITER's MHA wins over it.
+        if mha or requested == "ROCM_AITER_FA":
+            return "ROCM_AITER_FA"
+        if unified or requested == "ROCM_AITER_UNIFIED_ATTN":
+            return "ROCM_AITER_UNIFIED_ATTN"
+        if prefill_decode or requested == "ROCM_ATTN":
+            return "ROCM_ATTN"
+        return "TRITON_ATTN"
+    if requested:
+        return requested
+    if line == "0.19":
+        # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes.
+        return "ROCM_ATTN"
+    if unified:
+        return "ROCM_AITER_UNIFIED_ATTN"
+    if mha:
+        return "ROCM_AITER_FA"
+    return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
+
+
+_MERGE_0_19 = (
+    "vLLM 0.19 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
+    "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
+)
+
+
+def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str) -> tuple[FamilyChoice, ...]:
+    choices = []
+    if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
+        choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
+    else:
+        reason = "vLLM runs AITER's FP8 BMM only with VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_FP8BMM=1"
+        choices.append(FamilyChoice("fp8_bmm", "torch bmm", reason))
+    if backend == "TRITON_MLA":
+        choices.append(_vllm_kernels("triton_mla", backend, release))
+        return tuple(choices)
+    # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then until 0.19
+    # a Triton stage-2 reduce, from 0.19 AITER's persistent HIP reduce.
+    if line == "0.19":
+        reason = f"{backend} in vLLM 0.19 and newer reduces MLA decode splits with AITER's HIP kernel: no Triton"
+        choices.append(FamilyChoice("mla_decode", backend, reason))
+    else:
+        choices.append(FamilyChoice("mla_decode", backend))
+    if backend == "ROCM_AITER_TRITON_MLA":
+        choices.append(FamilyChoice("mla_prefill", backend))
+    else:
+        reason = f"{backend} runs AITER's prebuilt CK flash-attention kernels (ROCM_AITER_TRITON_MLA runs Triton's)"
+        choices.append(FamilyChoice("mla_prefill", backend, reason))
+    # Around either prefill, on steps with cached context: vLLM's merge of the partial results.
+    if line == "0.19":
+        choices.append(FamilyChoice("mla_merge", backend, _MERGE_0_19))
+    else:
+        choices.append(_vllm_kernels("mla_merge", backend, release))
+    return tuple(choices)
+
+
+def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoice:
+    """A family of vLLM's own kernels: traced from the installed vLLM, which must be `release`."""
+    installed = installed_release()
+    reason = None
+    if installed is None:
+        reason = f"{backend} runs vLLM's own Triton kernels, traced from an installed vLLM: pip install vllm=={release}"
+    elif installed != release:
+        reason = (
+            f"{backend} runs vLLM's own Triton kernels, traced from the installed vLLM, which is {installed}: "
+            f"plan for --vllm-version {installed}, or install vllm=={release}"
+        )
+    return FamilyChoice(family, backend, reason)
+
+
+def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> FamilyChoice:
+    """vLLM's block-FP8 linear layers on ROCm. With VLLM_ROCM_USE_AITER and
+    VLLM_ROCM_USE_AITER_LINEAR (on by default), up to 0.18 AITER's CK GEMM takes them only where
+    the platform's FP8 is e4m3fnuz (gfx942) and vLLM's Triton GEMM elsewhere; from 0.19 AITER's
+    blockscale GEMM takes them on every arch. Without AITER's linear path, vLLM's Triton GEMM."""
+    aiter_linear = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_LINEAR"]
+    choice = _vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release)
+    if not aiter_linear:
+        return choice
+    if line == "0.19":
+        return FamilyChoice("block_fp8_linear", "AiterFp8BlockScaledMMKernel", _aiter_blockscale_reason())
+    reason = (
+        f"vLLM {release} runs block-FP8 linear layers on gfx942 through AITER's CK blockscale GEMM with "
+        "VLLM_ROCM_USE_AITER_LINEAR=1 (its rule needs e4m3fnuz): nothing to compile"
+    )
+    return replace(choice, skip_targets=(("gfx942", reason),))
+
+
+def _aiter_blockscale_reason() -> str:
+    """vLLM 0.19 and newer with AITER's linear path (`AiterFp8BlockScaledMMKernel`, as its linear
+    method chooses it in tests/vllm_linear_probe.py): AITER's Triton GEMM on gfx950 only for (N, K)
+    that AITER's tuned-config lookup lists, else its CK GEMM; the activation quantization is
+    AITER's HIP group quantization (or Inductor's code under torch.compile)."""
+    from ..shapes.block_fp8_linear import AITER_TUNED_LOOKUP, aiter_has_tuned_lookup, installed_aiter
+
+    head = (
+        "vLLM 0.19 and newer run block-FP8 linear layers through AITER with VLLM_ROCM_USE_AITER_LINEAR=1: "
+        "AITER's CK GEMM on gfx942 (e4m3fnuz) and, on gfx950, for every (N, K) AITER's Triton GEMM is not "
+        "tuned for, after AITER's HIP group quantization"
+    )
+    tail = "(with VLLM_ROCM_USE_AITER_LINEAR=0, vLLM's Triton GEMM: planned)"
+    if not aiter_has_tuned_lookup():
+        return (
+            f"{head}; vLLM asks {AITER_TUNED_LOOKUP} which shapes are tuned, and the installed "
+            f"amd-aiter {installed_aiter()} has no such module, so every layer runs CK: nothing to compile "
+            f"{tail}"
+        )
+    return (
+        f"{head}; the installed amd-aiter {installed_aiter()} lists tuned shapes ({AITER_TUNED_LOOKUP}), "
+        "and their Triton GEMM is not traced yet (kprecompile is tested with amd-aiter 0.1.7.post2.dev18, "
+        f"which has no such module) {tail}"
+    )
+
+
+def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:
+    if backend == "ROCM_ATTN":
+        return (_vllm_kernels("rocm_attn", backend, release),)
+    if backend == "TRITON_ATTN":
+        # From 0.19 traced through the release's metadata builder and its KV-cache view (`triton_attn.py`).
+        return (_vllm_kernels("triton_attn", backend, release),)
+    # AITER's backends: unified attention is Triton; FA is prebuilt, with vLLM's own Triton kernels
+    # around its prefill on steps with cached context.
+    if backend != "ROCM_AITER_FA":
+        return (FamilyChoice("prefix_prefill", backend), FamilyChoice("paged_decode", backend))
+    reason = f"{backend} runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)"
+    # From 0.19 traced through the release's metadata builder, attention layer and KV-cache view
+    # (`aiter_fa_context.py`), which also sends some decodes to AITER's Triton unified attention.
+    context = _vllm_kernels("aiter_fa_context", backend, release)
+    return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason), context)

@@ -1,0 +1,117 @@
+"""The warm that runs beside vLLM's weight loading, in a process of its own.
+
+A serving process must not trace in a thread: tracing swaps Triton's active driver, torch's
+device queries and library modules process-wide, under the engine's feet. So the hook writes
+the request to a file and starts `python -m kprecompile.serve.vllm.background REQUEST`
+with no GPU visible (it cross-compiles; a CUDA context there would take memory vLLM has
+profiled), and joins it before the first kernel that needs the cache. The report comes back as
+one JSON line on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ...selection.request import Request
+
+_HIDE_GPUS = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+
+
+@dataclass(frozen=True)
+class BackgroundWarm:
+    process: subprocess.Popen
+    request_file: str
+
+    def join(self) -> tuple[dict[str, Any] | None, str, float]:
+        """Wait for the warm: (its WarmReport as a dict or None, its stderr tail, seconds waited)."""
+        waited = time.perf_counter()
+        out, err = self.process.communicate()
+        os.unlink(self.request_file)
+        lines = out.strip().splitlines()
+        try:
+            report = json.loads(lines[-1]) if self.process.returncode in (0, 1) and lines else None
+        except ValueError:
+            report = None
+        return report, "\n".join(err.strip().splitlines()[-3:]), time.perf_counter() - waited
+
+
+def start(
+    request: Request,
+    hf_config: dict[str, Any],
+    cache_dir: str,
+    layers: tuple[str, ...],
+    *,
+    workers: int,
+    rank: int,
+    ranks: int,
+) -> BackgroundWarm:
+    """Start warming `request` (one target) in the background; returns at once."""
+    [target] = request.targets
+    document = {
+        "config": hf_config,
+        "name": request.model.name,
+        "serving": asdict(request.serving),
+        "engine": request.selection.engine,
+        "attention_backend": request.selection.attention_backend,
+        "target": target.name,
+        "cache_dir": cache_dir,
+        "layers": list(layers),
+        "workers": workers,
+        "rank": rank,
+        "ranks": ranks,
+    }
+    descriptor, request_file = tempfile.mkstemp(prefix="kprecompile-warm-", suffix=".json")
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(document, file)
+    process = subprocess.Popen(
+        [sys.executable, "-m", __name__, request_file],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **_HIDE_GPUS},
+    )
+    return BackgroundWarm(process, request_file)
+
+
+def main(request_file: str) -> None:
+    from ...build.warming import warm
+    from ...inputs.models import model_from_dict
+    from ...inputs.serving import ServingParams
+    from ...inputs.settings import cache_layout
+    from ...inputs.targets import TARGETS
+    from ...selection.engines import select
+
+    document = json.loads(Path(request_file).read_text())
+    model = model_from_dict(document["config"], name=document["name"], source=f"vLLM's config of {document['name']}")
+    serving = document["serving"]
+    if serving["cudagraph_capture_sizes"] is not None:
+        serving["cudagraph_capture_sizes"] = tuple(serving["cudagraph_capture_sizes"])
+    # The same environment as the serving process: the flags select the same families.
+    target = TARGETS[document["target"]]
+    selection = select(
+        model, document["engine"], document["attention_backend"], block_size=serving["block_size"], targets=[target]
+    )
+    report = warm(
+        model,
+        ServingParams(**serving),
+        [target],
+        cache_layout(document["cache_dir"], tuple(document["layers"])),
+        selection=selection,
+        max_workers=document["workers"],
+        rank=document["rank"],
+        ranks=document["ranks"],
+    )
+    print(json.dumps(report.as_dict()))
+    sys.exit(1 if report.failed else 0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,96 @@
+"""What vLLM resolved, as kprecompile's records: the model's config, the serving parameters and
+the attention backend the model's layers were built with.
+
+Everything is read from vLLM's own objects (`VllmConfig`, the built model), never re-derived:
+vLLM has already applied its defaults, its platform's rules and the user's flags. Field
+layouts differ between releases; each read here exists in every supported release.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from ...inputs.models import model_from_dict
+from ...inputs.serving import ServingParams
+from ...inputs.targets import Target
+from ...selection.engines import select
+from ...selection.request import Request
+from ...vllm.releases import installed_release
+
+_MODEL_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
+
+
+def hf_config_dict(vllm_config: Any) -> dict[str, Any]:
+    """The model's config as transformers holds it (JSON-safe: dtypes become their names)."""
+    return json.loads(vllm_config.model_config.hf_config.to_json_string(use_diff=False))
+
+
+def attention_backends(model: Any) -> list[str]:
+    """The attention backends the model's layers were built with, in order, by the names vLLM's
+    registry gives their classes (what --attention-backend takes); a class the registry does not
+    know by the name it gives itself."""
+    from ...vllm.selector import registered_name
+
+    names: dict[str, None] = {}
+    for _, module in model.named_modules():
+        backend = getattr(module, "attn_backend", None)
+        get_name = getattr(backend, "get_name", None)
+        if not callable(get_name):
+            continue
+        path = f"{backend.__module__}.{backend.__qualname__}" if isinstance(backend, type) else None
+        names[(path and registered_name(path)) or str(get_name())] = None
+    return list(names)
+
+
+def serving_from_vllm(vllm_config: Any) -> ServingParams:
+    model_config = vllm_config.model_config
+    dtype = _MODEL_DTYPES.get(str(model_config.dtype), str(model_config.dtype))
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    speculative = getattr(vllm_config, "speculative_config", None)
+    capture_sizes = getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or ()
+    enforce_eager = bool(model_config.enforce_eager) or not capture_sizes
+    return ServingParams(
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        max_model_len=model_config.max_model_len,
+        block_size=vllm_config.cache_config.block_size,
+        kv_cache_dtype="auto" if cache_dtype in ("auto", dtype) else cache_dtype,
+        dtype=dtype,
+        cudagraph_capture_sizes=None if enforce_eager else tuple(capture_sizes),
+        enforce_eager=enforce_eager,
+        num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative is not None else 0,
+    )
+
+
+def from_vllm_config(
+    vllm_config: Any, model: Any = None, target: Target | Callable[[], Target] | None = None
+) -> Request:
+    """The request vLLM's worker is about to serve on `target` (its GPU, or the function that
+    detects it: called once the config is read, so that a config kprecompile cannot read is what
+    is reported). With the built `model`, the attention backend is the one its layers use; before
+    it is built, vLLM's --attention-backend or the flags'. The families are the target's: vLLM's
+    CUDA rules on an NVIDIA GPU, its ROCm rules on an AMD one (and where no target is given)."""
+    model_config = vllm_config.model_config
+    name = str(model_config.model)
+    config = model_from_dict(hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}")
+    backends = attention_backends(model) if model is not None else []
+    backend = backends[0] if backends else _requested_backend(vllm_config)
+    serving = serving_from_vllm(vllm_config)
+    if callable(target):
+        target = target()
+    targets = (target,) if target is not None else ()
+    selection = select(
+        config, "vllm", backend, vllm_release=installed_release(), block_size=serving.block_size, targets=targets
+    )
+    return Request(config, serving, selection, targets)
+
+
+def _requested_backend(vllm_config: Any) -> str | None:
+    """--attention-backend (kept in attention_config from 0.12 on), else None (the flags decide)."""
+    backend = getattr(getattr(vllm_config, "attention_config", None), "backend", None)
+    if backend is None:
+        return None
+    return getattr(backend, "name", str(backend))

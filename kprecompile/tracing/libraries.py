@@ -1,0 +1,179 @@
+"""Importing kernel libraries (AITER, ...) on machines they were not built for.
+
+`import aiter` initializes HIP and fails without ROCm, but AITER's Triton kernels
+(`aiter.ops.triton.*`) need none of it: registering the parent package as a bare namespace
+module (its `__path__` the installed directory) lets them import anywhere (DESIGN.md fact 5).
+On a ROCm build of torch the real package is imported instead, so that an engine sharing the
+process later gets a fully initialized `aiter`.
+
+`aiter.mla` (MLA decode) also imports `aiter.dtypes` and `aiter.jit.utils.chip_info`, which ask
+the ROCm runtime for the GPU's arch and compute units at import. With the bare package they
+are stand-ins that answer for the GPU Triton's active driver reports (the target being traced
+or compiled) and the device torch reports, the same answers the real modules give on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import types
+from collections.abc import Iterator
+from types import ModuleType
+
+from ..errors import LibraryUnavailableError
+
+AITER_PACKAGE = "aiter"
+AITER_DISTRIBUTION = "amd-aiter"
+VLLM_PACKAGE = VLLM_DISTRIBUTION = "vllm"
+
+
+def _ensure_aiter_package() -> None:
+    if AITER_PACKAGE in sys.modules:
+        return
+    spec = importlib.util.find_spec(AITER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise LibraryUnavailableError(AITER_DISTRIBUTION, f"pip install {AITER_DISTRIBUTION}")
+    import torch
+
+    if torch.version.hip is not None:
+        importlib.import_module(AITER_PACKAGE)
+        return
+    package = types.ModuleType(AITER_PACKAGE)
+    package.__path__ = list(spec.submodule_search_locations)
+    package.__spec__ = spec
+    package.__file__ = spec.origin
+    sys.modules[AITER_PACKAGE] = package
+    package.dtypes = sys.modules[f"{AITER_PACKAGE}.dtypes"] = _dtypes_standin()
+    sys.modules[f"{AITER_PACKAGE}.jit.utils.chip_info"] = _chip_info_standin()
+
+
+def _active_arch() -> str:
+    from triton.runtime import driver
+
+    return str(driver.active.get_current_target().arch)
+
+
+def _dtypes_standin() -> ModuleType:
+    """`aiter.dtypes`: torch dtypes by AITER's short names; `fp8` is the active target's FP8."""
+    import torch
+
+    module = types.ModuleType(f"{AITER_PACKAGE}.dtypes")
+    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "i32": torch.int32}
+    fp8_by_arch = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
+    module.__dict__.update(names)
+
+    def __getattr__(name: str) -> object:
+        if name == "fp8":
+            return fp8_by_arch.get(_active_arch(), torch.uint8)
+        raise AttributeError(name)
+
+    module.__getattr__ = __getattr__
+    return module
+
+
+def _chip_info_standin() -> ModuleType:
+    """`aiter.jit.utils.chip_info`: the arch and compute units of the GPU being compiled for."""
+    module = types.ModuleType(f"{AITER_PACKAGE}.jit.utils.chip_info")
+
+    def get_gfx() -> str:
+        return _active_arch()
+
+    def get_cu_num() -> int:
+        import torch
+
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+    module.get_gfx = get_gfx
+    module.get_cu_num = get_cu_num
+    return module
+
+
+# AITER's JIT core asks the ROCm install for its version at import: without ROCm it raises
+# RuntimeError where the engines expect ImportError.
+_AITER_HIP_MODULE = f"{AITER_PACKAGE}.jit.core"
+
+
+class _AiterHipAbsent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == _AITER_HIP_MODULE:
+            raise ImportError(f"{_AITER_HIP_MODULE} needs a ROCm install, which this builder does not have", name=name)
+        return None
+
+
+@contextlib.contextmanager
+def aiter_hip_absent() -> Iterator[None]:
+    """On a builder without ROCm, AITER's HIP modules fail to import as ImportError, the way
+    vLLM's optional imports of them (`try: from aiter.ops.shuffle import ...` in its quark
+    config, imported by every quantized model's config) expect a missing AITER to fail; they
+    otherwise raise RuntimeError (`ROCm version file not found`) and stop vLLM's config. Only the
+    HIP side is absent: AITER's Triton kernels import as before (`_ensure_aiter_package`)."""
+    import torch
+
+    if torch.version.hip is not None or _AITER_HIP_MODULE in sys.modules:
+        yield
+        return
+    finder = _AiterHipAbsent()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+
+
+def import_library_module(name: str) -> ModuleType:
+    """Import a kernel library's module, working around a library's unusable parent package."""
+    if name == AITER_PACKAGE or name.startswith(AITER_PACKAGE + "."):
+        _ensure_aiter_package()
+    if name.startswith(VLLM_PACKAGE + "."):
+        return _import_vllm_module(name)
+    return importlib.import_module(name)
+
+
+def _import_vllm_module(name: str) -> ModuleType:
+    """vLLM's kernel modules read their platform at import: under the cross-compile driver
+    (tracing, compile workers) that is the stand-in of the driver's target; in a serving process
+    it is vLLM's own."""
+    from ..platforms.triton_driver import cross_compile_target
+
+    target = cross_compile_target()
+    if target is None:
+        return importlib.import_module(name)
+    if importlib.util.find_spec(VLLM_PACKAGE) is None:
+        raise LibraryUnavailableError(VLLM_DISTRIBUTION, f"pip install {VLLM_DISTRIBUTION}")
+    from ..platforms.vllm_platform import target_imports
+
+    with target_imports(target):
+        return importlib.import_module(name)
+
+
+def resolve_object(path: str) -> object:
+    """`module:qualified.name` -> the object."""
+    module_name, _, qualname = path.partition(":")
+    target: object = import_library_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def resolve_kernel(path: str) -> object:
+    """`module:qualified.name` -> the JITFunction under it (unwrapping triton.heuristics and
+    triton.autotune), as compile workers and preload need it."""
+    from triton.runtime.jit import JITFunction
+
+    kernel = resolve_object(path)
+    while not isinstance(kernel, JITFunction):
+        inner = getattr(kernel, "fn", None)
+        if inner is None or inner is kernel:
+            raise TypeError(f"{path} is a {type(kernel).__name__}, not a Triton kernel")
+        kernel = inner
+    return kernel
+
+
+def missing_library(distribution: str, module: str) -> str | None:
+    """Why kernels in `module` cannot be traced here (`distribution` is not installed), or None."""
+    if importlib.util.find_spec(module.partition(".")[0]) is None:
+        return f"{distribution} is not installed here (pip install {distribution})"
+    return None

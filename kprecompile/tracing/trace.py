@@ -1,0 +1,210 @@
+"""Capture the exact kernel specializations a library's real calls would compile.
+
+The calls run on meta tensors while the cross-compile driver reports the target and Triton's
+`jit_cache_hook` intercepts every launch that would compile: the hook records Triton's own
+specialization data and returns True, so nothing compiles and nothing launches. Because
+Triton's binder computes the specialization, it is the one a real launch computes
+(DESIGN.md fact 2). Each unique specialization becomes a `CompileJob` keyed by the hash
+Triton's cache uses for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..cache.jobs import CompileJob
+from ..errors import TracingError
+from ..inputs.targets import Target
+from ..platforms.triton_driver import active_target, device_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    family: str
+    target: str
+    calls: int
+    jobs: tuple[CompileJob, ...]
+    seconds: float
+
+
+Call = tuple[str, Callable[[], object]]
+
+
+def trace_calls(
+    calls: Iterable[Call],
+    target: Target,
+    family: str,
+    fresh_modules: tuple[str, ...] = (),
+    triton_key: str | None = None,
+) -> TraceResult:
+    """Run `calls` (label, function) under `target` and collect the kernels they would compile.
+
+    Modules whose names start with one of `fresh_modules` are imported anew for this trace
+    and put back afterwards, so that per-arch state a library keeps in its modules (tuned
+    config tables, autotuner results, kernels' per-device caches) never leaks between targets.
+    `triton_key` is Triton's `triton_key()` when the caller has it remembered.
+    """
+    started = time.perf_counter()
+    count = 0
+    with capturing(target, fresh_modules, triton_key) as capture:
+        for label, call in calls:
+            try:
+                call()
+            except Exception as error:
+                raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
+            count += 1
+    jobs = capture.jobs(family)
+    seconds = time.perf_counter() - started
+    logger.info("traced %s on %s: %d calls, %d kernels in %.2f s", family, target.name, count, len(jobs), seconds)
+    return TraceResult(family, target.name, count, jobs, seconds)
+
+
+class Capture:
+    """The specializations launches under `capturing` would compile, each with its cache key."""
+
+    def __init__(self, target: Target, triton_key: str | None):
+        self.target = target
+        self.triton_key = triton_key
+        self.options = _OptionsParser(target)
+        # Specialization data -> (JITFunction, Triton cache key), in the order first seen.
+        self.captured: dict[str, tuple[Any, str]] = {}
+        self.last: tuple[str, str] | None = None
+
+    def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
+        data = compile["specialization_data"]
+        if data not in self.captured:
+            jit_function = fn.jit_function
+            self.captured[data] = (jit_function, _cache_key(jit_function, compile, data, self.options, self.triton_key))
+        self.last = (data, self.captured[data][1])
+        return True  # nothing compiles, nothing launches
+
+    def specialization(self, kernel: Any, specialization_data: str) -> tuple[str, str]:
+        """Replay `specialization_data` (`JITFunction.preload`'s input) through the hook: Triton's
+        own re-serialized data for it and its cache key under this process's toolchain."""
+        self.last = None
+        kernel.preload(specialization_data)
+        if self.last is None:
+            raise TracingError("recorded", kernel.fn.__qualname__, "preloading it did not reach Triton's compile hook")
+        return self.last
+
+    def jobs(self, family: str) -> tuple[CompileJob, ...]:
+        jobs: dict[str, CompileJob] = {}
+        for data, (jit_function, key) in self.captured.items():
+            jobs.setdefault(key, CompileJob(family, self.target.name, _import_path(jit_function), key, data))
+        return tuple(jobs.values())
+
+
+@contextlib.contextmanager
+def capturing(target: Target, fresh_modules: tuple[str, ...] = (), triton_key: str | None = None) -> Iterator[Capture]:
+    """Inside the block, launches of Triton kernels under `target` are captured, not compiled
+    (see `trace_calls`)."""
+    from triton import knobs
+
+    capture = Capture(target, triton_key)
+    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
+        knobs.runtime.jit_cache_hook = capture.hook
+        yield capture
+
+
+def _import_path(jit_function: Any) -> str:
+    return f"{jit_function.module}:{jit_function.fn.__qualname__}"
+
+
+class _OptionsParser:
+    """Parses serialized launch options the way `JITFunction.preload` does, once per target."""
+
+    def __init__(self, target: Target):
+        from triton.compiler.compiler import make_backend
+
+        self.backend = make_backend(target.gpu_target())
+
+    def parse(self, options: dict[str, Any]) -> Any:
+        # JSON turns tuples into lists; preload turns them back before parsing.
+        return self.backend.parse_options({k: tuple(v) if isinstance(v, list) else v for k, v in options.items()})
+
+
+def _cache_key(
+    jit_function: Any, compile: dict[str, Any], data: str, parser: _OptionsParser, triton_key: str | None
+) -> str:
+    """The hash `triton.compile` will compute for this specialization: its cache entry's name.
+
+    With `triton_key` given, the key string is assembled as `get_cache_key` assembles it; the
+    compile step checks every compiled kernel's hash against this key, so a drift in that
+    format fails loudly instead of missing the cache.
+    """
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler.compiler import ASTSource
+    from triton.runtime.cache import get_cache_key
+
+    source = ASTSource(jit_function, compile["signature"], compile["constants"], compile["configs"][0])
+    options = parser.parse(json.loads(data)["options"])
+    # `triton.compile` re-parses the options dict together with the source's own options.
+    options = parser.backend.parse_options(dict(options.__dict__, **source.parse_options()))
+    env_vars = get_cache_invalidating_env_vars()
+    if triton_key is None:
+        key = get_cache_key(source, parser.backend, options, env_vars=env_vars)
+    else:
+        key = f"{triton_key}-{source.hash()}-{parser.backend.hash()}-{options.hash()}-{sorted(env_vars.items())}"
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _matching(prefixes: tuple[str, ...]) -> dict[str, Any]:
+    return {name: module for name, module in sys.modules.items() if name.startswith(prefixes)}
+
+
+def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dict[str, Any]:
+    """Put `replacement` in place of the modules matching `prefixes`; return those it replaced."""
+    current = _matching(prefixes)
+    for name in current:
+        del sys.modules[name]
+    sys.modules.update(replacement)
+    # Importing a submodule binds it on its parent package: point parents at the new set.
+    for name, module in replacement.items():
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+    return current
+
+
+@contextlib.contextmanager
+def isolated_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
+    """Import the modules matching `prefixes` anew inside the block; put the old ones back after."""
+    if not prefixes:
+        yield
+        return
+    saved = _swap_modules(prefixes, {})
+    try:
+        yield
+    finally:
+        _swap_modules(prefixes, saved)
+
+
+class ModuleSets:
+    """One set of library modules per target, for a process that handles several targets.
+
+    Libraries compute per-arch state at import (FP8 types, tuned tables, arch flags that
+    kernels read as globals); a kernel must come from modules imported for its own target,
+    or its source's dependencies, and so its cache key, may differ from the traced one.
+    """
+
+    def __init__(self, prefixes: tuple[str, ...]):
+        self.prefixes = prefixes
+        self._sets: dict[str, dict[str, Any]] = {}
+
+    @contextlib.contextmanager
+    def entered(self, target: str) -> Iterator[None]:
+        saved = _swap_modules(self.prefixes, self._sets.get(target, {}))
+        try:
+            yield
+        finally:
+            self._sets[target] = _swap_modules(self.prefixes, saved)

@@ -1,0 +1,138 @@
+"""vLLM's own configuration for a model and serving parameters, built as `vllm serve` builds it.
+
+Some of vLLM's attention implementations read the engine's configuration when they are built
+(MLA's prefill workspace from the model length, the parallel layout): the families traced
+through them build a `VllmConfig` with vLLM's `EngineArgs` from the model's config.json (in a
+temporary model directory: no weights, no tokenizer) and the serving parameters, under the
+target's platform, once per (model, serving, target) in a process. kprecompile's own vLLM
+plugin stays out of it (`KPRECOMPILE_VLLM_HOOK=0` while vLLM loads its plugins).
+
+With speculative decoding the configuration carries vLLM's `SpeculativeConfig` for the same number
+of draft tokens, with the `ngram` method: it needs no draft model, and what the target model's
+attention reads from it (the verify steps' 1 + k query tokens, the capture sizes' 1 + k factor,
+the scheduler's token budget) is the same for every method that drafts one token per position.
+Methods that draft in parallel (DFlash, DSpark: 1 + 2k query tokens) are not modelled.
+
+Under vLLM's CUDA platform, vLLM up to 0.18 asks its compiled extension at import which CUTLASS
+GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learned about the
+model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
+questions have no answer. They decide which GEMM an FP8 linear layer takes, which no family
+traced on an NVIDIA target reads: while the configuration is built they answer that no CUTLASS
+GEMM is built in (`no_cutlass_gemms`), the answer those modules also read under vLLM's ROCm
+platform. The modules keep it (importing them again would register vLLM's operators twice).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ..inputs import settings
+from ..inputs.serving import ServingParams
+from ..inputs.targets import Target
+
+# Model directories live as long as the process: vLLM's config keeps their path.
+_MODEL_DIRS: list[tempfile.TemporaryDirectory] = []
+
+
+def engine_config(config_json: str, serving: ServingParams, target: Target) -> Any:
+    """vLLM's `VllmConfig` for this model and these serving parameters under the process's vLLM
+    flags (vLLM imported under the target's platform: `libraries.import_library_module`)."""
+    flags = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("VLLM_")))
+    return _engine_config(config_json, serving, target, flags)
+
+
+@functools.cache
+def _engine_config(config_json: str, serving: ServingParams, target: Target, flags: tuple) -> Any:
+    from ..platforms.vllm_platform import target_imports
+    from ..tracing.libraries import aiter_hip_absent, import_library_module
+
+    EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806
+
+    directory = tempfile.TemporaryDirectory(prefix="kprecompile-model-")
+    _MODEL_DIRS.append(directory)
+    Path(directory.name, "config.json").write_text(config_json)
+    arguments: dict[str, Any] = {
+        "model": directory.name,
+        "skip_tokenizer_init": True,
+        "load_format": "dummy",
+        "tensor_parallel_size": serving.tensor_parallel_size,
+        "max_num_seqs": serving.max_num_seqs,
+        "max_num_batched_tokens": serving.max_num_batched_tokens,
+        "max_model_len": serving.max_model_len,
+        "block_size": serving.block_size,
+        "kv_cache_dtype": serving.kv_cache_dtype,
+        "dtype": serving.dtype,
+        "enforce_eager": serving.enforce_eager,
+    }
+    names = {field.name for field in dataclasses.fields(EngineArgs)}
+    if serving.num_speculative_tokens:
+        # The lightest method vLLM accepts without a draft model (see the module doc).
+        arguments["speculative_config"] = {"method": "ngram", "num_speculative_tokens": serving.num_speculative_tokens}
+    if serving.cudagraph_capture_sizes is not None:
+        # `cuda_graph_sizes` up to 0.18 (beside `cudagraph_capture_sizes`), gone by 0.33.
+        option = "cuda_graph_sizes" if "cuda_graph_sizes" in names else "cudagraph_capture_sizes"
+        arguments[option] = list(serving.cudagraph_capture_sizes)
+    if not target.is_rocm and serving.tensor_parallel_size > 1:
+        # vLLM's CUDA platform checks that the ranks fit the GPUs it sees (none on a builder)
+        # before it picks its executor: on the serving host they fit, and it picks "mp".
+        arguments["distributed_executor_backend"] = "mp"
+    # CPU swap space per rank is checked against this host's memory, which a builder's is not.
+    if "swap_space" in names:
+        arguments["swap_space"] = 0
+    saved = os.environ.get(settings.VLLM_HOOK.name)
+    os.environ[settings.VLLM_HOOK.name] = "0"
+    # transformers warns about config fields it validates more strictly than the model's authors wrote them.
+    transformers_logger = logging.getLogger("transformers")
+    level = transformers_logger.level
+    transformers_logger.setLevel(logging.ERROR)
+    try:
+        # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
+        # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
+        with target_imports(target), aiter_hip_absent(), no_cutlass_gemms(target):
+            return EngineArgs(
+                **{name: value for name, value in arguments.items() if name in names}
+            ).create_engine_config()
+    finally:
+        transformers_logger.setLevel(level)
+        if saved is None:
+            os.environ.pop(settings.VLLM_HOOK.name, None)
+        else:
+            os.environ[settings.VLLM_HOOK.name] = saved
+
+
+_CUTLASS_QUERIES = (
+    "cutlass_scaled_mm_supports_fp8",
+    "cutlass_scaled_mm_supports_block_fp8",
+    "cutlass_group_gemm_supported",
+    "cutlass_sparse_scaled_mm_supported",
+)
+
+
+@contextlib.contextmanager
+def no_cutlass_gemms(target: Target) -> Iterator[None]:
+    """See the module doc: on an NVIDIA target whose vLLM extension cannot be loaded here, vLLM's
+    CUTLASS capability queries answer False in the block."""
+    import torch
+
+    from ..tracing.libraries import import_library_module
+
+    ops = import_library_module("vllm._custom_ops")
+    if target.is_rocm or hasattr(torch.ops._C, _CUTLASS_QUERIES[0]):
+        yield
+        return
+    saved = {name: getattr(ops, name) for name in _CUTLASS_QUERIES if hasattr(ops, name)}
+    for name in saved:
+        setattr(ops, name, lambda capability: False)
+    try:
+        yield
+    finally:
+        for name, query in saved.items():
+            setattr(ops, name, query)
