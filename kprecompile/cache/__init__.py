@@ -4,7 +4,7 @@
 `jobs` (the compile-job record), `entries` (Triton's entries, read without Triton), `locks`,
 `manifest`, `bundle` (the format, and writing one), `bundle_import`, `staging` (an import's
 scratch directory), `trust`. The recipe of a configuration's key lives above, in
-`kprecompile.build.manifest_key`.
+`kprecompile.build.manifest_key`. Imports only `errors`.
 """
 
 from .layout import Bucket, CacheLayout

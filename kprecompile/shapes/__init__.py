@@ -4,7 +4,7 @@ Each module exports one `KernelFamily` (`FAMILY`): the shapes the engine produce
 within the serving limits (pure data, no torch), how `plan` shows them, where the family does
 not run, the library modules its call imports, and the engine's real call on meta tensors.
 Adding a family is one new module, its name in `FamilyName`, one line here, and the engine
-rule that selects it (`engines.py`).
+rule that selects it (`selection/engines.py`). Imports `vllm`, `tracing` and below.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 vLLM loads `vllm.general_plugins` entry points in every process it starts, before it builds a
 model; `register` (in `plugin.py`) then points Triton and AITER at kprecompile's cache, starts
-the JIT monitor and hooks vLLM's model loader. `config.py` reads what vLLM resolved,
-`background.py` is the warm that runs beside weight loading, `platform.py` makes vLLM see a
-target's platform on a machine without that GPU.
+the JIT monitor and hooks vLLM's model loader. `request.py` reads what vLLM resolved,
+`background.py` is the warm that runs beside weight loading.
 """
 
 from __future__ import annotations
