@@ -49,7 +49,7 @@ STDIN_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import SAMPLE_MODULE, sample_call
-from kprecompile import pool
+from kprecompile.build import pool
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.tracing.trace import trace_calls
