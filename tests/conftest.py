@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import CACHE_VARIABLES, UNSET_VARIABLES
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.inputs.environment import VARIABLES
@@ -35,17 +36,6 @@ BUILD_ARGS = {
     "SERVING": "--max-num-seqs 3 --jobs 2",
 }
 BUNDLE_PATH_IN_IMAGE = "/opt/kprecompile/bundle"
-# Variables that point a process at a cache, set for the session (relative to its HOME).
-CACHE_VARIABLES = {
-    "HOME": ".",
-    "XDG_CACHE_HOME": ".cache",
-    "KPRECOMPILE_CACHE_DIR": "kprecompile",
-    "TRITON_CACHE_DIR": "triton",
-    "AITER_JIT_DIR": "aiter",
-    "TRITON_HOME": ".",
-}
-# Variables that would point a process at someone else's cache, unset for the session.
-UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER")
 
 
 def _real_user_caches() -> list[Path]:

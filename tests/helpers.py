@@ -1,21 +1,41 @@
-"""Helpers shared by the tests."""
+"""Helpers shared by the tests (test modules import these, never each other)."""
 
+import hashlib
 import importlib
+import io
 import json
+import tarfile
+from pathlib import Path
 
 import pytest
+from triton import knobs
 
 from kprecompile.build.manifest_key import find_manifest
+from kprecompile.cache.bundle import BUNDLE_FILE
+from kprecompile.errors import LaunchRefusedError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
+from kprecompile.platforms.triton_driver import active_target, device_model
 from kprecompile.selection.engines import select
 from kprecompile.shapes import fp8_bmm
+from kprecompile.tracing.trace import isolated_modules
 
 SAMPLE_MODULE = "sample_kernels"
 FP8_BMM = fp8_bmm.FAMILY
 # The session's baked configuration (conftest.baked): DeepSeek-V2-Lite, 3 sequences.
 BAKED_MODEL = load_model("deepseek-v2-lite")
 BAKED_SERVING = ServingParams(max_num_seqs=3)
+# Variables that point a process at a cache, set for the session (relative to its HOME).
+CACHE_VARIABLES = {
+    "HOME": ".",
+    "XDG_CACHE_HOME": ".cache",
+    "KPRECOMPILE_CACHE_DIR": "kprecompile",
+    "TRITON_CACHE_DIR": "triton",
+    "AITER_JIT_DIR": "aiter",
+    "TRITON_HOME": ".",
+}
+# Variables that would point a process at someone else's cache, unset for the session.
+UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER")
 
 
 def sample_call(launcher: str, *args, **kwargs):
@@ -60,3 +80,51 @@ def run_cli_json(capsys, *argv):
     status, out, err = run_cli(capsys, *argv, "--json")
     assert status == 0, err
     return json.loads(out)
+
+
+def launch_path_keys(cache_dir, target, launch, fresh_modules):
+    """The cache keys Triton's own launch path computes: compile for real, stop at launch."""
+    keys = []
+
+    def listen(*, src, metadata, metadata_group, times, cache_hit):
+        keys.append(metadata["hash"])
+
+    with (
+        active_target(target),
+        device_model(target),
+        isolated_modules(fresh_modules),
+        knobs.cache.scope(),
+        knobs.compilation.scope(),
+    ):
+        knobs.cache.dir = str(cache_dir)
+        knobs.compilation.listener = listen
+        with pytest.raises(LaunchRefusedError):
+            launch()
+    return keys
+
+
+def unpack(archive: Path) -> tuple[dict, dict[str, bytes]]:
+    """bundle.json and every other file of a real archive."""
+    with tarfile.open(archive) as tar:
+        files = {member.name: tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
+    return json.loads(files.pop(BUNDLE_FILE)), files
+
+
+def record(data: bytes) -> dict:
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def pack(path: Path, index, files: dict[str, bytes], extra=(), *, reindex=True, index_bytes=None, mode="w:gz"):
+    """An archive of `index` and `files` (bundle.json first, its file records recomputed unless
+    `reindex` is false), then `extra` raw members: (TarInfo, bytes or None for a header only)."""
+    if reindex:
+        index = {**index, "files": {name: record(data) for name, data in files.items()}}
+    data = index_bytes if index_bytes is not None else json.dumps(index).encode()
+    with tarfile.open(path, mode, format=tarfile.GNU_FORMAT) as tar:
+        for name, payload in [(BUNDLE_FILE, data), *sorted(files.items())]:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        for info, payload in extra:
+            tar.addfile(info, io.BytesIO(payload) if payload is not None else None)
+    return path

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_trace import launch_path_keys
+from helpers import launch_path_keys
 
 from kprecompile.build.planning import plan
 from kprecompile.build.warming import warm

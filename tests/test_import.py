@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import io
 import json
 import shutil
 import signal
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import pack, record, unpack
 
 from kprecompile.build.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
@@ -54,33 +54,6 @@ def tree(root: Path, skip: tuple[str, ...] = ()) -> dict[str, tuple[int, int, st
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() and not path.is_symlink() else ""
         state[relative] = (status.st_size if digest else 0, 0 if path.is_dir() else status.st_mtime_ns, digest)
     return state
-
-
-def unpack(archive: Path) -> tuple[dict, dict[str, bytes]]:
-    """bundle.json and every other file of a real archive."""
-    with tarfile.open(archive) as tar:
-        files = {member.name: tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
-    return json.loads(files.pop(BUNDLE_FILE)), files
-
-
-def record(data: bytes) -> dict:
-    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
-
-
-def pack(path: Path, index, files: dict[str, bytes], extra=(), *, reindex=True, index_bytes=None, mode="w:gz"):
-    """An archive of `index` and `files` (bundle.json first, its file records recomputed unless
-    `reindex` is false), then `extra` raw members: (TarInfo, bytes or None for a header only)."""
-    if reindex:
-        index = {**index, "files": {name: record(data) for name, data in files.items()}}
-    data = index_bytes if index_bytes is not None else json.dumps(index).encode()
-    with tarfile.open(path, mode, format=tarfile.GNU_FORMAT) as tar:
-        for name, payload in [(BUNDLE_FILE, data), *sorted(files.items())]:
-            info = tarfile.TarInfo(name)
-            info.size = len(payload)
-            tar.addfile(info, io.BytesIO(payload))
-        for info, payload in extra:
-            tar.addfile(info, io.BytesIO(payload) if payload is not None else None)
-    return path
 
 
 def member(name: str, size: int = 1, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:

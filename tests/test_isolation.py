@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import CACHE_VARIABLES, UNSET_VARIABLES
+from helpers import CACHE_VARIABLES, UNSET_VARIABLES
 
 from kprecompile.inputs import settings
 

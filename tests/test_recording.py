@@ -17,8 +17,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import BAKED_MODEL, BAKED_SERVING, SAMPLE_MODULE, baked_manifest, run_cli, run_cli_json, sample_call
-from test_import import pack, unpack
+from helpers import (
+    BAKED_MODEL,
+    BAKED_SERVING,
+    SAMPLE_MODULE,
+    baked_manifest,
+    pack,
+    run_cli,
+    run_cli_json,
+    sample_call,
+    unpack,
+)
 
 from kprecompile.cache import journal
 from kprecompile.cache.layout import CacheLayout

@@ -3,36 +3,13 @@ import json
 
 import pytest
 import torch
-from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, sample_call
-from triton import knobs
+from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, launch_path_keys, sample_call
 
-from kprecompile.errors import LaunchRefusedError, TracingError
-from kprecompile.platforms.triton_driver import active_target, device_model
-from kprecompile.tracing.trace import isolated_modules, trace_calls
+from kprecompile.errors import TracingError
+from kprecompile.tracing.trace import trace_calls
 
 FAMILY = FP8_BMM.name
 FP8_BMM_MODULES = FP8_BMM.traced_modules
-
-
-def launch_path_keys(cache_dir, target, launch, fresh_modules):
-    """The cache keys Triton's own launch path computes: compile for real, stop at launch."""
-    keys = []
-
-    def listen(*, src, metadata, metadata_group, times, cache_hit):
-        keys.append(metadata["hash"])
-
-    with (
-        active_target(target),
-        device_model(target),
-        isolated_modules(fresh_modules),
-        knobs.cache.scope(),
-        knobs.compilation.scope(),
-    ):
-        knobs.cache.dir = str(cache_dir)
-        knobs.compilation.listener = listen
-        with pytest.raises(LaunchRefusedError):
-            launch()
-    return keys
 
 
 @pytest.mark.parametrize("m", [1, 17, 64])

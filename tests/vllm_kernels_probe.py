@@ -59,7 +59,7 @@ import sys
 import tempfile
 from dataclasses import replace
 
-from test_trace import launch_path_keys
+from helpers import launch_path_keys
 
 from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model

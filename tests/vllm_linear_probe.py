@@ -27,7 +27,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from test_trace import launch_path_keys
+from helpers import launch_path_keys
 from vllm_kernels_probe import environment
 
 from kprecompile.inputs.models import load_model

@@ -28,7 +28,7 @@ import tempfile
 from collections import Counter
 from dataclasses import replace
 
-from test_trace import launch_path_keys
+from helpers import launch_path_keys
 from vllm_kernels_probe import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
 from kprecompile.build.planning import plan
