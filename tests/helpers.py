@@ -1,10 +1,14 @@
 """Helpers shared by the tests (test modules import these, never each other)."""
 
+import contextlib
 import hashlib
 import importlib
 import io
 import json
+import logging
+import os
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -80,6 +84,44 @@ def run_cli_json(capsys, *argv):
     status, out, err = run_cli(capsys, *argv, "--json")
     assert status == 0, err
     return json.loads(out)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What `python -m kprecompile ARGV` leaves: its exit status and its output (as
+    subprocess.CompletedProcess names them)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def kprecompile_cli(*argv, env: dict[str, str] | None = None) -> CliResult:
+    """`python -m kprecompile ARGV` without starting a process: the CLI's entry point in this
+    interpreter with `env` added to the environment, its stdout and stderr captured, and its
+    logging on that stderr as a fresh process configures it (`-v`, `-vv`). The environment and the
+    root logger are put back afterwards (a command may set variables, as vLLM's logging defaults)."""
+    from kprecompile.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    root = logging.getLogger()
+    saved_environment, saved_handlers, saved_level = dict(os.environ), root.handlers[:], root.level
+    os.environ.update(env or {})
+    # No handler on the root logger, as in a fresh process: the CLI's basicConfig installs its own.
+    root.handlers = []
+    try:
+        with (
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            pytest.raises(SystemExit) as exited,
+        ):
+            main([str(part) for part in argv])
+    finally:
+        root.handlers = saved_handlers
+        root.setLevel(saved_level)
+        os.environ.clear()
+        os.environ.update(saved_environment)
+    return CliResult(exited.value.code, stdout.getvalue(), stderr.getvalue())
 
 
 def launch_path_keys(cache_dir, target, launch, fresh_modules):

@@ -13,7 +13,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import baked_manifest
+from helpers import baked_manifest, kprecompile_cli
 
 from kprecompile.build.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
@@ -71,29 +71,22 @@ def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_pa
     before = tree(moved)
     try:
         assert str(out) in next(moved.glob("triton-v1/*/__grp__*")).read_text()  # not rewritten
-        env = {**os.environ, "KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
-        verify_status = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kprecompile",
-                "verify",
-                *SELECTION,
-                "--target",
-                "gfx942",
-                "--target",
-                "gfx950",
-                "--cache-dir",
-                str(tmp_path / "user"),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
+        image = {"KPRECOMPILE_CACHE_LAYERS": str(moved), "VLLM_ROCM_USE_AITER": "1"}
+        verify_status = kprecompile_cli(
+            "verify",
+            *SELECTION,
+            "--target",
+            "gfx942",
+            "--target",
+            "gfx950",
+            "--cache-dir",
+            tmp_path / "user",
+            env=image,
         )
         assert verify_status.returncode == 0, verify_status.stdout + verify_status.stderr
         served = subprocess.run(
             [sys.executable, "-c", SERVE_FROM_LAYER, str(tmp_path / "user")],
-            env=env,
+            env={**os.environ, **image},
             capture_output=True,
             text=True,
             check=True,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
+from helpers import kprecompile_cli
 
 from kprecompile.errors import InputError
 from kprecompile.inputs.models import load_model
@@ -267,20 +267,15 @@ def test_capture_sizes_follow_the_release(release, max_num_seqs, tokens, decode_
     assert capture_sizes(release, max_num_seqs, tokens, decode_query_len) == sizes
 
 
-def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only_when_named(tmp_path):
+def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only_when_named(tmp_path, monkeypatch):
     """vLLM 0.13.5 installed (its distribution metadata, as pip leaves it): plans only with
     --vllm-version; unasked, one line naming the tested releases, exit 2, nothing written."""
-    import subprocess
-    import sys
-
     info = tmp_path / "site" / "vllm-0.13.5.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.13.5\n")
-    environment = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "KPRECOMPILE_CACHE_DIR": str(tmp_path / "c")}
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    environment = {"KPRECOMPILE_CACHE_DIR": str(tmp_path / "c")}
     command = [
-        sys.executable,
-        "-m",
-        "kprecompile",
         "plan",
         "--model",
         "deepseek-v2-lite",
@@ -292,16 +287,14 @@ def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only
         "4",
         "--json",
     ]
-    unasked = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
+    unasked = kprecompile_cli(*command, env=environment)
     assert unasked.returncode == 2 and unasked.stdout == ""
     assert unasked.stderr.strip().splitlines() == [
         "kprecompile: installed vllm: got '0.13.5', expected a tested release (0.11.2, 0.12.0, 0.33.0); to plan "
         "for 0.13.5 by its release line's rules, name it: --vllm-version 0.13.5"
     ]
     assert not (tmp_path / "c").exists()
-    named = subprocess.run(
-        [*command, "--vllm-version", "0.13.5"], env=environment, capture_output=True, text=True, timeout=300
-    )
+    named = kprecompile_cli(*command, "--vllm-version", "0.13.5", env=environment)
     assert named.returncode == 0, named.stderr
     assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.13.5"
 

@@ -726,28 +726,39 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
 
 # --- Other processes ---------------------------------------------------------------------
 
-# A real CLI process that waits for a common start time, so that the imports overlap.
+# A real CLI process that, its imports done, says so and waits to be released with the others,
+# so that the imports overlap.
 AT_ONCE = """
-import sys, time
+import sys
 from kprecompile.cli import main
 import kprecompile.build.bundling, kprecompile.cache.bundle_import
 import kprecompile.inputs.toolchain, kprecompile.inputs.targets
-time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
-main(sys.argv[2:])
+print("ready", flush=True)
+sys.stdin.readline()
+main(sys.argv[1:])
 """
 
 
-def start_together(commands: list[list[str]], delay_seconds: float = 8.0) -> list[subprocess.Popen]:
-    start = time.time() + delay_seconds
-    return [
+def start_together(commands: list[list[str]]) -> list[subprocess.Popen]:
+    """The commands in processes of their own, released together once every one is ready."""
+    processes = [
         subprocess.Popen(
-            [sys.executable, "-c", AT_ONCE, str(start), *map(str, command)],
+            [sys.executable, "-c", AT_ONCE, *map(str, command)],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for command in commands
     ]
+    for process in processes:
+        # Nothing else is written before the release: the first line is the readiness alone.
+        ready = process.stdout.readline()
+        assert ready == "ready\n", ready + process.stderr.read()
+    for process in processes:
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    return processes
 
 
 def test_four_concurrent_imports_of_one_archive_all_succeed_and_add_each_entry_once(baked, tmp_path):

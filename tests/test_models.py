@@ -2,6 +2,7 @@ import json
 from importlib import resources
 
 import pytest
+from helpers import kprecompile_cli
 
 from kprecompile.errors import InputError, ModelConfigError
 from kprecompile.inputs.models import list_presets, load_model
@@ -104,21 +105,28 @@ def _hugging_face_cache(hub, repo_id, config, revision="main", commit="012345678
     return commit
 
 
-def _plan(env, *argv):
-    import os
-    import subprocess
-    import sys
+@pytest.fixture
+def plan_under():
+    """`plan_under(env, *argv)`: `kprecompile plan ARGV --target gfx942 --json` with `env` set, in this
+    process; huggingface_hub reads its cache variables when `constants` is imported, so that module
+    is read again under `env`, as a fresh process would read it, and once more after the test."""
+    import importlib
 
-    return subprocess.run(
-        [sys.executable, "-m", "kprecompile", "plan", *argv, "--target", "gfx942", "--json"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-    )
+    from huggingface_hub import constants
+
+    def plan(env, *argv):
+        with pytest.MonkeyPatch.context() as patch:
+            for name, value in env.items():
+                patch.setenv(name, value)
+            importlib.reload(constants)
+            return kprecompile_cli("plan", *argv, "--target", "gfx942", "--json")
+
+    yield plan
+    importlib.reload(constants)
 
 
 @pytest.mark.parametrize("variable", ["HF_HOME", "HF_HUB_CACHE"])
-def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp_path, variable):
+def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp_path, variable, plan_under):
     config = json.loads(PRESETS.joinpath("deepseek-v2-lite.json").read_text())
     hub = tmp_path / "hub"
     _hugging_face_cache(hub, "deepseek-ai/DeepSeek-V2-Lite", config)
@@ -126,13 +134,13 @@ def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp
         hub, "deepseek-ai/DeepSeek-V2-Lite", {**config, "num_attention_heads": 8}, revision="smaller", commit="f" * 40
     )
     env = {variable: str(hub if variable == "HF_HUB_CACHE" else tmp_path), "HF_HUB_OFFLINE": "1"}
-    by_id = _plan(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
-    by_preset = _plan(env, "--model", "DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
+    by_id = plan_under(env, "--model", "deepseek-ai/DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
+    by_preset = plan_under(env, "--model", "DeepSeek-V2-Lite", "--family", "fp8_bmm", "--max-num-seqs", "4")
     assert by_id.returncode == 0, by_id.stderr
     assert json.loads(by_id.stdout)["families"] == json.loads(by_preset.stdout)["families"]
     assert json.loads(by_id.stdout)["model"] == "deepseek-ai/DeepSeek-V2-Lite"
     for revision in ("smaller", commit):
-        other = _plan(
+        other = plan_under(
             env,
             "--model",
             "deepseek-ai/DeepSeek-V2-Lite",
@@ -146,8 +154,8 @@ def test_a_hugging_face_id_is_read_offline_from_the_local_hugging_face_cache(tmp
         assert json.loads(other.stdout)["families"][0]["parameters"]["heads_per_rank"] == 8
 
 
-def test_a_hugging_face_id_not_in_the_cache_names_the_command_that_fetches_it(tmp_path):
-    result = _plan({"HF_HUB_CACHE": str(tmp_path)}, "--model", "Qwen/Qwen3-8B")
+def test_a_hugging_face_id_not_in_the_cache_names_the_command_that_fetches_it(tmp_path, plan_under):
+    result = plan_under({"HF_HUB_CACHE": str(tmp_path)}, "--model", "Qwen/Qwen3-8B")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == (
         "kprecompile: --model: got 'Qwen/Qwen3-8B', expected a model whose config.json is in the local Hugging Face "

@@ -1,7 +1,5 @@
-"""Run inside vLLM 0.33.0 (PYTHONPATH=.vllm/0.33.0:tests): vLLM's TRITON_ATTN with speculative
-decoding as the plan traces it from the installed vLLM. Prints one JSON document.
-
-    python vllm_spec_probe.py [--nvidia]
+"""vLLM 0.19 and newer's TRITON_ATTN with speculative decoding, traced from the installed vLLM 0.33.0 on
+gfx942 and, in a process of its own, sm90; and why AITER's fused rope-and-cache is not planned.
 
 1. What vLLM's real metadata builder makes of the speculative configuration `engine_config` gives
    it (the 3D threshold and scratch rows the backend hands `unified_attention`, seen at the call).
@@ -13,7 +11,7 @@ decoding as the plan traces it from the installed vLLM. Prints one JSON document
    compile nothing outside the plan; the same sweep against smaller plans: one without
    speculative decoding, and one whose decodes all verify k drafts (none shorter).
 
-`--nvidia` runs sections 1-4 for sm90 (a process of its own, as an NVIDIA request is planned).
+Sections 1-4 run for sm90 too (a process of its own, as an NVIDIA request is planned).
 
 5. (gfx942) Whether vLLM's compilation puts AITER's fused rope-and-cache in place of TRITON_ATTN's
    reshape-and-cache under its defaults with AITER on: the pass configuration vLLM builds.
@@ -21,15 +19,14 @@ decoding as the plan traces it from the installed vLLM. Prints one JSON document
 
 from __future__ import annotations
 
-import json
 import random
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import replace
 
+import pytest
 from helpers import launch_path_keys
-from vllm_kernels_probe import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
+from kernel_probes import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
 from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
@@ -221,5 +218,80 @@ def probe(target) -> dict[str, object]:
     return document
 
 
-if __name__ == "__main__":
-    print(json.dumps({"release": installed_release(), **probe(SM90 if sys.argv[1:] == ["--nvidia"] else GFX942)}))
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.compiles, pytest.mark.vllm_releases("0.33.0")]
+
+# Each target's tests in a process of their own.
+GFX942_PROCESS = pytest.param("gfx942", marks=pytest.mark.vllm_process("spec-gfx942"))
+SPEC_TARGETS = [GFX942_PROCESS, pytest.param("sm90", marks=pytest.mark.vllm_process("spec-sm90"))]
+
+
+@pytest.fixture(scope="module")
+def spec_probe(target):
+    return {"release": installed_release(), **probe(SM90 if target == "sm90" else GFX942)}
+
+
+@pytest.mark.parametrize("target", SPEC_TARGETS, scope="module")
+def test_the_builder_sizes_its_3d_scratch_from_vllms_speculative_config(spec_probe):
+    """engine_config gives vLLM's builder the speculative configuration: 16 sequences (its 3D
+    threshold, 128 / 8 KV heads) x (1 + k) scratch rows, and verify steps of 1 + k tokens."""
+    document = spec_probe
+    assert document["release"] == "0.33.0" and document["choice"] == ["triton_attn", None]
+    for k, seen in document["builder"].items():
+        assert seen == {"threshold": 16, "rows": 16 * (1 + int(k)), "segments": 16, "max_query_len": 1 + int(k)}, k
+
+
+@pytest.mark.parametrize("target", SPEC_TARGETS, scope="module")
+def test_speculative_steps_keys_are_the_launch_paths(spec_probe):
+    """Llama-3.1-70B (query blocks of 2 tokens), 2 drafts: 3 verifying sequences take the 3D kernel,
+    16 take the 2D one (two query blocks each exceed the threshold); keys equal the launch path's."""
+    keys = spec_probe["keys"]
+    assert keys["verify 3d"]["kernels"] == ["kernel_unified_attention", "reduce_segments"]
+    assert keys["verify 2d"]["kernels"] == ["kernel_unified_attention"]
+    for row in keys.values():
+        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row
+
+
+@pytest.mark.parametrize("target", SPEC_TARGETS, scope="module")
+def test_random_speculative_steps_are_covered_by_the_plan(spec_probe):
+    """Random steps (each request verifies 0 to a random cap of drafts, some prefill, random
+    contexts and layer sizes) compile nothing outside the plan; a plan whose decodes all verify k
+    drafts misses kernels where a full verify takes more query blocks than a shorter one."""
+    coverage = spec_probe["coverage"]
+    for label, row in coverage.items():
+        assert row["steps"] >= 60 and row["kernels"] >= 8 and row["missing"] == 0, label
+    for label in ("llama-3.1-8b k=4 fp8", "llama-3.1-70b k=2"):
+        assert coverage[label]["missing_from_full_verify_only"] > 0, label
+
+
+@pytest.mark.parametrize("target", SPEC_TARGETS, scope="module")
+def test_speculative_decoding_adds_no_triton_attn_kernel_under_vllm_0_33(spec_probe, target):
+    """What was measured: with k drafts, steps move between the 3D and the 2D kernel, but the 3D
+    kernel's key does not depend on the query length and every sequence-count class still reaches
+    both kernels, so the plan's keys are those of the plan without speculative decoding, and that
+    plan misses nothing of the speculative sweeps."""
+    document = spec_probe
+    expected = (
+        {"kernel_unified_attention": 18, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 3}
+        if target == "gfx942"
+        else {"kernel_unified_attention": 6, "reduce_segments": 3, "reshape_and_cache_kernel_flash": 1}
+    )
+    for preset in ("llama-3.1-8b-instruct", "llama-3.1-70b-instruct"):
+        plans = [document["plans"][f"{preset} k={k}"] for k in (0, 2, 4)]
+        assert all(Counter(plan["kernels"]) == expected for plan in plans), preset
+        assert plans[0]["keys"] == plans[1]["keys"] == plans[2]["keys"], preset
+    assert all(row["missing_from_plan_without_spec"] == 0 for row in document["coverage"].values())
+
+
+@pytest.mark.parametrize("target", [GFX942_PROCESS], scope="module")
+def test_vllms_defaults_keep_reshape_and_cache_with_aiter_on(spec_probe):
+    """The reason triton_attn's plan gives for AITER's fused rope-and-cache: with
+    VLLM_ROCM_USE_AITER=1 on gfx942, vLLM 0.33's default compilation does not run
+    RopeKVCacheFusionPass (rotary embedding is not a custom op, and the KV-cache update splits the
+    graph); in eager mode no pass runs at all."""
+    document = spec_probe["fused_rope_and_cache"]
+    assert document["graphs"] == {
+        "fuse_rope_kvcache": False,
+        "rotary_embedding_custom_op": False,
+        "splitting_ops_contain_kv_cache_update": True,
+    }
+    assert document["eager"]["fuse_rope_kvcache"] is False

@@ -1,7 +1,6 @@
-"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>): vLLM's own Triton kernels as the
-plan traces them from the installed vLLM. Prints one JSON document.
-
-    python vllm_kernels_probe.py [--nvidia]
+"""Inside a real vLLM release (PYTHONPATH=.vllm/<version>): vLLM's own Triton kernels as the plan
+traces them from the installed vLLM. Each function returns the facts one section's tests assert
+(test_release_kernels.py on ROCm targets, test_release_kernels_nvidia.py on NVIDIA's):
 
 1. Plans of the `rocm_attn` family (vLLM's ROCM_ATTN backend) on gfx942: which of vLLM's kernels
    each model and flag setting gets (vLLM's own rule sends decode to HIP or to Triton); the FP8
@@ -35,7 +34,7 @@ plan traces them from the installed vLLM. Prints one JSON document.
    regions around 2 GiB, and a plan of one-chunk contexts as the negative control; with
    speculative decoding, AITER's Triton unified attention for the verify steps (its key against
    the launch path, random steps, the plan without speculation as the negative control).
-8. NVIDIA targets (sm90, `--nvidia`, a process of its own as an NVIDIA request is planned):
+8. NVIDIA targets (sm90, a process of its own as an NVIDIA request is planned):
    `triton_attn` and `triton_mla` traced under vLLM's CUDA platform (at TP 1 and, for MLA, TP 2), with
    the same proofs (keys against the launch path, random sweeps, negative controls), the FP8
    range the kernels take there (e4m3fn's), the release's merge dispatcher (its compiled CUDA
@@ -50,16 +49,14 @@ plan traces them from the installed vLLM. Prints one JSON document.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
-import os
 import random
-import sys
 import tempfile
 from dataclasses import replace
 
 from helpers import launch_path_keys
+from release_support import environment
 
 from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
@@ -75,17 +72,6 @@ GFX942 = TARGETS["gfx942"]
 SM90 = TARGETS["sm90"]
 FAMILY = FAMILIES["rocm_attn"]
 SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192}
-
-
-@contextlib.contextmanager
-def environment(**variables: str):
-    saved = dict(os.environ)
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def planned(preset: str, backend: str = "ROCM_ATTN", target=GFX942, **serving: object):
@@ -917,39 +903,39 @@ def untraceable() -> dict[str, object]:
     }
 
 
-def nvidia() -> dict[str, object]:
-    """Section 8, in a process of its own, as a request for NVIDIA targets is planned: vLLM's config
-    modules keep the platform they were first imported under."""
-    model = load_model("deepseek-v2-lite")
-    tp2 = ServingParams(**SERVING, tensor_parallel_size=2)
-    selection = select(model, "vllm", "TRITON_MLA", environ={}, vllm_release=installed_release(), targets=[SM90])
-    return {
-        "triton_attn": triton_attn(SM90),
-        "triton_mla": triton_mla(SM90),
-        "merge": cuda_merge(),
-        "selection": cuda_selection(),
-        "mla_tp2": kernels(plan(model, tp2, [SM90], selection)),
-    }
+# What the ROCm process leaves for the NVIDIA one (shared directory): TRITON_ATTN's traced keys.
+ROCM_TRITON_ATTN_KEYS = "triton_attn_rocm_keys.json"
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--nvidia"]:
-        print(json.dumps(nvidia()))
-        sys.exit(0)
-    # block_fp8_linear first: it imports vLLM's model modules (some register operators at import)
-    # outside any family's per-target re-import of vLLM's attention ops (see the report).
-    linear = block_fp8_linear()
-    document = {
-        "release": installed_release(),
-        "plans": plans(),
-        "fp8_ranges": fp8_ranges(),
-        "keys": keys(),
-        "coverage": coverage(),
-        "triton_attn": triton_attn(),
-        "triton_mla": triton_mla(),
-        "mla_merge": mla_merge(),
-        "aiter_fa_context": aiter_fa_context(),
-        "block_fp8_linear": linear,
-        "untraceable": untraceable(),
-    }
-    print(json.dumps(document))
+def assert_triton_attn_up_to_0_18(document: dict, expected: dict[str, int]) -> None:
+    """A TRITON_ATTN section up to 0.18 on one target: the kernels each model's plan holds
+    (`expected`), and the keys of reshape-and-cache, a 3D decode and a 2D prefill step, each
+    the launch path's."""
+    from collections import Counter
+
+    for case in ("mistral-7b-v0.1", "llama-3.1-8b-instruct", "llama-3.1-8b-instruct fp8"):
+        assert Counter(document[case]) == expected, case
+    reshape, decode, prefill = document["keys"]
+    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention_3d", "reduce_segments"]
+    assert decode["kernels"] == ["kernel_unified_attention_3d", "reduce_segments"]
+    assert prefill["kernels"] == ["kernel_unified_attention_2d"]
+    for row in (reshape, decode, prefill):
+        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row["step"]
+
+
+def assert_triton_attn_from_0_19(document: dict) -> None:
+    """A TRITON_ATTN section from 0.19 on one target: the keys of reshape-and-cache, a 3D decode,
+    a 2D prefill and an FP8 step, each the launch path's (an FP8 KV cache takes an FP8 query); the
+    random sweeps covered by their plans and not by a plan for 8 sequences."""
+    reshape, decode, prefill = document["keys"]
+    assert reshape["kernels"] == ["reshape_and_cache_kernel_flash", "kernel_unified_attention", "reduce_segments"]
+    assert decode["kernels"] == ["kernel_unified_attention", "reduce_segments"]
+    assert prefill["kernels"] == ["kernel_unified_attention"]
+    for row in (reshape, decode, prefill, document["fp8_keys"]):
+        assert row["traced"][:1] == row["launched"] and len(row["launched"]) == 1, row
+    assert document["fp8_keys"]["q_is_fp8"] == [True, None]
+    assert document["coverage"]["steps"] >= 60 and document["coverage"]["missing"] == 0
+    assert document["coverage"]["missing_from_smaller_plan"] > 0
+    for label, row in document["coverage_0_19"].items():
+        if label != "missing_without_straddling_layers":
+            assert row["steps"] >= 60 and row["kernels"] >= 7 and row["missing"] == 0, label

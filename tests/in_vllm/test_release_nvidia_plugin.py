@@ -1,11 +1,10 @@
-"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>:tests): the plugin in a vLLM server on
-an NVIDIA H200 (sm90). Prints one JSON document.
-
-    python vllm_nvidia_plugin_probe.py MODEL_DIR CACHE_DIR
+"""The vLLM plugin in a server on an NVIDIA H200 (sm90), inside each real vLLM release, in a process of
+its own: it plans what vLLM resolved for the local GPU under vLLM's CUDA rules, not its ROCm ones.
 
 After the plugins load, vLLM runs under its CUDA platform for sm90 (a stand-in of the GPU's device
 queries), as an H200 server's vLLM has it from the start; the hook's target is the one an sm90
-worker detects (no GPU here). Two servers of MODEL_DIR (Llama-3.1-8B's config.json):
+worker detects (no GPU here). Two servers of a model directory holding
+Llama-3.1-8B's config.json:
 
 1. `--attention-backend TRITON_ATTN` (VLLM_ATTENTION_BACKEND up to 0.18): vLLM builds its config
    and its own `Attention` layer, which resolves the backend; the hook, after the model is built,
@@ -18,17 +17,19 @@ worker detects (no GPU here). Two servers of MODEL_DIR (Llama-3.1-8B's config.js
 
 from __future__ import annotations
 
-import json
 import os
-import sys
+from importlib import resources
 
+import pytest
 import torch
-from vllm_probe import _bind_platform
+from release_support import bind_platform
 
 from kprecompile.build.manifest_key import find_manifest
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
+
+pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("nvidia-plugin")]
 
 SM90 = TARGETS["sm90"]
 
@@ -103,17 +104,64 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
     }
 
 
-def main(model_dir: str, cache_dir: str) -> None:
+def run_probe(model_dir: str) -> dict[str, object]:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
     hook = loader_hook()
     with cuda_platform(SM90):
-        _bind_platform()
+        bind_platform()
         hook.target = SM90  # no GPU here: the target an H200 worker detects
-        document = {"triton": server(model_dir, hook, "TRITON_ATTN"), "default": server(model_dir, hook, None)}
-    print(json.dumps(document))
+        return {"triton": server(model_dir, hook, "TRITON_ATTN"), "default": server(model_dir, hook, None)}
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+@pytest.fixture(scope="module")
+def nvidia_servers(tmp_path_factory):
+    """Both servers, the plugin loaded by vLLM in this process (its cache named by
+    KPRECOMPILE_CACHE_DIR, AITER's JIT directory left for the plugin to set)."""
+    model_dir = tmp_path_factory.mktemp("llama")
+    (model_dir / "config.json").write_text(
+        (resources.files("kprecompile.inputs.presets") / "llama-3.1-8b-instruct.json").read_text()
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KPRECOMPILE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        patch.delenv("AITER_JIT_DIR", raising=False)
+        return run_probe(str(model_dir))
+
+
+def test_a_triton_attn_server_on_an_h200_plans_warms_and_preloads_sm90_kernels(nvidia_servers, release):
+    """`--attention-backend TRITON_ATTN`: vLLM's own layer resolves TRITON_ATTN; the hook plans it
+    for sm90 under vLLM's CUDA rules (one sequence: reshape-and-cache, the 2D and 3D kernel, the
+    reduce), warms it beside the load and loads exactly those kernels after it."""
+    server = nvidia_servers["triton"]
+    assert server["layer_backend"] == server["selected"] == "TRITON_ATTN" and server["targets"] == ["sm90"]
+    assert server["families"] == {"triton_attn": None} and server["started_background"]
+    not_warm, joined, loaded = server["events"]
+    assert "(TRITON_ATTN) is not warm on sm90: warming" in not_warm
+    assert joined.startswith("background warm: 4 kernels (4 compiled, 0 cached) in ")
+    unified = (
+        ["kernel_unified_attention"] * 2
+        if release.startswith("0.33")
+        else ["kernel_unified_attention_2d", "kernel_unified_attention_3d"]
+    )
+    assert server["manifest_kernels"] == sorted([*unified, "reduce_segments", "reshape_and_cache_kernel_flash"])
+    # Loading a CUDA binary needs the CUDA driver, which this machine lacks: the hook reached all
+    # four of the configuration's kernels, and nothing compiled in the process.
+    assert "(4 could not be loaded: " in loaded and "libcuda.so cannot found" in loaded
+    assert loaded.endswith("; 0 kernels compiled in this process since it started")
+
+
+def test_a_flash_attn_server_on_an_h200_says_nothing_compiles_ahead(nvidia_servers):
+    """vLLM's CUDA default on sm90 is FLASH_ATTN (prebuilt kernels): the hook plans under vLLM's
+    CUDA rules and says why nothing compiles, instead of rejecting a backend ROCm does not have."""
+    server = nvidia_servers["default"]
+    assert server["selected"] == "FLASH_ATTN" and server["targets"] == ["sm90"]
+    assert not server["started_background"] and server["manifest_kernels"] is None
+    reason = (
+        "FLASH_ATTN runs vLLM's prebuilt flash-attention build (vllm_flash_attn), not Triton: kprecompile plans "
+        "Triton kernels (--attention-backend TRITON_ATTN runs vLLM's own)"
+    )
+    assert server["families"] == {"triton_attn": reason}
+    said, loaded = server["events"]
+    assert said.endswith(f"(FLASH_ATTN) on sm90: nothing to compile ahead ({reason})")
+    assert loaded == "0 kernels compiled in this process since it started"

@@ -1,10 +1,9 @@
-"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>): the plugin as vLLM loads it, a
-VllmConfig vLLM builds, and the loader sequence the hook wraps. Prints one JSON document.
+"""The vLLM plugin inside each real vLLM release, in a process of its own (a fresh interpreter:
+nothing imported AITER before vLLM loads its plugins): the plugin as vLLM loads it, a VllmConfig
+vLLM builds, and the loader sequence the hook wraps.
 
-    python vllm_probe.py MODEL_DIR CACHE_DIR
-
-MODEL_DIR holds a config.json (no weights); CACHE_DIR is the cache the plugin activates
-(through KPRECOMPILE_CACHE_DIR, as a server would). Steps, in vLLM's order:
+A model directory holds DeepSeek-V2-Lite's config.json (no weights); the plugin activates the
+cache KPRECOMPILE_CACHE_DIR names, as a server's would, with AITER on. Steps, in vLLM's order:
 
 After the plugins load, everything runs under vLLM's ROCm platform for gfx942 (a stand-in of the
 GPU's device queries), as a ROCm server's vLLM has it from the start.
@@ -22,50 +21,145 @@ GPU's device queries), as a ROCm server's vLLM has it from the start.
 
 from __future__ import annotations
 
-import json
+import contextlib
+import io
 import os
+import re
 import sys
+from importlib import resources
 
-import torch  # noqa: E402
-from triton import knobs  # noqa: E402
+import pytest
+import torch
+from release_support import bind_platform
+from triton import knobs
 
-from kprecompile.build.manifest_key import configuration_parts, find_manifest  # noqa: E402
-from kprecompile.inputs.models import load_model  # noqa: E402
-from kprecompile.inputs.settings import cache_layout  # noqa: E402
-from kprecompile.inputs.targets import TARGETS  # noqa: E402
-from kprecompile.platforms.vllm_platform import rocm_platform  # noqa: E402
-from kprecompile.selection.engines import select  # noqa: E402
-from kprecompile.serve.vllm.plugin import _MARK, loader_hook  # noqa: E402
-from kprecompile.serve.vllm.request import from_vllm_config  # noqa: E402
-from kprecompile.vllm.releases import serving_capture_sizes  # noqa: E402
+from kprecompile.build.manifest_key import configuration_parts, find_manifest
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.settings import cache_layout
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.platforms.vllm_platform import rocm_platform
+from kprecompile.selection.engines import select
+from kprecompile.serve.vllm.plugin import _MARK, loader_hook
+from kprecompile.serve.vllm.request import from_vllm_config
+from kprecompile.vllm.releases import serving_capture_sizes
+
+pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
 
 GFX942 = TARGETS["gfx942"]
 
 
-def main(model_dir: str, cache_dir: str) -> None:
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """The plugin loaded by vLLM in this process as a server's (its cache named by
+    KPRECOMPILE_CACHE_DIR, AITER on, AITER's JIT directory left for the plugin to set), and what
+    it does at each step: (the cache, the facts, what vLLM's logging printed to stdout)."""
+    model_dir = tmp_path_factory.mktemp("model")
+    (model_dir / "config.json").write_text(
+        (resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text()
+    )
+    cache = tmp_path_factory.mktemp("cache")
+    # vLLM's logging handler writes to the stdout of the moment vLLM configures it (its import).
+    output = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(output):
+        patch.setenv("KPRECOMPILE_CACHE_DIR", str(cache))
+        patch.setenv("VLLM_ROCM_USE_AITER", "1")
+        patch.delenv("AITER_JIT_DIR", raising=False)
+        document = run_probe(str(model_dir), str(cache))
+    return cache, document, output.getvalue()
+
+
+def test_the_plugin_acts_before_any_model_code(probes):
+    cache, document, _ = probes
+    assert document["hook"] and document["monitor"]
+    assert document["triton_cache_dir"] == document["triton_knob"] == str(cache / "triton-v1")
+    assert document["aiter_jit_dir"] == str(cache / "aiter-jit-v1")
+    assert document["hooked"] == {"initialize_model": True, "process_weights_after_loading": True, "load_model": True}
+    # AITER reads AITER_JIT_DIR at import: nothing imported it before the plugin ran.
+    assert document["aiter_before_plugins"] == []
+
+
+def test_the_plugin_names_a_layers_backend_as_vllms_registry_does(probes):
+    """A layer built with each of vLLM's ROCm backend classes is planned under the registry's name
+    for it (what --attention-backend takes), not the name the class gives itself: ROCM_AITER_FA's
+    calls itself FLASH_ATTN, which the ROCm rules do not take."""
+    _, document, _ = probes
+    names = document["layer_backend_names"]
+    assert {name: named for name, (named, _) in names.items()} == {name: [name] for name in names}
+    assert len(names) == 6 and names["ROCM_AITER_FA"][1] == "FLASH_ATTN"
+
+
+def test_vllms_resolved_config_gives_the_clis_key(probes):
+    _, document, _ = probes
+    digest_from_vllm, digest_from_cli = document["digests"]
+    assert digest_from_vllm == digest_from_cli and document["same_key_as_cli"]
+    serving = document["serving"]
+    assert (serving["max_num_seqs"], serving["max_model_len"], serving["dtype"]) == (1, 4096, "bfloat16")
+    assert serving["cudagraph_capture_sizes"] and serving["kv_cache_dtype"] == "auto"
+    other = document["other_serving"]
+    assert (other["max_num_seqs"], other["max_model_len"], other["kv_cache_dtype"]) == (8, 2048, "fp8")
+    assert other["cudagraph_capture_sizes"] == [] and other["block_size"] == 1
+
+
+def test_the_selection_mirror_agrees_with_the_releases_own_selector(probes):
+    """For builders without vLLM: kprecompile's rules give the backend vLLM's ROCm selector gives,
+    for every combination of the flags that decide it, with and without a backend named."""
+    _, document, _ = probes
+    rows = document["selection"]
+    assert len(rows) == 2**2 * 3 + 2**4 * 5
+    disagreements = [row for row in rows if row["vllm"] != row["mirror"]]
+    assert disagreements == []
+
+
+def test_the_capture_size_rule_is_the_releases(probes):
+    _, document, _ = probes
+    assert [row for row in document["capture_sizes"] if row["vllm"] != row["mirror"]] == []
+
+
+def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothing(probes, release):
+    cache, document, output = probes
+    load = document["load"]
+    assert load["started_background"], load["events"]
+    # vLLM's process_weights_after_loading ran after the warm was joined, with the cache active.
+    assert load["at_process_weights_after_loading"] == {"warm_joined": True, "triton_knob": str(cache / "triton-v1")}
+    [not_warm, joined, loaded] = load["events"]
+    assert "is not warm on gfx942: warming" in not_warm
+    # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1) and
+    # vLLM's merge around the prefill with cached context (one sequence: one context chunk).
+    kernels = 2 if release.startswith("0.33") else 4
+    assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
+    # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
+    assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
+    # After load_model every kernel of the configuration is in the process; none compiled in it.
+    assert loaded.startswith(f"{kernels} kernels of the configuration in the process ({kernels} loaded from the cache")
+    assert loaded.endswith("; 0 kernels compiled in this process since it started")
+    # Operators see the events through vLLM's logging, at WARNING.
+    lines = [line for line in output.splitlines() if f"kprecompile: {joined}" in line]
+    assert len(lines) == 1 and re.search(r"\bWARNING\b.*\bkprecompile: ", lines[0]), output[-2000:]
+
+
+def test_the_plugin_records_what_compiles_beyond_the_plan_in_the_configurations_journal(probes):
+    _, document, _ = probes
+    load = document["load"]
+    # After load, a batch of 40 through vLLM's FP8 BMM entry point: beyond the plan's one sequence.
+    assert load["serving"] == "reached launch,reached launch"
+    recorded = load["recorded"]
+    assert recorded["journal"] and recorded["replayable"] and recorded["manifests"] == []
+    bmm = "_batched_gemm_a8w8_a_per_token_group_prequant_w_per_batched_tensor_quant_kernel"
+    assert recorded["kernels"] == [bmm, bmm]
+
+
+def run_probe(model_dir: str, cache_dir: str) -> dict:
     before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
     with rocm_platform(GFX942):
-        _bind_platform()
-        probe(model_dir, cache_dir, sorted(before_plugins))
+        # A ROCm server's vLLM modules hold its ROCm platform from import on.
+        bind_platform()
+        return probe(model_dir, cache_dir, sorted(before_plugins))
 
 
-def _bind_platform() -> None:
-    """A ROCm server's vLLM modules hold its ROCm platform from import on. Here some were imported
-    before the stand-in (the runner, by the plugin: under the ROCm platform its import needs ROCm's
-    flash-attn build): give them the stand-in, as the server's would have the real one."""
-    import vllm.platforms as platforms
-
-    platform = platforms._current_platform
-    for name, module in list(sys.modules.items()):
-        if name.startswith("vllm.") and module is not None and hasattr(module, "current_platform"):
-            if module.current_platform is not platform:
-                module.current_platform = platform
-
-
-def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
+def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> dict:
     from vllm.model_executor.model_loader import base_loader
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -120,7 +214,7 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     document["capture_sizes"] = capture_sizes(model_dir)
     document["load"] = load_sequence(config, hook, base_loader)
     document["layer_backend_names"] = layer_backend_names()
-    print(json.dumps(document))
+    return document
 
 
 def _refresh_aiter_flags() -> None:
@@ -367,7 +461,3 @@ def fp8_bmm_loop_call(m: int) -> str:
         except LaunchRefusedError:
             outcomes.append("reached launch")
     return ",".join(outcomes)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

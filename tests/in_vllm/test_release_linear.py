@@ -1,8 +1,7 @@
-"""Run inside a real vLLM release (PYTHONPATH=.vllm/<version>), one target per process (vLLM binds
-its platform per process): DeepSeek-R1's block-FP8 linear layers (TP 8) where vLLM runs them on
-that target. Prints one JSON document.
-
-    python vllm_linear_probe.py TARGET
+"""Block-FP8 linear layers (DeepSeek-R1, TP 8) where each real vLLM release runs them, one target per
+process (vLLM binds its platform per process): the plan's rule is the path vLLM's own linear method
+chooses, and where that path is vLLM's Triton GEMM on an NVIDIA GPU (sm89 up to 0.18) the plan's
+keys are the launch path's, compiled for sm89 for real, and a random sweep is covered.
 
 1. The engine rule against vLLM's own choice: the reason (or none) kprecompile's selection gives
    the target, and the path vLLM's own linear method (`Fp8LinearMethod`, built as vLLM builds it)
@@ -20,15 +19,14 @@ that target. Prints one JSON document.
 from __future__ import annotations
 
 import functools
-import json
 import random
-import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from helpers import launch_path_keys
-from vllm_kernels_probe import environment
+from release_support import environment
 
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
@@ -178,11 +176,88 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
     return {"coverage": coverage, "keys": rows}
 
 
-if __name__ == "__main__":
-    target = TARGETS[sys.argv[1]]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def target_process(name: str, *marks):
+    return pytest.param(name, marks=[pytest.mark.vllm_process(f"linear-{name}"), *marks])
+
+
+UP_TO_0_18 = pytest.mark.vllm_releases("0.11.2", "0.12.0")
+
+
+@pytest.fixture(scope="module")
+def linear_probe(target):
+    """The engine rule on `target`, and where vLLM takes AITER's path (0.33 on gfx950) or its Triton
+    GEMM on an NVIDIA target (sm89 up to 0.18), what runs there."""
+    target = TARGETS[target]
     document: dict[str, object] = {"release": installed_release(), "engine_rule": engine_rule(target)}
     if target.name == "gfx950" and installed_release().startswith("0.33"):
         document["aiter_path"] = aiter_path(target)
     if target.name == "sm89" and document["engine_rule"]["aiter=0"]["reason"] is None:
         document["triton_gemm"] = triton_gemm(target)
-    print(json.dumps(document))
+    return document
+
+
+@pytest.mark.parametrize("target", [target_process(name) for name in ("sm80", "sm89", "sm90")], scope="module")
+def test_on_nvidia_the_plan_follows_the_path_vllms_linear_method_chooses(linear_probe, target, release):
+    """sm80: Marlin's weight-only FP8; sm89: vLLM's Triton GEMM up to 0.18, Marlin from 0.19; sm90:
+    CUTLASS. Planned exactly where vLLM chose its Triton GEMM for every layer. The Marlin and Triton
+    choices are vLLM's own Python; whether CUTLASS takes block FP8 is vLLM's compiled query
+    (`cutlass_scaled_mm_supports_block_fp8`, capability 90 and up in its C++), which a builder
+    cannot load: there kprecompile's stand-in answers it, from the threshold its rule uses."""
+    triton = {"_run_triton", "TritonFp8BlockScaledMMKernel"}
+    expected = {"sm80": "marlin", "sm89": "marlin" if release.startswith("0.33") else "triton", "sm90": "cutlass"}
+    path = expected[target]
+    rule = linear_probe["engine_rule"]["aiter=0"]
+    chose = {chosen for chosen, _ in rule["vllm_chose"].values()}
+    assert len(rule["vllm_chose"]) == 8 and len(chose) == 1, (target, chose)
+    assert (rule["reason"] is None) == (chose <= triton), (target, rule)
+    assert path in next(iter(chose)).lower(), (target, chose)
+    if rule["reason"] is not None:
+        assert path in rule["reason"].lower() and "nothing to compile" in rule["reason"], (target, rule)
+
+
+@UP_TO_0_18
+@pytest.mark.compiles
+@pytest.mark.parametrize("target", [target_process("sm89")], scope="module")
+def test_sm89_triton_gemm_keys_coverage_and_a_real_compile(linear_probe):
+    document = linear_probe["triton_gemm"]
+    for row in document["keys"].values():
+        assert row["kernels"] == ["_w8a8_triton_block_scaled_mm"]
+        assert row["traced"] == row["launched"]
+        assert ".cubin" in row["compiled_files"]
+    # A tuned table picks another config than the default: another kernel.
+    assert document["keys"]["gemm default config"]["traced"] != document["keys"]["gemm tuned table"]["traced"]
+    coverage = document["coverage"]
+    assert coverage["steps"] == 40 and coverage["kernels"] >= 5
+    assert coverage["missing"] == 0
+    assert coverage["missing_without_div16"] > 0 and coverage["missing_untuned_only"] > 0
+
+
+@pytest.mark.vllm_releases("0.33.0")
+@pytest.mark.parametrize("target", [target_process("gfx950")], scope="module")
+def test_vllm_0_33_with_aiter_on_gfx950_runs_no_triton_kernel_for_any_layer(linear_probe):
+    """vLLM 0.33's AiterFp8BlockScaledMMKernel asks AITER's gemm_config_utils which (N, K) its Triton
+    GEMM is tuned for; the installed amd-aiter has no such module (it ships MI350X tables for six
+    of the eight layers all the same), so vLLM chose CK for every layer, and one eager forward of
+    each (AITER's group quantization, CK GEMM) launches no Triton kernel, where the same forward
+    with AITER off does. The plan says so."""
+    rule = linear_probe["engine_rule"]
+    assert rule["aiter=0"]["reason"] is None
+    assert set(map(tuple, rule["aiter=1"]["vllm_chose"].values())) == {("AiterFp8BlockScaledMMKernel", False)}
+    assert "has no such module, so every layer runs CK: nothing to compile" in rule["aiter=1"]["reason"]
+    layers = dict(linear_probe["aiter_path"])
+    control = layers.pop("control: AITER off")
+    assert control["kernels"] > 0
+    assert len(layers) == 8 and all(layer["kernels"] == 0 for layer in layers.values())
+    assert sum(layer["aiter_table"] for layer in layers.values()) == 6
+
+
+@UP_TO_0_18
+@pytest.mark.parametrize("target", [target_process("gfx950")], scope="module")
+def test_up_to_0_18_gfx950_takes_vllms_triton_gemm_with_aiter_on_and_off(linear_probe):
+    rule = linear_probe["engine_rule"]
+    for setting in ("aiter=0", "aiter=1"):
+        assert rule[setting]["reason"] is None
+        assert {chosen for chosen, _ in rule[setting]["vllm_chose"].values()} == {"_run_triton"}

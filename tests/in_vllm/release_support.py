@@ -1,0 +1,32 @@
+"""Helpers of the tests that run inside a real vLLM release (tests/in_vllm)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+@contextlib.contextmanager
+def environment(**variables: str):
+    """The process environment with `variables` set, for the block."""
+    saved = dict(os.environ)
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def bind_platform() -> None:
+    """A server's vLLM modules hold its platform from import on. Here some were imported before the
+    stand-in (the runner, by the plugin: under the ROCm platform its import needs ROCm's flash-attn
+    build): give them the stand-in, as the server's would have the real one."""
+    import vllm.platforms as platforms
+
+    platform = platforms._current_platform
+    for name, module in list(sys.modules.items()):
+        if name.startswith("vllm.") and module is not None and hasattr(module, "current_platform"):
+            if module.current_platform is not platform:
+                module.current_platform = platform

@@ -1,0 +1,163 @@
+"""The CLI with each real vLLM release installed, called in this process (one vLLM import for all of
+them): `plan` asks vLLM's own selector and remembers its answer; vLLM's kernels warm for real, verify
+deep, and a serving process (a fresh one) loads them all and compiles none."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from helpers import kprecompile_cli
+from vllm_releases import SUPPORTED_RELEASES
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.vllm_process("cli")]
+
+# (model, engine, extra options) planned through the CLI with each release installed.
+CLI_CASES = {
+    "mla": ("deepseek-v2-lite", "vllm-aiter", ("--family", "fp8_bmm")),
+    "gqa-no-aiter": ("llama-3.1-8b-instruct", "vllm", ()),
+    # vLLM refuses Triton MLA on pages of one token; the mirror does not know that.
+    "refused": ("deepseek-v2-lite", "vllm-aiter", ("--attention-backend", "TRITON_MLA", "--block-size", "1")),
+    # Nothing named, AITER off, pages of one token: 0.33 finds no backend; 0.11 and 0.12 take AITER's MLA.
+    "none": ("deepseek-v2-lite", "vllm", ("--block-size", "1", "--family", "fp8_bmm")),
+}
+
+
+@pytest.fixture(scope="module")
+def cli_plans(tmp_path_factory):
+    """`kprecompile -vv plan` of every case, twice (the second from the cache's memory of vLLM's
+    answer): (exit status, stdout, stderr) per (case, attempt)."""
+    cache = tmp_path_factory.mktemp("plan-cache")
+    results = {}
+    for attempt in ("first", "again"):
+        for case, (model, engine, extra) in CLI_CASES.items():
+            result = kprecompile_cli(
+                "-vv",
+                "plan",
+                "--model",
+                model,
+                "--engine",
+                engine,
+                "--target",
+                "gfx942",
+                "--cache-dir",
+                cache,
+                "--json",
+                *extra,
+            )
+            results[case, attempt] = (result.returncode, result.stdout, result.stderr)
+    return results
+
+
+def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, release):
+    """Where vLLM is installed, plan (warm, verify, export) take the backend from vLLM's own ROCm
+    selector, remembered in the cache; its answer is the mirror's (which builders without vLLM use)."""
+    from kprecompile.inputs.models import load_model
+    from kprecompile.selection.engines import select
+
+    for case, (model, engine, extra) in CLI_CASES.items():
+        if case == "refused" or (case == "none" and release.startswith("0.33")):
+            continue
+        for attempt in ("first", "again"):
+            returncode, out, err = cli_plans[case, attempt]
+            assert returncode == 0, err[-2000:]
+            selection = json.loads(out)["engine"]
+            assert selection["selected_by"] == f"vLLM {release}'s own selector"
+            assert selection["vllm_release"] == release
+            requested = extra[extra.index("--attention-backend") + 1] if "--attention-backend" in extra else None
+            block_size = int(extra[extra.index("--block-size") + 1]) if "--block-size" in extra else 16
+            mirror = select(
+                load_model(model), engine, requested, environ={}, vllm_release=release, block_size=block_size
+            )
+            assert selection["attention_backend"] == mirror.attention_backend, (case, attempt)
+            # The second command found vLLM's answer in the cache and did not ask vLLM again.
+            assert ("vLLM's selector, remembered at" in err) == (attempt == "again"), (case, attempt)
+            # vLLM's warnings about the GPU extensions a builder lacks stay out of kprecompile's output.
+            assert not re.findall(r"^[A-Z]+ vllm\S*: ", err, re.MULTILINE), err[-2000:]
+
+
+def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, release):
+    returncode, out, err = cli_plans["refused", "first"]
+    [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
+    assert returncode == 2 and out == ""
+    assert line.startswith("kprecompile: --attention-backend: got 'TRITON_MLA', expected a backend vLLM")
+    reason = "block_size not supported" if release.startswith("0.33") else "does not support block size 1"
+    assert reason in line
+    if release.startswith("0.33"):
+        returncode, out, err = cli_plans["none", "first"]
+        [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
+        assert returncode == 2 and out == ""
+        assert line.startswith("kprecompile: attention backend: got 'none', expected one vLLM 0.33.0 selects for")
+        assert "TRITON_MLA: [block_size not supported]" in line
+
+
+# (release, backend, model, kernels) warmed for real and verified deep: vLLM's ROCM_ATTN kernels
+# for a sliding-window model in every release, TRITON_ATTN and TRITON_MLA in 0.12.0, TRITON_ATTN
+# through 0.33.0's builder and KV-cache view.
+WARM_CASES = [
+    *((version, "ROCM_ATTN", "mistral-7b-v0.1", 4) for version in SUPPORTED_RELEASES),
+    ("0.12.0", "TRITON_ATTN", "mistral-7b-v0.1", 14),
+    ("0.12.0", "TRITON_MLA", "deepseek-v2-lite", 5),
+    ("0.33.0", "TRITON_ATTN", "mistral-7b-v0.1", 24),
+]
+
+# A process that serves from the cache (KPRECOMPILE_CACHE_DIR) loads the configuration's kernels:
+# binaries only, under the cross-compile driver for gfx942 (no GPU here).
+PRELOAD = """
+import json, kprecompile
+from kprecompile.selection.engines import select
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+layout = kprecompile.activate()
+model = load_model("{model}")
+serving = ServingParams(max_model_len=8192, max_num_seqs=32)
+report = kprecompile.preload(model, serving, layout, target=TARGETS["gfx942"],
+                             selection=select(model, "vllm", "{backend}", environ={{}}))
+print(json.dumps([report.kernels, report.loaded, report.compiled, list(report.failures)]))
+"""
+
+
+@pytest.mark.compiles
+@pytest.mark.parametrize("release, backend, model, kernels", WARM_CASES)
+def test_vllm_kernels_warm_for_real_and_verify_deep(tmp_path, release, backend, model, kernels):
+    cache = tmp_path / "cache"
+    # The cache named as a server's environment names it; AITER's switch left to the engine's profile.
+    environment = {"KPRECOMPILE_CACHE_DIR": str(cache), "VLLM_ROCM_USE_AITER": ""}
+    chosen = [
+        "--model",
+        model,
+        "--engine",
+        "vllm",
+        "--attention-backend",
+        backend,
+        "--target",
+        "gfx942",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "32",
+        "--json",
+    ]
+    warm = kprecompile_cli("warm", *chosen, env=environment)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    report = json.loads(warm.stdout)
+    assert (report["compiled"], report["failed"]) == (kernels, 0), report
+    verify = kprecompile_cli("verify", *chosen, "--deep", env=environment)
+    assert verify.returncode == 0, verify.stderr[-2000:]
+    assert json.loads(verify.stdout)["warm"] is True
+    # A serving process loads every kernel from the cache and compiles none.
+    served = {name: value for name, value in os.environ.items() if name != "AITER_JIT_DIR"}
+    preload = subprocess.run(
+        [sys.executable, "-c", PRELOAD.format(model=model, backend=backend)],
+        env={**served, **environment},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert preload.returncode == 0, preload.stderr[-2000:]
+    assert json.loads(preload.stdout.strip().splitlines()[-1]) == [kernels, kernels, 0, []]

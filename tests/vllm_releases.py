@@ -1,0 +1,47 @@
+"""The real vLLM releases the tests run against, each installed beside this environment
+(scripts/install_vllm.py: the wheel with --no-deps and the light packages it imports, torch stays
+this CPU build) and used through PYTHONPATH in a process of its own."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kprecompile.vllm.releases import TESTED_RELEASES as SUPPORTED_RELEASES
+
+ROOT = Path(__file__).parent.parent
+
+__all__ = ["SUPPORTED_RELEASES", "release_path", "vllm_environment"]
+
+
+def _installer():
+    spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def release_path(version: str) -> Path:
+    """The release's directory, installed on first use (CI's .ci/run installs them first)."""
+    installer = _installer()
+    try:
+        return installer.install(version)
+    except (subprocess.CalledProcessError, SystemExit) as error:
+        pytest.skip(f"vLLM {version} could not be installed here ({error}); run scripts/install_vllm.py")
+
+
+def vllm_environment(version: str, cache: Path) -> dict[str, str]:
+    """A server's environment: the release on the path, no GPU, AITER on, the cache named, and
+    AITER's JIT directory left for the plugin to set."""
+    environment = {name: value for name, value in os.environ.items() if name != "AITER_JIT_DIR"}
+    return {
+        **environment,
+        "PYTHONPATH": str(release_path(version)),
+        "CUDA_VISIBLE_DEVICES": "",
+        "KPRECOMPILE_CACHE_DIR": str(cache),
+        "VLLM_ROCM_USE_AITER": "1",
+    }
