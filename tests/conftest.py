@@ -62,6 +62,14 @@ class Isolation:
     real_caches: tuple[Path, ...]
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """A test on the session's bake (or a copy of it) really compiles kernels: the bake does."""
+    for item in items:
+        if "baked" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.compiles)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_session(tmp_path_factory):
     """The whole session runs with its caches (and HOME) in a temporary directory; the real

@@ -98,14 +98,16 @@ class CliResult:
 
 def kprecompile_cli(*argv, env: dict[str, str] | None = None) -> CliResult:
     """`python -m kprecompile ARGV` without starting a process: the CLI's entry point in this
-    interpreter with `env` added to the environment, its stdout and stderr captured, and its
-    logging on that stderr as a fresh process configures it (`-v`, `-vv`). The environment and the
-    root logger are put back afterwards (a command may set variables, as vLLM's logging defaults)."""
+    interpreter with `env` set in the environment, its stdout and stderr captured, and its logging
+    on that stderr as a fresh process configures it (`-v`, `-vv`). `env` and the root logger are put
+    back afterwards; what the command itself sets in the environment stays, as it would for the rest
+    of its process (vLLM's logging defaults, set before it imports vLLM, hold for that vLLM)."""
     from kprecompile.cli import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     root = logging.getLogger()
-    saved_environment, saved_handlers, saved_level = dict(os.environ), root.handlers[:], root.level
+    saved_environment = {name: os.environ.get(name) for name in env or {}}
+    saved_handlers, saved_level = root.handlers[:], root.level
     os.environ.update(env or {})
     # No handler on the root logger, as in a fresh process: the CLI's basicConfig installs its own.
     root.handlers = []
@@ -119,8 +121,11 @@ def kprecompile_cli(*argv, env: dict[str, str] | None = None) -> CliResult:
     finally:
         root.handlers = saved_handlers
         root.setLevel(saved_level)
-        os.environ.clear()
-        os.environ.update(saved_environment)
+        for name, value in saved_environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return CliResult(exited.value.code, stdout.getvalue(), stderr.getvalue())
 
 

@@ -58,6 +58,7 @@ print(json.dumps({"warm": report.warm, "layers": [str(p) for p in layout.layers]
 """
 
 
+@pytest.mark.slow
 def test_a_baked_bundle_moved_and_read_only_serves_without_a_write(baked, tmp_path):
     """The image's case: the bundle lies elsewhere than where it was baked (its group files
     still name the builder's paths) on a read-only layer. verify says warm, a serving process

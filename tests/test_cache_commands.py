@@ -16,6 +16,8 @@ from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, wr
 from kprecompile.cache.usage import CACHEDIR_TAG, using
 from kprecompile.cli import main
 
+pytestmark = pytest.mark.compiles
+
 SMALL = ["--model", "deepseek-v2-lite", "--family", "fp8_bmm", "--target", "gfx942"]
 # m = 1..3 and 1..17: the second adds the kernels of m >= 16 (a specialized integer class).
 FEW, MORE = ["--max-num-seqs", "3"], ["--max-num-seqs", "17"]

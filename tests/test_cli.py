@@ -132,6 +132,7 @@ def small_warm(tmp_path, *extra):
     ]
 
 
+@pytest.mark.compiles
 def test_warm_twice_compiles_then_reports_everything_cached(capsys, tmp_path):
     argv = small_warm(tmp_path)
     status, out, err = run_cli(capsys, *argv)
@@ -162,6 +163,7 @@ def test_console_script_prints_no_traceback(tmp_path):
     )
 
 
+@pytest.mark.compiles
 def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
     status, out, _ = run_cli(capsys, *small_warm(tmp_path, "--job-timeout", "0.01"))
     report = json.loads(out)
@@ -186,6 +188,7 @@ def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(cap
     assert len(report["manifests"]) == 1
 
 
+@pytest.mark.compiles
 def test_a_failed_bake_prints_its_json_names_the_model_and_writes_no_index(capsys, tmp_path):
     out = tmp_path / "bundle"
     status, stdout, _ = run_cli(
@@ -291,6 +294,8 @@ def test_a_vllm_serve_line_is_understood(capsys):
     assert status == 0 and json.loads(out)["targets"] == ["sm90"]
 
 
+@pytest.mark.slow
+@pytest.mark.compiles
 def test_unattended_warm_prints_plain_progress_lines_and_ctrl_c_exits_130(tmp_path):
     """stderr not a terminal (CI, docker build): plain lines naming the model and target; Ctrl-C
     stops at once with 130 and leaves no manifest."""

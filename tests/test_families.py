@@ -26,6 +26,7 @@ def first_shape(preset, family, pick=lambda shape: True, **serving):
     return next(shape for shape in shapes if pick(shape))
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize(
     "preset, family, pick",
     [
@@ -65,6 +66,8 @@ def test_sliding_window_is_its_own_specialization(gfx942):
     assert len(mistral) < len(llama)
 
 
+@pytest.mark.slow
+@pytest.mark.compiles
 # Small limits that still reach every kernel kind: unified attention's 2D and 3D kernels and
 # the segment reduction; MLA's stage-2 reduce and both prefill kinds (new tokens, context).
 @pytest.mark.parametrize(

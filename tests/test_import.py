@@ -761,6 +761,7 @@ def start_together(commands: list[list[str]]) -> list[subprocess.Popen]:
     return processes
 
 
+@pytest.mark.slow
 def test_four_concurrent_imports_of_one_archive_all_succeed_and_add_each_entry_once(baked, tmp_path):
     """Renaming entries into place raced (ENOTEMPTY). 400 more entries (each with its group file,
     which import rewrites and syncs before the rename) keep the four processes installing long
@@ -792,6 +793,7 @@ def test_four_concurrent_imports_of_one_archive_all_succeed_and_add_each_entry_o
     assert verify_status(root, "gfx942") == 0 and verify_status(root, "gfx950") == 0
 
 
+@pytest.mark.slow
 def test_an_import_beside_a_warm_of_the_same_configuration_both_end_warm(baked, tmp_path):
     _, archive, _ = baked
     root = tmp_path / "cache"

@@ -77,6 +77,7 @@ def _compile_in_child(job, layout, messages):
     messages.put(("status", compile_job(job, layout).status))
 
 
+@pytest.mark.compiles
 def test_processes_waiting_on_one_job_compile_it_once(cache_layout, sm90):
     [job] = trace_calls([sample_call("launch_add", 1000, 128)], sm90, "sample", (SAMPLE_MODULE,)).jobs
     messages = SPAWN.Queue()

@@ -68,6 +68,7 @@ def _would_install(python: Path, site: Path, *requirements: str) -> set[str]:
     return {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
 
 
+@pytest.mark.slow
 def test_pip_install_beside_an_image_installs_kprecompile_not_the_images_toolchain(tmp_path):
     """`pip install --dry-run` in an environment holding the image's releases (their metadata, as
     pip sees installed packages): kprecompile and its light dependencies, nothing of the image."""

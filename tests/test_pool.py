@@ -1,8 +1,11 @@
+import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
 from kprecompile.build.pool import CompilePool, compile_jobs
 from kprecompile.cache.entries import is_compiled
 from kprecompile.tracing.trace import trace_calls
+
+pytestmark = pytest.mark.compiles
 
 
 def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layout, sm90):
@@ -30,6 +33,7 @@ def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layou
         assert is_compiled(cache_layout, outcome.job.key) == (outcome.status == "compiled")
 
 
+@pytest.mark.slow
 def test_a_job_past_its_timeout_fails_alone(cache_layout, sm90):
     from sample_kernels import HANG
 

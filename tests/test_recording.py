@@ -73,6 +73,7 @@ def remove_entries(layout, keys):
         shutil.rmtree(layout.triton_entry(key))
 
 
+@pytest.mark.slow
 def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_copy, capsys):
     layout = warm_copy
     planned = len(baked_manifest(layout, GFX942).manifest.jobs)
@@ -145,6 +146,7 @@ def _rewrite(layout, records):
     return path
 
 
+@pytest.mark.slow
 def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(warm_copy, capsys, caplog):
     layout = warm_copy
     serve(layout.root, "add=1000")
@@ -343,6 +345,7 @@ def test_a_journal_that_is_a_link_or_not_a_file_is_neither_read_nor_written_thro
     assert journal.read_records(layout, key) == {}
 
 
+@pytest.mark.slow
 def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys, tmp_path):
     """A GPU host records and exports; a builder imports (merging the journal into its cache) and
     bakes an image that compiles what the host recorded."""

@@ -79,6 +79,7 @@ def _binary_of_first_job(cache_dir):
     return binary
 
 
+@pytest.mark.slow
 def test_a_binary_altered_in_place_is_not_loaded_but_compiled_again(cache_copy):
     """Same size, other bytes: `verify` without --deep cannot see it; the serving process checks
     the sha256 of what it loads, compiles that kernel again, and says which entry it refused."""
@@ -122,6 +123,7 @@ def test_a_moved_cache_serves_from_itself(cache_copy, tmp_path):
     assert result["preload"]["loaded"] == kernels and result["preload"]["compiled"] == 0
 
 
+@pytest.mark.compiles
 def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
     """In warn mode (the default) a compile while serving is logged with its kernel and
     specialization, and counted in the summary line."""
@@ -180,6 +182,8 @@ print(json.dumps({"compiled": report.warm.compiled if report.warm else 0, "kerne
 """
 
 
+@pytest.mark.slow
+@pytest.mark.compiles
 def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     """Two ranks call the hook at once: each kernel compiles once in all, every rank preloads all."""
     ranks = 2

@@ -12,6 +12,7 @@ FAMILY = FP8_BMM.name
 FP8_BMM_MODULES = FP8_BMM.traced_modules
 
 
+@pytest.mark.compiles
 @pytest.mark.parametrize("m", [1, 17, 64])
 def test_traced_fp8_bmm_key_equals_the_launch_paths_key(tmp_path, gfx942, m):
     [(label, call)] = fp8_bmm_calls(fp8_bmm_shapes([m])[:1], gfx942)
@@ -22,6 +23,7 @@ def test_traced_fp8_bmm_key_equals_the_launch_paths_key(tmp_path, gfx942, m):
     assert [job.key for job in traced.jobs] == launched
 
 
+@pytest.mark.compiles
 def test_traced_key_of_own_kernel_equals_the_launch_paths_key_on_sm90(tmp_path, sm90):
     label, call = sample_call("launch_add", 1000, 64)
 

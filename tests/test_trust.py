@@ -102,6 +102,7 @@ def test_a_private_cache_is_used(tmp_path, capsys):
     assert "not warm" in capsys.readouterr().out
 
 
+@pytest.mark.compiles
 def test_an_os_error_is_one_line_naming_the_path_and_the_fix(tmp_path, capsys):
     """A directory where the manifest belongs (or a full disk, a read-only file system): one line,
     exit 1, no temporary file left, never a traceback."""

@@ -1,7 +1,8 @@
-"""Block-FP8 linear layers (DeepSeek-R1, TP 8) where each real vLLM release runs them, one target per
-process (vLLM binds its platform per process): the plan's rule is the path vLLM's own linear method
-chooses, and where that path is vLLM's Triton GEMM on an NVIDIA GPU (sm89 up to 0.18) the plan's
-keys are the launch path's, compiled for sm89 for real, and a random sweep is covered.
+"""Block-FP8 linear layers (DeepSeek-R1, TP 8) where each real vLLM release runs them, the ROCm target
+and the NVIDIA ones in processes of their own (vLLM binds its platform per process): the plan's rule
+is the path vLLM's own linear method chooses, and where that path is vLLM's Triton GEMM on an NVIDIA
+GPU (sm89 up to 0.18) the plan's keys are the launch path's, compiled for sm89 for real, and a random
+sweep is covered.
 
 1. The engine rule against vLLM's own choice: the reason (or none) kprecompile's selection gives
    the target, and the path vLLM's own linear method (`Fp8LinearMethod`, built as vLLM builds it)
@@ -179,8 +180,10 @@ def triton_gemm(target, seed: int = 12) -> dict[str, object]:
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def target_process(name: str, *marks):
-    return pytest.param(name, marks=[pytest.mark.vllm_process(f"linear-{name}"), *marks])
+def target_process(name: str):
+    """The targets of one vendor share a process: vLLM's config checks its platform's GPUs."""
+    vendor = "rocm" if TARGETS[name].is_rocm else "nvidia"
+    return pytest.param(name, marks=pytest.mark.vllm_process(f"linear-{vendor}"))
 
 
 UP_TO_0_18 = pytest.mark.vllm_releases("0.11.2", "0.12.0")

@@ -220,9 +220,9 @@ def probe(target) -> dict[str, object]:
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.compiles, pytest.mark.vllm_releases("0.33.0")]
 
-# Each target's tests in a process of their own.
-GFX942_PROCESS = pytest.param("gfx942", marks=pytest.mark.vllm_process("spec-gfx942"))
-SPEC_TARGETS = [GFX942_PROCESS, pytest.param("sm90", marks=pytest.mark.vllm_process("spec-sm90"))]
+# Each target's tests in the process of that target's other kernel tests.
+GFX942_PROCESS = pytest.param("gfx942", marks=pytest.mark.vllm_process("kernels-rocm"))
+SPEC_TARGETS = [GFX942_PROCESS, pytest.param("sm90", marks=pytest.mark.vllm_process("kernels-nvidia"))]
 
 
 @pytest.fixture(scope="module")
