@@ -5,9 +5,10 @@ process there (vLLM binds its platform once per process, so a ROCm target's test
 target's do not share one; a fresh interpreter's tests have theirs alone).
 
 - In the suite's own run (no vLLM), each test is collected once per release and stands for its
-  twin inside that release: when the first of them runs, one pytest per release and process is
-  started (two at a time) with the selected twins' node ids, and each test reports the outcome its
-  twin had there, a failure with the assertion it failed on.
+  twin inside that release. When the session's tests start, one pytest per release and process is
+  started with the selected twins' node ids, one at a time beside the suite's own tests, two at a
+  time once those are done; these tests run last, and each reports the outcome its twin had there,
+  a failure with the assertion it failed on.
 - Inside a release (KPRECOMPILE_VLLM_RELEASE names it), the tests run for that release alone and
   their outcomes are written to KPRECOMPILE_VLLM_REPORT. KPRECOMPILE_VLLM_SHARED is a directory
   every process of the release sees (what one process's tests leave for another's, see AFTER).
@@ -86,11 +87,6 @@ def pytest_runtest_logreport(report):
         entry.update(outcome=report.outcome, when=report.when, longrepr=reason)
 
 
-def pytest_sessionfinish(session):
-    if INSIDE and os.environ.get("KPRECOMPILE_VLLM_REPORT"):
-        Path(os.environ["KPRECOMPILE_VLLM_REPORT"]).write_text(json.dumps(_OUTCOMES))
-
-
 # --- The suite's run: one test per twin inside each release --------------------------------
 
 
@@ -102,19 +98,43 @@ class InnerRun:
 
 
 class InnerRuns:
-    """The pytest runs inside the releases, started together when the first result is asked for."""
+    """The pytest runs inside the releases: started when the session's tests start, one at a time
+    beside the suite's own tests and PARALLEL_RUNS at a time once those are done."""
 
     def __init__(self, config, wanted: dict[tuple[str, str], list[str]]):
         self.config = config
         self.wanted = wanted
         self.lock = threading.Lock()
         self.futures: dict[tuple[str, str], Future] | None = None
+        self.slots = threading.Semaphore(1)
+        self.widened = False
+        self.running: set[subprocess.Popen] = set()
+        self.stopped = False
 
-    def result(self, release: str, process: str) -> InnerRun:
+    def start(self) -> None:
         with self.lock:
             if self.futures is None:
                 self.futures = self._start()
+
+    def result(self, release: str, process: str) -> InnerRun:
+        self.start()
+        with self.lock:
+            if not self.widened:
+                # The suite's own tests are done (these tests run last): every slot for the runs.
+                for _ in range(PARALLEL_RUNS - 1):
+                    self.slots.release()
+                self.widened = True
         return self.futures[release, process].result()
+
+    def stop(self) -> None:
+        """At the session's end: what still runs (the session was cut short) is ended."""
+        with self.lock:
+            self.stopped = True
+            for process in self.running:
+                process.kill()
+        # Runs that wait for a slot go on to find the session ended.
+        for _ in self.wanted:
+            self.slots.release()
 
     def _start(self) -> dict[tuple[str, str], Future]:
         futures = {key: Future() for key in self.wanted}
@@ -126,7 +146,7 @@ class InnerRuns:
             if key not in first:
                 chains.append([(release, AFTER[process]), key] if process in AFTER else [key])
         chains.sort(key=len, reverse=True)
-        pool = ThreadPoolExecutor(max_workers=PARALLEL_RUNS)
+        pool = ThreadPoolExecutor(max_workers=PARALLEL_RUNS, thread_name_prefix="in-vllm")
         for chain in chains:
             pool.submit(self._run_chain, chain, futures)
         pool.shutdown(wait=False)
@@ -135,7 +155,8 @@ class InnerRuns:
     def _run_chain(self, chain, futures) -> None:
         for key in chain:
             try:
-                futures[key].set_result(self._run(*key))
+                with self.slots:
+                    futures[key].set_result(self._run(*key))
             except BaseException as error:  # a skip (release not installable) included
                 futures[key].set_exception(error)
 
@@ -166,23 +187,26 @@ class InnerRuns:
             "-p",
             "no:cacheprovider",
             "-q",
+            "--durations=10",
             f"--basetemp={work / 'tmp'}",
             *self.wanted[release, process],
         ]
         with open(work / "output.txt", "w+") as output:
-            completed = subprocess.run(
-                command,
-                cwd=ROOT,
-                env=environment,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                timeout=RUN_TIMEOUT_SECONDS,
-                check=False,
-            )
+            with self.lock:
+                if self.stopped:
+                    raise RuntimeError("the session ended before this run started")
+                running = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT)
+                self.running.add(running)
+            try:
+                returncode = running.wait(timeout=RUN_TIMEOUT_SECONDS)
+            finally:
+                running.kill()
+                with self.lock:
+                    self.running.discard(running)
             output.seek(0)
             tail = output.read()[-6000:]
         outcomes = json.loads(report.read_text()) if report.exists() else {}
-        return InnerRun(completed.returncode, outcomes, tail)
+        return InnerRun(returncode, outcomes, tail)
 
 
 _RUNS = pytest.StashKey[InnerRuns]()
@@ -241,5 +265,22 @@ def pytest_collection_modifyitems(session, config, items):
     for release, process in list(wanted):
         if process in AFTER:
             wanted.setdefault((release, AFTER[process]), every[release, AFTER[process]])
+    # Last: the runs inside the releases go on beside the suite's own tests until these wait for them.
+    items.sort(key=lambda item: isinstance(item, InsideVllm))
     config.stash[_RUNS] = InnerRuns(config, wanted)
     return result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    if not INSIDE and not session.config.option.collectonly and session.config.stash.get(_RUNS, None):
+        if session.config.stash[_RUNS].wanted:
+            session.config.stash[_RUNS].start()
+
+
+def pytest_sessionfinish(session):
+    if INSIDE:
+        if os.environ.get("KPRECOMPILE_VLLM_REPORT"):
+            Path(os.environ["KPRECOMPILE_VLLM_REPORT"]).write_text(json.dumps(_OUTCOMES))
+    elif session.config.stash.get(_RUNS, None):
+        session.config.stash[_RUNS].stop()
