@@ -33,6 +33,7 @@ _EXPORTS = {
     "WarmReport": "build.warming",
     "warm": "build.warming",
     "compute_hash": "inputs.environment",
+    "Request": "selection.request",
 }
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "KprecompileError",
     "ModelConfig",
     "Plan",
+    "Request",
     "Selection",
     "ServingParams",
     "Target",
@@ -81,5 +83,6 @@ if TYPE_CHECKING:
     from .inputs.settings import cache_layout
     from .inputs.targets import Target, resolve_target
     from .selection.engines import Selection, select
+    from .selection.request import Request
     from .serve.hook import prepare
     from .serve.runtime import activate

@@ -214,6 +214,7 @@ def serve(mode: str, cache_dir: Path) -> None:
     from kprecompile.inputs.serving import ServingParams
     from kprecompile.inputs.targets import detect_local_target
     from kprecompile.selection.engines import select
+    from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
 
@@ -227,7 +228,7 @@ def serve(mode: str, cache_dir: Path) -> None:
         else:
             layout = activate(cache_dir)
         monitor = JitMonitor("warn").install()
-        preload_report = preload(model, serving, layout, target=detect_local_target(), selection=select(model, "aiter"))
+        preload_report = preload(Request(model, serving, select(model, "aiter")), layout, target=detect_local_target())
     else:
         if mode == "disk":
             from kprecompile.cache.layout import CacheLayout

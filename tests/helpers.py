@@ -9,6 +9,7 @@ from kprecompile.build.manifest_key import find_manifest
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import fp8_bmm
 
 SAMPLE_MODULE = "sample_kernels"
@@ -40,7 +41,9 @@ def fp8_bmm_calls(shapes, target):
 
 def baked_manifest(layout, target):
     """The manifest of the session's baked configuration for `target` in `layout`."""
-    lookup = find_manifest(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={}), target, layout, remember=False)
+    lookup = find_manifest(
+        Request(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={})), target, layout, remember=False
+    )
     assert lookup.manifest is not None, f"no baked manifest for {target.name} in {layout.root}"
     return lookup
 

@@ -40,6 +40,7 @@ def run(*argv) -> int:
 SERVE_FROM_LAYER = """
 import json, sys
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.inputs.models import load_model
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.build.preload import preload
@@ -51,8 +52,9 @@ layout = activate(sys.argv[1])  # layers come from KPRECOMPILE_CACHE_LAYERS, as 
 monitor = JitMonitor("off").install()
 model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
 targets = [TARGETS["gfx942"], TARGETS["gfx950"]]
-report = verify(model, serving, targets, layout, selection=select(model))
-loaded = [preload(model, serving, layout, target=t, selection=select(model)).as_dict() for t in targets]
+request = Request(model, serving, select(model), tuple(targets))
+report = verify(request, layout)
+loaded = [preload(request, layout, target=t).as_dict() for t in targets]
 print(json.dumps({"warm": report.warm, "layers": [str(p) for p in layout.layers], "preload": loaded,
                   "compiles": len(monitor.compiles)}))
 """

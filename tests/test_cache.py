@@ -13,8 +13,8 @@ import pytest
 from kprecompile.cache.files import atomic_file, write_atomic
 from kprecompile.cache.layout import MANIFEST_SCHEMA, Bucket, CacheLayout, triton_entry_name
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
-from kprecompile.inputs.toolchain import current_toolchain, triton_key_digest
 from kprecompile.inputs import settings
+from kprecompile.inputs.toolchain import current_toolchain, triton_key_digest
 
 CACHE_PACKAGE = Path(__file__).parent.parent / "kprecompile" / "cache"
 

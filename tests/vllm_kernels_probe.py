@@ -66,6 +66,7 @@ from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
@@ -91,7 +92,7 @@ def environment(**variables: str):
 def planned(preset: str, backend: str = "ROCM_ATTN", target=GFX942, **serving: object):
     model = load_model(preset)
     selection = select(model, "vllm", backend, environ={}, vllm_release=installed_release(), targets=[target])
-    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
+    return plan(Request(model, ServingParams(**{**SERVING, **serving}), selection, (target,)))
 
 
 def kernels(result) -> list[str]:
@@ -119,7 +120,7 @@ def fp8_ranges() -> dict[str, list[float]]:
     for name in ("gfx942", "gfx950"):
         model = load_model("mistral-7b-v0.1")
         selection = select(model, "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release())
-        result = plan(model, ServingParams(**SERVING, kv_cache_dtype="fp8"), [TARGETS[name]], selection)
+        result = plan(Request(model, ServingParams(**SERVING, kv_cache_dtype="fp8"), selection, (TARGETS[name],)))
         job = next(job for job in result.jobs if job.kernel.endswith(":kernel_paged_attention_2d"))
         data = json.loads(job.specialization)
         names = list(data["signature"])
@@ -906,7 +907,7 @@ def untraceable() -> dict[str, object]:
     choices = (FamilyChoice("rocm_attn", "ROCM_ATTN"), FamilyChoice("pa_prefill", "aiter"))
     selection = Selection("vllm", "ROCM_ATTN", {}, choices, installed_release())
     try:
-        result = plan(model, ServingParams(**SERVING), [GFX942], selection)
+        result = plan(Request(model, ServingParams(**SERVING), selection, (GFX942,)))
     finally:
         FAMILIES["rocm_attn"] = saved
     reasons = {family.family: family.skip_reason for family in result.families}
@@ -928,7 +929,7 @@ def nvidia() -> dict[str, object]:
         "triton_mla": triton_mla(SM90),
         "merge": cuda_merge(),
         "selection": cuda_selection(),
-        "mla_tp2": kernels(plan(model, tp2, [SM90], selection)),
+        "mla_tp2": kernels(plan(Request(model, tp2, selection, (SM90,)))),
     }
 
 

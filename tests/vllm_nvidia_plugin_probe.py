@@ -88,9 +88,7 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
     started = hook.background is not None
     hook._before_weights_processed((), {})
     hook._model_loaded(None, (), {})
-    lookup = request and find_manifest(
-        request.model, request.serving, request.selection, SM90, hook.layout, remember=False
-    )
+    lookup = request and find_manifest(request, SM90, hook.layout, remember=False)
     manifest = lookup.manifest if lookup else None
     return {
         "manifest_kernels": sorted(job.kernel.rpartition(":")[2] for job in manifest.jobs) if manifest else None,

@@ -35,6 +35,7 @@ from kprecompile.inputs.settings import cache_layout  # noqa: E402
 from kprecompile.inputs.targets import TARGETS  # noqa: E402
 from kprecompile.platforms.vllm_platform import rocm_platform  # noqa: E402
 from kprecompile.selection.engines import select  # noqa: E402
+from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook  # noqa: E402
 from kprecompile.serve.vllm.request import from_vllm_config  # noqa: E402
 from kprecompile.vllm.releases import serving_capture_sizes  # noqa: E402
@@ -96,7 +97,7 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> None:
     layout = cache_layout(cache_dir)
     parts = {
         side: configuration_parts(
-            model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
+            Request(model, request.serving, select(model, "vllm", "ROCM_AITER_MLA")), GFX942, layout, remember=False
         )
         for side, model in (("vllm", request.model), ("cli", cli_model))
     }
@@ -326,9 +327,7 @@ def load_sequence(config, hook, base_loader) -> dict:
 
     serving = fp8_bmm_loop_call(m=40)
     records = read_records(hook.layout, hook.monitor.sink.key) if hook.monitor.sink else {}
-    lookup = find_manifest(
-        hook.request.model, hook.request.serving, hook.request.selection, GFX942, hook.layout, remember=False
-    )
+    lookup = find_manifest(hook.request, GFX942, hook.layout, remember=False)
     return {
         "serving": serving,
         "recorded": {

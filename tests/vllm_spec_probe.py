@@ -35,6 +35,7 @@ from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import installed_release
@@ -45,7 +46,7 @@ LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 def planned(preset: str, target, **serving: object):
     model = load_model(preset)
     selection = select(model, "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(), targets=[target])
-    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
+    return plan(Request(model, ServingParams(**{**SERVING, **serving}), selection, (target,)))
 
 
 def kernels_of(jobs) -> list[str]:

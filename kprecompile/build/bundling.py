@@ -127,11 +127,8 @@ def bake(
         if recorded_from is not None:
             carry_journals(recorded_from, layout, request)
         report = warm(
-            request.model,
-            request.serving,
-            request.targets,
+            request,
             layout,
-            selection=request.selection,
             max_workers=max_workers,
             job_timeout_seconds=job_timeout_seconds,
             progress=progress,
@@ -166,7 +163,7 @@ def export(request: Request, layout: CacheLayout, archive: str | Path) -> Export
     archive_path = check_archive_path(archive)
     manifests: dict[str, list[str]] = {}
     for target in request.targets:
-        lookup = find_manifest(request.model, request.serving, request.selection, target, layout, remember=False)
+        lookup = find_manifest(request, target, layout, remember=False)
         if lookup.manifest is None:
             raise InputError(
                 "configuration",
@@ -198,7 +195,7 @@ def carry_journals(source: CacheLayout, destination: CacheLayout, request: Reque
     `destination`'s journals; returns how many records there were."""
     carried = 0
     for target in request.targets:
-        lookup = find_manifest(request.model, request.serving, request.selection, target, source, remember=False)
+        lookup = find_manifest(request, target, source, remember=False)
         records = read_records(source, lookup.journal_key)
         if records:
             merge_journal(destination, lookup.journal_key, records.values())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +21,8 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..inputs.toolchain import triton_key_text
-from ..selection.engines import Selection, select
+from ..selection.engines import Selection
+from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..tracing.trace import trace_calls
@@ -130,23 +131,15 @@ def plan_family(
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 
-def plan(
-    model: ModelConfig,
-    serving: ServingParams,
-    targets: Sequence[Target],
-    selection: Selection | None = None,
-    shapes: PlannedShapes | None = None,
-    layout: CacheLayout | None = None,
-) -> Plan:
-    """Trace every selected family's calls on every target.
+def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: CacheLayout | None = None) -> Plan:
+    """Trace every selected family's calls on every target of the request.
 
-    `selection` defaults to the default engine under this process's environment; `shapes`
-    to `planned_shapes`. Families the engine runs but kprecompile does not compile are listed
-    with the reason. `layout` is where Triton's toolchain key is remembered between runs.
+    `shapes` defaults to `planned_shapes`. Families the engine runs but kprecompile does not
+    compile are listed with the reason. `layout` is where Triton's toolchain key is remembered
+    between runs.
     """
     imports_started = time.perf_counter()
-    if selection is None:
-        selection = select(model)
+    model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
     if shapes is None:
         shapes = planned_shapes(model, serving, selection)
     triton_key = None

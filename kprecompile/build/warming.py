@@ -22,16 +22,14 @@ from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from ..cache.staging import remove_stale_staging
 from ..cache.usage import tag_cache_dir, using
-from ..inputs.models import ModelConfig
-from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..inputs.toolchain import triton_key_text
 from ..progress import Progress
-from ..selection.engines import Selection, select
+from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from .compile import JobOutcome, job_lock
 from .manifest_key import ManifestLookup, find_manifest
-from .planning import FamilyPlan, compiled_families, plan, planned_shapes
+from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
 
@@ -82,9 +80,7 @@ def _library_modules(families: Sequence[FamilyName]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(prefix for name in families for prefix in FAMILIES[name].traced_modules))
 
 
-def _build_launchers(
-    model: ModelConfig, serving: ServingParams, layout: CacheLayout, target: Target, selection: Selection
-) -> int:
+def _build_launchers(request: Request, layout: CacheLayout, target: Target) -> int:
     """On a host with `target`'s GPU, load every kernel once so that Triton builds and caches its
     launcher and driver utility modules (built with the host compiler, and needing the GPU's
     driver): a serving process then only loads them. Returns how many kernels were loaded."""
@@ -96,7 +92,7 @@ def _build_launchers(
         return 0
     with knobs.cache.scope():
         knobs.cache.dir = str(layout.triton_dir)
-        report = preload(model, serving, layout, target=target, selection=selection, launchers=True)
+        report = preload(request, layout, target=target, launchers=True)
     for failure in report.failures:
         logger.warning("launcher not built: %s", failure)
     return report.kernels - len(report.failures)
@@ -143,17 +139,6 @@ def _without_failed_replays(
     )
 
 
-def _pool(
-    layout: CacheLayout, max_workers: int | None, job_timeout_seconds: float, families: Sequence[FamilyName]
-) -> CompilePool:
-    return CompilePool(
-        layout,
-        max_workers=max_workers,
-        job_timeout_seconds=job_timeout_seconds,
-        preload_modules=_library_modules(families),
-    )
-
-
 def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, frozenset[str]]:
     """The manifest when every kernel it lists is intact (checksums included), else None.
 
@@ -178,12 +163,9 @@ def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Ma
 
 
 def warm(
-    model: ModelConfig,
-    serving: ServingParams,
-    targets: Sequence[Target],
+    request: Request,
     layout: CacheLayout,
     *,
-    selection: Selection | None = None,
     max_workers: int | None = None,
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: Progress | None = None,
@@ -191,7 +173,7 @@ def warm(
     ranks: int = 1,
     recorded: bool = True,
 ) -> WarmReport:
-    """Compile what this configuration lacks on each target and record it.
+    """Compile what this configuration lacks on each of the request's targets and record it.
 
     `rank` of `ranks` processes warming the same cache at once (tensor-parallel ranks calling
     the loader hook): each starts at its own share of the job list, so that the file locks
@@ -199,144 +181,174 @@ def warm(
     compile the kernels serving processes recorded in the configuration's journal (`replay.py`).
     """
     started = time.perf_counter()
-    # Selection and shapes first: every input error surfaces before anything is written.
-    if selection is None:
-        selection = select(model)
-    shapes = planned_shapes(model, serving, selection)
+    # Shapes first: every input error surfaces before anything is written.
+    shapes = planned_shapes(request.model, request.serving, request.selection)
     # Held while warming: `cache prune` never deletes what this warm is writing (`cache/usage.py`).
     with using(layout):
         tag_cache_dir(layout)
         # What an import killed midway left (its staging directory) goes before anything else.
         remove_stale_staging(layout)
-        return _warm_locked(
-            model,
-            serving,
-            targets,
-            layout,
-            selection,
-            shapes,
-            started,
-            max_workers=max_workers,
-            job_timeout_seconds=job_timeout_seconds,
-            progress=progress,
-            rank=rank,
-            ranks=ranks,
-            recorded=recorded,
-        )
+        run = _WarmRun(request, layout, shapes, max_workers, job_timeout_seconds, progress, rank, ranks)
+        try:
+            for target in request.targets:
+                run.warm_target(target, recorded)
+        finally:
+            run.close()
+        return run.report(started)
 
 
-def _warm_locked(
-    model: ModelConfig,
-    serving: ServingParams,
-    targets: Sequence[Target],
-    layout: CacheLayout,
-    selection: Selection,
-    shapes: dict,
-    started: float,
-    *,
-    max_workers: int | None,
-    job_timeout_seconds: float,
-    progress: Progress | None,
-    rank: int,
-    ranks: int,
-    recorded: bool,
-) -> WarmReport:
-    """The warm itself, with the root's usage lock held."""
-    families: list[FamilyPlan] = []
-    outcomes: list[JobOutcome] = []
-    manifests: list[str] = []
-    pool: CompilePool | None = None
-    trace_seconds = compile_seconds = 0.0
-    replaced = launchers = workers = 0
-    try:
-        for target in targets:
-            lookup = find_manifest(model, serving, selection, target, layout)
-            records = recorded_here(layout, lookup, target) if recorded else []
-            manifest, damaged = _warm_from_manifest(layout, lookup)
-            replaced += len(damaged)
-            if manifest is not None and not unsettled(records, manifest):
-                logger.info("%s on %s is warm: manifest %s", model.name, target.name, lookup.key)
-                families += [FamilyPlan(**row) for row in manifest.families]
-                outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
-                manifests.append(str(lookup.path))
-                launchers += _build_launchers(model, serving, layout, target, selection)
-                continue
-            if manifest is not None:
-                # Warm but for new records: the plan's part of the manifest stands, untraced.
-                planned_jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
-                target_families = [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
-            else:
-                compiled_here = compiled_families(model, serving, shapes, target)
-                if pool is None and compiled_here:
-                    pool = _pool(layout, max_workers, job_timeout_seconds, compiled_here)
-                    if not has_entries(layout):
-                        # A cold cache: everything will compile, so start every worker now, while
-                        # this process traces. Otherwise the plan decides how many are needed.
-                        pool.start()
-                if progress is not None:
-                    progress.status(f"{model.name} on {target.name}", "tracing the engine's calls")
-                target_plan = plan(model, serving, [target], selection, shapes, layout)
-                trace_seconds += target_plan.trace_seconds
-                planned_jobs, target_families = target_plan.jobs, list(target_plan.families)
-            replayed = None
-            if records:
-                replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(layout))
-            jobs = planned_jobs + (replayed.jobs if replayed else ())
-            if pool is None and jobs:
-                pool = _pool(layout, max_workers, job_timeout_seconds, ())
-            compile_started = time.perf_counter()
-            start = (rank % ranks) * len(jobs) // ranks
-            ordered = jobs[start:] + jobs[:start]
-            label = f"{model.name} on {target.name}"
-            # A damaged entry in a read-only layer stays there: its kernel is compiled into the
-            # writable root, which every reader searches first, and the manifest records that copy.
-            target_outcomes = pool.compile(ordered, progress, label, damaged) if pool is not None else ()
-            workers = max(workers, pool.workers if pool is not None else 0)
-            compile_seconds += time.perf_counter() - compile_started
-            if replayed is not None:
-                target_outcomes, jobs, replayed = _without_failed_replays(target_outcomes, jobs, replayed)
-                target_families.append(_recorded_row(target, lookup.journal_key, replayed))
-            families += target_families
-            outcomes += target_outcomes
-            if all(outcome.status != "failed" for outcome in target_outcomes):
-                artifacts = record_artifacts(layout, jobs)
-                rows = tuple(family.as_dict() for family in target_families)
-                manifest = Manifest(
-                    lookup.key,
-                    lookup.parts,
-                    rows,
-                    jobs,
-                    artifacts,
-                    {"name": model.name, "source": model.source},
-                    replayed.outcomes if replayed else {},
-                )
-                manifests.append(write_manifest(layout, manifest))
-                launchers += _build_launchers(model, serving, layout, target, selection)
-    finally:
-        if pool is not None:
-            pool.close()
-    failures = tuple(
-        KernelFailure(
-            model.name, o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or ""
+class _WarmRun:
+    """One warm's state across its targets: the pool (started once, on the first target that
+    compiles) and what every target added to the report."""
+
+    def __init__(
+        self,
+        request: Request,
+        layout: CacheLayout,
+        shapes: PlannedShapes,
+        max_workers: int | None,
+        job_timeout_seconds: float,
+        progress: Progress | None,
+        rank: int,
+        ranks: int,
+    ) -> None:
+        self.request, self.layout, self.shapes = request, layout, shapes
+        self.max_workers, self.job_timeout_seconds = max_workers, job_timeout_seconds
+        self.progress, self.rank, self.ranks = progress, rank, ranks
+        self.pool: CompilePool | None = None
+        self.families: list[FamilyPlan] = []
+        self.outcomes: list[JobOutcome] = []
+        self.manifests: list[str] = []
+        self.trace_seconds = self.compile_seconds = 0.0
+        self.replaced = self.launchers = self.workers = 0
+
+    def warm_target(self, target: Target, recorded: bool) -> None:
+        """The module's steps for one target: check the manifest, plan (or reuse its plan), replay
+        the journal's records, compile what is missing, write the manifest."""
+        lookup = find_manifest(self.request, target, self.layout)
+        records = recorded_here(self.layout, lookup, target) if recorded else []
+        manifest, damaged = _warm_from_manifest(self.layout, lookup)
+        self.replaced += len(damaged)
+        if manifest is not None and not unsettled(records, manifest):
+            self._already_warm(target, lookup, manifest)
+            return
+        planned_jobs, families = self._planned(target, manifest)
+        replayed = None
+        if records:
+            replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(self.layout))
+        jobs = planned_jobs + (replayed.jobs if replayed else ())
+        outcomes = self._compile(target, jobs, damaged)
+        if replayed is not None:
+            outcomes, jobs, replayed = _without_failed_replays(outcomes, jobs, replayed)
+            families.append(_recorded_row(target, lookup.journal_key, replayed))
+        self.families += families
+        self.outcomes += outcomes
+        if all(outcome.status != "failed" for outcome in outcomes):
+            self._write_manifest(target, lookup, jobs, families, replayed)
+
+    def _already_warm(self, target: Target, lookup: ManifestLookup, manifest: Manifest) -> None:
+        logger.info("%s on %s is warm: manifest %s", self.request.model.name, target.name, lookup.key)
+        self.families += [FamilyPlan(**row) for row in manifest.families]
+        self.outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
+        self.manifests.append(str(lookup.path))
+        self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _planned(self, target: Target, manifest: Manifest | None) -> tuple[tuple[CompileJob, ...], list[FamilyPlan]]:
+        """The target's planned jobs and family rows: traced, or, when the manifest is warm but
+        for new records, the manifest's own (untraced)."""
+        if manifest is not None:
+            jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
+            return jobs, [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
+        request = self.request
+        compiled_here = compiled_families(request.model, request.serving, self.shapes, target)
+        if self.pool is None and compiled_here:
+            self.pool = self._new_pool(compiled_here)
+            if not has_entries(self.layout):
+                # A cold cache: everything will compile, so start every worker now, while this
+                # process traces. Otherwise the plan decides how many are needed.
+                self.pool.start()
+        if self.progress is not None:
+            self.progress.status(f"{request.model.name} on {target.name}", "tracing the engine's calls")
+        target_plan = plan(request.on(target), shapes=self.shapes, layout=self.layout)
+        self.trace_seconds += target_plan.trace_seconds
+        return target_plan.jobs, list(target_plan.families)
+
+    def _compile(self, target: Target, jobs: tuple[CompileJob, ...], damaged: frozenset[str]) -> list[JobOutcome]:
+        """Compile what the cache lacks, this rank starting at its own share of the list."""
+        if self.pool is None and jobs:
+            self.pool = self._new_pool(())
+        if self.pool is None:
+            return []
+        started = time.perf_counter()
+        start = (self.rank % self.ranks) * len(jobs) // self.ranks
+        ordered = jobs[start:] + jobs[:start]
+        label = f"{self.request.model.name} on {target.name}"
+        # A damaged entry in a read-only layer stays there: its kernel is compiled into the
+        # writable root, which every reader searches first, and the manifest records that copy.
+        outcomes = list(self.pool.compile(ordered, self.progress, label, damaged))
+        self.workers = max(self.workers, self.pool.workers)
+        self.compile_seconds += time.perf_counter() - started
+        return outcomes
+
+    def _write_manifest(
+        self,
+        target: Target,
+        lookup: ManifestLookup,
+        jobs: tuple[CompileJob, ...],
+        families: list[FamilyPlan],
+        replayed: Replay | None,
+    ) -> None:
+        """Last, once every kernel compiled: the manifest that makes the target warm."""
+        model = self.request.model
+        manifest = Manifest(
+            lookup.key,
+            lookup.parts,
+            tuple(family.as_dict() for family in families),
+            jobs,
+            record_artifacts(self.layout, jobs),
+            {"name": model.name, "source": model.source},
+            replayed.outcomes if replayed else {},
         )
-        for o in outcomes
-        if o.status == "failed"
-    )
-    return WarmReport(
-        model=model.name,
-        targets=tuple(target.name for target in targets),
-        families=tuple(families),
-        kernels=len(outcomes),
-        compiled=sum(o.status == "compiled" for o in outcomes),
-        cached=sum(o.status == "cached" for o in outcomes),
-        failed=len(failures),
-        replaced=replaced,
-        workers=workers,
-        launchers=launchers,
-        seconds=time.perf_counter() - started,
-        trace_seconds=trace_seconds,
-        compile_seconds=compile_seconds,
-        failures=failures,
-        manifests=tuple(manifests),
-        cache_dir=str(layout.root),
-    )
+        self.manifests.append(write_manifest(self.layout, manifest))
+        self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _new_pool(self, families: Sequence[FamilyName]) -> CompilePool:
+        return CompilePool(
+            self.layout,
+            max_workers=self.max_workers,
+            job_timeout_seconds=self.job_timeout_seconds,
+            preload_modules=_library_modules(families),
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def report(self, started: float) -> WarmReport:
+        model = self.request.model
+        outcomes = self.outcomes
+        failures = tuple(
+            KernelFailure(
+                model.name, o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or ""
+            )
+            for o in outcomes
+            if o.status == "failed"
+        )
+        return WarmReport(
+            model=model.name,
+            targets=tuple(target.name for target in self.request.targets),
+            families=tuple(self.families),
+            kernels=len(outcomes),
+            compiled=sum(o.status == "compiled" for o in outcomes),
+            cached=sum(o.status == "cached" for o in outcomes),
+            failed=len(failures),
+            replaced=self.replaced,
+            workers=self.workers,
+            launchers=self.launchers,
+            seconds=time.perf_counter() - started,
+            trace_seconds=self.trace_seconds,
+            compile_seconds=self.compile_seconds,
+            failures=failures,
+            manifests=tuple(self.manifests),
+            cache_dir=str(self.layout.root),
+        )

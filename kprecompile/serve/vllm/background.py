@@ -100,11 +100,8 @@ def main(request_file: str) -> None:
         model, document["engine"], document["attention_backend"], block_size=serving["block_size"], targets=[target]
     )
     report = warm(
-        model,
-        ServingParams(**serving),
-        [target],
+        Request(model, ServingParams(**serving), selection, (target,)),
         cache_layout(document["cache_dir"], tuple(document["layers"])),
-        selection=selection,
         max_workers=document["workers"],
         rank=document["rank"],
         ranks=document["ranks"],
