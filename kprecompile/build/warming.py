@@ -61,7 +61,7 @@ class WarmReport:
     # missing, up to --jobs.
     workers: int
     # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
-    # when warming for this machine's own GPU (DESIGN.md fact 7); 0 elsewhere.
+    # when warming for this machine's own GPU (docs/design.md, fact 7); 0 elsewhere.
     launchers: int
     # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
     # manifest showed the configuration warm).

@@ -6,7 +6,7 @@ Per decode step and rank, vLLM calls `aiter.mla.mla_decode_fwd` with the absorbe
 int32 index arrays (one sequence per request, every page full) and, with an FP8 KV cache, an
 FP8 query with per-tensor scales. Stage 1 is a prebuilt assembly kernel: while tracing it is a
 no-op (nothing to compile, no data on meta tensors). Stage 2, which reduces the KV splits, is
-a Triton kernel that takes the batch size as a constexpr (DESIGN.md fact 11), so every batch
+a Triton kernel that takes the batch size as a constexpr (docs/design.md, fact 11), so every batch
 size the engine can reach is its own kernel: decodes in a mixed prefill/decode step run at
 their exact count, so that is every size up to max_num_seqs
 (`ServingParams.decode_batch_sizes`). The split count and variant are the wrapper's own choice
