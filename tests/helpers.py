@@ -32,7 +32,9 @@ def sample_call(launcher: str, *args, **kwargs):
 def fp8_bmm_shapes(m_values, model="deepseek-r1", tp=8):
     """FP8 BMM shapes of a preset, both products, for the given m values only."""
     serving = ServingParams(tensor_parallel_size=tp, max_num_seqs=max(m_values))
-    return tuple(shape for shape in FP8_BMM.enumerate_shapes(load_model(model), serving) if shape.m in set(m_values))
+    return tuple(
+        shape for shape in FP8_BMM.enumerate_shapes(load_model(model), serving, None) if shape.m in set(m_values)
+    )
 
 
 def fp8_bmm_calls(shapes, target):

@@ -38,7 +38,7 @@ def main() -> None:
     monitor.record_to(journal_sink(Request(model, serving, select(model)), layout, target))
     after_preload = len(monitor.compiles)
     outcomes, compiles_per_call = [], []
-    shapes = FP8_BMM.enumerate_shapes(model, ServingParams(max_num_seqs=max(m_values, default=1)))
+    shapes = FP8_BMM.enumerate_shapes(model, ServingParams(max_num_seqs=max(m_values, default=1)), None)
     for shape in (shape for shape in shapes if shape.m in m_values):
         before = len(monitor.compiles)
         try:

@@ -18,12 +18,15 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import DEFAULT_RELEASE, release_line
 
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 2048}
 
 
 def first_shape(preset, family, pick=lambda shape: True, **serving):
-    shapes = FAMILIES[family].enumerate_shapes(load_model(preset), ServingParams(**{**SMALL, **serving}))
+    shapes = FAMILIES[family].enumerate_shapes(
+        load_model(preset), ServingParams(**{**SMALL, **serving}), release_line(DEFAULT_RELEASE)
+    )
     return next(shape for shape in shapes if pick(shape))
 
 

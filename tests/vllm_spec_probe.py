@@ -29,7 +29,7 @@ from collections import Counter
 from dataclasses import replace
 
 from test_trace import launch_path_keys
-from vllm_kernels_probe import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
+from vllm_kernels_probe import GFX942, LINE, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
 from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
@@ -63,7 +63,7 @@ def builder_view(preset: str, target, num_speculative_tokens: int) -> dict[str, 
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
     step = next(
         shape
-        for shape in TRITON.enumerate_shapes(load_model(preset), serving)
+        for shape in TRITON.enumerate_shapes(load_model(preset), serving, LINE)
         if shape.num_seqs == 3 and shape.max_query_len == serving.decode_query_len
     )
     seen: dict[str, int] = {}
@@ -96,7 +96,7 @@ def spec_sweep(preset: str, target, seed: int, count: int, **serving: object) ->
     (a random cap up to k per step), some requests prefill 2 to 64 tokens, random contexts, layer
     regions of random size; traced through the family's real call."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
-    template = TRITON.enumerate_shapes(model, params)[0]
+    template = TRITON.enumerate_shapes(model, params, LINE)[0]
     model_len = params.model_len(model)
     rng = random.Random(seed)
     shapes = []
@@ -126,7 +126,9 @@ def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
     """The plan's own steps without the decodes that verify fewer than k drafts."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
     kept = tuple(
-        shape for shape in TRITON.enumerate_shapes(model, params) if shape.max_query_len >= params.decode_query_len
+        shape
+        for shape in TRITON.enumerate_shapes(model, params, LINE)
+        if shape.max_query_len >= params.decode_query_len
     )
     return {
         job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn", TRITON.traced_modules).jobs
@@ -135,7 +137,7 @@ def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
 
 def key_rows(preset: str, target, num_speculative_tokens: int) -> dict[str, dict[str, list]]:
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
-    shapes = TRITON.enumerate_shapes(load_model(preset), serving)
+    shapes = TRITON.enumerate_shapes(load_model(preset), serving, LINE)
     verify = serving.decode_query_len
     steps = {
         "verify 3d": next(s for s in shapes if s.num_seqs == 3 and s.max_query_len == verify),

@@ -29,7 +29,7 @@ from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from .compile import JobOutcome, job_lock
 from .manifest_key import ManifestLookup, find_manifest
-from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_shapes
+from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_line, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
 from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
 
@@ -260,7 +260,9 @@ class _WarmRun:
             jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
             return jobs, [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
         request = self.request
-        compiled_here = compiled_families(request.model, request.serving, self.shapes, target)
+        compiled_here = compiled_families(
+            request.model, request.serving, self.shapes, target, planned_line(request.selection)
+        )
         if self.pool is None and compiled_here:
             self.pool = self._new_pool(compiled_here)
             if not has_entries(self.layout):

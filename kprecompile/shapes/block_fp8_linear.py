@@ -59,6 +59,7 @@ from ..tracing.libraries import (
     aiter_hip_absent,
     import_library_module,
 )
+from ..vllm.releases import ReleaseLine
 from .family import KernelFamily
 
 FP8_MODULE = "vllm.model_executor.layers.quantization.fp8"
@@ -236,7 +237,9 @@ def m_representatives(batch_sizes: tuple[int, ...] | None, largest: int) -> tupl
     return tuple(sorted(chosen.values()))
 
 
-def enumerate_block_fp8_linear(model: ModelConfig, serving: ServingParams) -> tuple[BlockFp8LinearShape, ...]:
+def enumerate_block_fp8_linear(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[BlockFp8LinearShape, ...]:
     """Every layer's call at one M per kernel class, for every device of the ROCm FP8 archs;
     none for a model without block-FP8 weights."""
     if model.fp8_block_size is None:
@@ -291,7 +294,7 @@ def describe_call(shape: BlockFp8LinearShape) -> str:
     return f"{shape.layer}.apply(m={shape.m}, n={shape.n}, k={shape.k}, {shape.device_name})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if target.name not in DEVICE_NAMES:
         return (
             f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (where vLLM takes it; "

@@ -24,6 +24,7 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..platforms.triton_driver import meta_allocations
 from ..tracing.libraries import AITER_DISTRIBUTION, AITER_PACKAGE, import_library_module
+from ..vllm.releases import ReleaseLine
 from .family import KernelFamily
 
 # AITER 0.1.7's non-persistent MLA decode supports these head counts per rank.
@@ -49,7 +50,7 @@ class MlaDecodeShape:
     kv_cache_fp8: bool
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     heads = serving.heads_per_rank(model)
     if heads not in SUPPORTED_HEADS:
         return (
@@ -63,7 +64,9 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
     return None
 
 
-def enumerate_mla_decode(model: ModelConfig, serving: ServingParams) -> tuple[MlaDecodeShape, ...]:
+def enumerate_mla_decode(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[MlaDecodeShape, ...]:
     if model.mla is None:
         return ()
     heads = serving.heads_per_rank(model)

@@ -21,6 +21,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION
+from ..vllm.releases import ReleaseLine
 from ._vllm_backend import VLLM_ATTENTION_OPS
 from ._vllm_mla import build_impl, prefill_with_context
 from .family import KernelFamily
@@ -46,7 +47,9 @@ class MlaMergeShape:
     serving: ServingParams
 
 
-def enumerate_mla_merge(model: ModelConfig, serving: ServingParams) -> tuple[MlaMergeShape, ...]:
+def enumerate_mla_merge(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[MlaMergeShape, ...]:
     """A prefill with its context in one chunk, and one with it in two (traced where the engine's
     workspace makes it reachable: `launch`)."""
     if model.mla is None:
@@ -86,7 +89,7 @@ def describe_call(shape: MlaMergeShape) -> str:
     return f"_forward_prefill(prefills={shape.prefills}, tokens={shape.tokens}, context in {chunks} chunks)"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_AITER_MLA runs on ROCm only"
     return None
