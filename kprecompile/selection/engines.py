@@ -4,7 +4,7 @@ The model fixes the attention structure (MLA or GQA); the engine's attention bac
 flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
 first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
 compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
-selection for the release planned for (`releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
+selection for the release planned for (`vllm/releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
 and newer; each mirror is tested against the real selector of a release of its line), so that
 the plan covers what the engine will launch, and says plainly what it does not cover. Inside a
 running vLLM the plugin does not need the mirror: it reads the backend vLLM built; where vLLM
