@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..cache.archive_check import DEFAULT_LIMITS, ImportLimits
+from ..cache.archive_install import ImportReport, import_archive
 from ..cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
 from ..cache.bundle import write_index as write_bundle_index
-from ..cache.bundle_import import DEFAULT_LIMITS, ImportLimits, ImportReport, import_archive
 from ..cache.journal import merge as merge_journal
 from ..cache.journal import read_records
 from ..cache.layout import CacheLayout
