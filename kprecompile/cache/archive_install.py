@@ -77,7 +77,7 @@ class ImportReport:
 ToolchainCheck = Callable[[dict[str, dict[str, Any]]], None]
 
 
-def import_archive(
+def install_archive(
     archive: Path,
     layout: CacheLayout,
     check_toolchains: ToolchainCheck,
