@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from helpers import baked_manifest
 
-from kprecompile.build.bundling import import_archive
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
 from kprecompile.inputs.targets import TARGETS
+from kprecompile.warmup.bundling import import_archive
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 
@@ -43,11 +43,11 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.inputs.models import load_model
 from kprecompile.serve.monitor import JitMonitor
-from kprecompile.build.preload import preload
+from kprecompile.warmup.preload import preload
 from kprecompile.serve.runtime import activate
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
-from kprecompile.build.verification import verify
+from kprecompile.warmup.verification import verify
 layout = activate(sys.argv[1])  # layers come from KPRECOMPILE_CACHE_LAYERS, as in the image
 monitor = JitMonitor("off").install()
 model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)

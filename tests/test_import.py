@@ -23,13 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from kprecompile.build.bundling import import_archive
 from kprecompile.cache.archive_check import ImportLimits
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.layout import CacheLayout, triton_entry_name
 from kprecompile.cache.manifest import document_checksum
 from kprecompile.cache.staging import remove_stale_staging
 from kprecompile.cli import main
+from kprecompile.warmup.bundling import import_archive
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 MANIFESTS = "manifests-v7"
@@ -757,7 +757,7 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
 AT_ONCE = """
 import sys, time
 from kprecompile.cli import main
-import kprecompile.build.bundling, kprecompile.cache.archive_install
+import kprecompile.warmup.bundling, kprecompile.cache.archive_install
 import kprecompile.inputs.toolchain, kprecompile.inputs.targets
 time.sleep(max(0.0, float(sys.argv[1]) - time.time()))
 main(sys.argv[2:])

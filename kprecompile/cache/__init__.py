@@ -6,7 +6,7 @@
 an archive, a packed bundle: checking all of it, then installing it), `staging` (an import's
 scratch directory), `journal` (kernels recorded while serving), `inventory`, `pruning`, `usage`,
 `served`, `trust`. The recipe of a configuration's key lives above, in
-`kprecompile.build.manifest_key`. Imports only `errors`.
+`kprecompile.warmup.manifest_key`. Imports only `errors`.
 """
 
 from .layout import Bucket, CacheLayout

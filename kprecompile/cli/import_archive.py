@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import click
 
-from ..build.bundling import import_archive
 from ..inputs import settings
+from ..warmup.bundling import import_archive
 from . import options
 from .output import Output, plural
 

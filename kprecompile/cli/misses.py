@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..build.recorded import find_recorded
 from ..errors import InputError
 from ..inputs import settings
 from ..inputs.targets import resolve_target
+from ..warmup.recorded import find_recorded
 from . import options
 from .output import Output, plural
 
