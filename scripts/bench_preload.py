@@ -26,7 +26,7 @@ CHILD = """
 import json, sys, time
 import kprecompile
 from kprecompile.cache import served
-from kprecompile.build.preload import preload
+from kprecompile.warmup.preload import preload
 from kprecompile.serve.runtime import activate
 from kprecompile.inputs.targets import resolve_target
 if sys.argv[5] == "unchecked":

@@ -173,13 +173,13 @@ def serve(cache_dir: Path) -> None:
     import torch
 
     vllm_platform()
-    from kprecompile.build.preload import preload
     from kprecompile.inputs.models import load_model
     from kprecompile.inputs.serving import ServingParams
     from kprecompile.inputs.targets import detect_local_target
     from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload
 
     target = detect_local_target()
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN)
@@ -434,12 +434,12 @@ def scale_configurations():
 
 def scale_bake(cache_dir: Path) -> None:
     """Trace every configuration, compile the union with one pool, record each manifest."""
-    from kprecompile.build.planning import plan
-    from kprecompile.build.pool import compile_jobs
-    from kprecompile.build.warming import warm
     from kprecompile.cache.layout import CacheLayout
     from kprecompile.inputs.targets import TARGETS
     from kprecompile.selection.request import Request
+    from kprecompile.warmup.planning import plan
+    from kprecompile.warmup.pool import compile_jobs
+    from kprecompile.warmup.warming import warm
 
     target = TARGETS["sm90"]
     layout = CacheLayout.of(cache_dir)
@@ -473,11 +473,11 @@ def scale_bake(cache_dir: Path) -> None:
 
 def scale_preload(cache_dir: Path) -> None:
     vllm_platform()
-    from kprecompile.build.preload import preload
     from kprecompile.inputs.targets import detect_local_target
     from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload
 
     target = detect_local_target()
     layout = activate(cache_dir)

@@ -5,12 +5,12 @@ import json
 
 import pytest
 
-from kprecompile.build.manifest_key import find_manifest
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.shapes import fp8_bmm
+from kprecompile.warmup.manifest_key import find_manifest
 
 SAMPLE_MODULE = "sample_kernels"
 FP8_BMM = fp8_bmm.FAMILY

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import sys
 
-from kprecompile.build.preload import preload
 from kprecompile.errors import LaunchRefusedError, UnplannedCompileError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
@@ -25,6 +24,7 @@ from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate, journal_sink
 from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
+from kprecompile.warmup.preload import preload
 
 
 def main() -> None:

@@ -13,7 +13,6 @@ import random
 
 import pytest
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
@@ -25,6 +24,7 @@ from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
 from kprecompile.shapes.pa_prefill import PaPrefillShape
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.planning import plan
 
 MAX_NUM_SEQS = 48
 BUDGET = 1024

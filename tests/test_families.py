@@ -7,8 +7,6 @@ import json
 import pytest
 from test_trace import launch_path_keys
 
-from kprecompile.build.planning import plan
-from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.jobs import CompileJob
 from kprecompile.inputs.models import load_model
@@ -19,6 +17,8 @@ from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import DEFAULT_RELEASE, release_line
+from kprecompile.warmup.planning import plan
+from kprecompile.warmup.warming import warm
 
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 2048}
 

@@ -9,7 +9,6 @@ from importlib import resources
 
 import pytest
 
-from kprecompile.build.manifest_key import configuration_parts
 from kprecompile.cache.keys import hash_named_dict
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import manifest_key
@@ -20,6 +19,7 @@ from kprecompile.inputs.toolchain import Toolchain
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.vllm.releases import serving_capture_sizes
+from kprecompile.warmup.manifest_key import configuration_parts
 
 TOOLCHAIN = Toolchain("3.6.0", "a" * 64, "/opt/triton", "cpython-311", "2.13.0", "0.1.7", None)
 

@@ -1,8 +1,8 @@
 from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile.build.pool import CompilePool, compile_jobs
 from kprecompile.cache.entries import is_compiled
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.pool import CompilePool, compile_jobs
 
 
 def test_failing_and_crashing_jobs_are_reported_and_the_rest_compile(cache_layout, sm90):
@@ -49,7 +49,7 @@ STDIN_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import SAMPLE_MODULE, sample_call
-from kprecompile.build import pool
+from kprecompile.warmup import pool
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.tracing.trace import trace_calls

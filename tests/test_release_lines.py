@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 
-from kprecompile.build.planning import planned_line, planned_shapes
 from kprecompile.errors import InputError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
@@ -30,6 +29,7 @@ from kprecompile.vllm.releases import (
     capture_sizes,
     release_line,
 )
+from kprecompile.warmup.planning import planned_line, planned_shapes
 
 DEEPSEEK = load_model("deepseek-r1")
 V2_LITE = load_model("deepseek-v2-lite")

@@ -14,7 +14,6 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import SAMPLE_MODULE, baked_manifest
 
-from kprecompile.build.preload import preload
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.errors import NotWarmError
 from kprecompile.inputs.targets import TARGETS
@@ -22,6 +21,7 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate
+from kprecompile.warmup.preload import preload
 
 HERE = Path(__file__).parent
 

@@ -15,8 +15,6 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import baked_manifest
 
-from kprecompile.build.verification import verify
-from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
@@ -25,6 +23,8 @@ from kprecompile.inputs.environment import VARIABLES, compute_hash, fingerprint,
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
+from kprecompile.warmup.verification import verify
+from kprecompile.warmup.warming import warm
 
 GFX942 = TARGETS["gfx942"]
 # Each variable's value when unset, under the default engine profile (vllm-aiter: AITER on).

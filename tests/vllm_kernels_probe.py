@@ -61,7 +61,6 @@ from dataclasses import replace
 
 from test_trace import launch_path_keys
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
@@ -71,6 +70,7 @@ from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import installed_release, release_line
+from kprecompile.warmup.planning import plan
 
 GFX942 = TARGETS["gfx942"]
 SM90 = TARGETS["sm90"]

@@ -25,10 +25,10 @@ import sys
 import torch
 from vllm_probe import _bind_platform
 
-from kprecompile.build.manifest_key import find_manifest
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
+from kprecompile.warmup.manifest_key import find_manifest
 
 SM90 = TARGETS["sm90"]
 

@@ -29,7 +29,6 @@ import sys
 import torch  # noqa: E402
 from triton import knobs  # noqa: E402
 
-from kprecompile.build.manifest_key import configuration_parts, find_manifest  # noqa: E402
 from kprecompile.inputs.models import load_model  # noqa: E402
 from kprecompile.inputs.settings import cache_layout  # noqa: E402
 from kprecompile.inputs.targets import TARGETS  # noqa: E402
@@ -39,6 +38,7 @@ from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook  # noqa: E402
 from kprecompile.serve.vllm.request import from_vllm_config  # noqa: E402
 from kprecompile.vllm.releases import serving_capture_sizes  # noqa: E402
+from kprecompile.warmup.manifest_key import configuration_parts, find_manifest  # noqa: E402
 
 GFX942 = TARGETS["gfx942"]
 

@@ -31,7 +31,6 @@ from dataclasses import replace
 from test_trace import launch_path_keys
 from vllm_kernels_probe import GFX942, LINE, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
@@ -39,6 +38,7 @@ from kprecompile.selection.request import Request
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import installed_release
+from kprecompile.warmup.planning import plan
 
 LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import click
 
-from ..build.planning import FamilyPlan, plan
 from ..inputs import settings
+from ..warmup.planning import FamilyPlan, plan
 from . import options
 from .output import Output, plural
 

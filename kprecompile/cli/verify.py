@@ -6,8 +6,8 @@ import shlex
 
 import click
 
-from ..build.verification import verify
 from ..inputs import settings
+from ..warmup.verification import verify
 from . import options
 from .output import ExitStatus, Output, plural
 

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import click
 
-from ..build.warming import KernelFailure, warm
 from ..cache.trust import check_writable
 from ..inputs import settings
+from ..warmup.warming import KernelFailure, warm
 from . import options
 from .output import ExitStatus, Output, plural
 from .plan import show_families

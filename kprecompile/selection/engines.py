@@ -4,12 +4,12 @@ The model fixes the attention structure (MLA or GQA); the engine's attention bac
 flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
 first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
 compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
-selection for the release planned for, as its line's record says it (`releases.ReleaseLine`:
-each rule is a field, and each mirror is tested against the real selector of a release of its
-line), so that the plan covers what the engine will launch, and says plainly what it does not
-cover. Inside a running vLLM the plugin does not need the mirror: it reads the backend vLLM
-built; where vLLM is installed, the commands ask its own selector (`vllm/selector.py`) through
-`select(selector=...)`, and the mirror serves builders without it.
+selection for the release planned for, as its line's record says it (`vllm/releases.py`'s
+`ReleaseLine`: each rule is a field, and each mirror is tested against the real selector of a
+release of its line), so that the plan covers what the engine will launch, and says plainly what
+it does not cover. Inside a running vLLM the plugin does not need the mirror: it reads the
+backend vLLM built; where vLLM is installed, the commands ask its own selector
+(`vllm/selector.py`) through `select(selector=...)`, and the mirror serves builders without it.
 
 On NVIDIA targets vLLM takes its CUDA platform's selection instead: the first backend of its
 priority list (the record's, read in `vllm/platforms/cuda.py`) whose compute-capability rule

@@ -17,10 +17,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..build.pool import default_worker_count
-from ..build.preload import PreloadReport, preload
-from ..build.verification import verify
-from ..build.warming import WarmReport, warm
 from ..errors import NotWarmError
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
@@ -28,6 +24,10 @@ from ..inputs.targets import Target, detect_local_target
 from ..progress import ProgressBar, ProgressLines
 from ..selection.engines import Selection, select
 from ..selection.request import Request
+from ..warmup.pool import default_worker_count
+from ..warmup.preload import PreloadReport, preload
+from ..warmup.verification import verify
+from ..warmup.warming import WarmReport, warm
 from .monitor import JitMonitor
 from .runtime import activate, journal_sink
 

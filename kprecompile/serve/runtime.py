@@ -2,7 +2,7 @@
 
 `activate` makes Triton (and AITER's JIT builds) use kprecompile's cache. It must run before the
 first kernel compiles (for AITER's JIT directory, before `import aiter`); calling it again, or
-from every rank, changes nothing. Loading the planned kernels is `build/preload.py`; the JIT
+from every rank, changes nothing. Loading the planned kernels is `warmup/preload.py`; the JIT
 monitor that watches what still compiles afterwards is `monitor.py`.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import os
 
-from ..build.manifest_key import find_manifest
 from ..cache.layout import CacheLayout
 from ..inputs import settings
 from ..inputs.targets import Target
 from ..selection.request import Request
+from ..warmup.manifest_key import find_manifest
 from .monitor import JournalSink
 
 logger = logging.getLogger(__name__)

@@ -91,7 +91,7 @@ def _prebuilt(*args: object, **kwargs: object) -> None:
 @contextlib.contextmanager
 def aiter_attention_prebuilt() -> Iterator[None]:
     """AITER's prebuilt attention where the real `aiter` package is not initialized (a builder
-    without ROCm: `libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
+    without ROCm: `tracing/libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
     import it when built), `paged_attention_common` and the `torch.ops.aiter` paged attention
     vLLM's ROCM_AITER_FA decodes with from 0.19."""
     package = import_library_module(AITER_PACKAGE)

@@ -1,10 +1,10 @@
 """vLLM's block-FP8 linear layers where vLLM runs its Triton block-scaled GEMM (and per-token-group
 quantization), traced from the installed vLLM: on ROCm, and on NVIDIA's sm89 up to 0.18 (sm80 runs
-Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `engines.py`).
+Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `selection/engines.py`).
 
 A model whose config says `quantization_config: {quant_method: fp8, weight_block_size: [bn, bk]}`
 (DeepSeek-V3/R1) runs every quantized linear layer through vLLM's `Fp8LinearMethod.apply`. On
-ROCm, where vLLM takes its Triton path (see `engines.py`), that is:
+ROCm, where vLLM takes its Triton path (see `selection/engines.py`), that is:
 
 - up to 0.18: `QuantFP8` (per-token groups of bk, row-major scales) -> `per_token_group_quant_fp8`,
   whose Triton `_per_token_group_quant_fp8` runs on ROCm (vLLM's compiled quantization is CUDA's

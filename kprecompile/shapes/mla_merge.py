@@ -10,7 +10,7 @@ that hits a cached prefix. The plan builds AITER's MLA impl as vLLM builds it an
 `_forward_prefill` on meta tensors (`_vllm_mla.py`), once with one context chunk and once with
 two where the engine's workspace makes several chunks reachable. The kernel specializes on the
 model's head sizes and whether the merged log-sum-exp is kept, not on token counts.
-From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`engines.py` says so).
+From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
 """
 
 from __future__ import annotations

@@ -31,10 +31,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...build.pool import default_worker_count
 from ...errors import InputError, KprecompileError
 from ...inputs import settings
 from ...vllm.releases import installed_release
+from ...warmup.pool import default_worker_count
 from ...wording import plural
 from ..monitor import JitMonitor
 
@@ -135,8 +135,8 @@ class LoaderHook:
     # What happens at each.
 
     def _start(self, vllm_config: Any, model: Any) -> None:
-        from ...build.verification import verify
         from ...inputs.targets import detect_local_target
+        from ...warmup.verification import verify
         from ..runtime import journal_sink
         from . import background
         from .request import from_vllm_config, hf_config_dict
@@ -189,7 +189,7 @@ class LoaderHook:
         )
 
     def _preload(self) -> None:
-        from ...build.preload import preload
+        from ...warmup.preload import preload
 
         if self.request is None:
             raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")

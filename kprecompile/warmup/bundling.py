@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..cache.archive_check import DEFAULT_LIMITS, ImportLimits
+from ..cache.archive_install import ImportReport, install_archive
 from ..cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
 from ..cache.bundle import write_index as write_bundle_index
-from ..cache.bundle_import import DEFAULT_LIMITS, ImportLimits, ImportReport, import_archive
 from ..cache.journal import merge as merge_journal
 from ..cache.journal import read_records
 from ..cache.layout import CacheLayout
@@ -216,10 +217,10 @@ def check_toolchains(toolchains: dict[str, dict[str, Any]]) -> None:
             )
 
 
-def import_bundle(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
+def import_archive(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
     """Add the archive to the cache's writable root after validating all of it; all or nothing.
     Each kernel entry is installed under its compile lock, waiting up to $KPRECOMPILE_LOCK_TIMEOUT."""
-    return import_archive(
+    return install_archive(
         Path(archive),
         CacheLayout.of(layout.root),
         check_toolchains,
