@@ -13,7 +13,7 @@ from ._version import __version__
 
 _EXPORTS = {
     "activate": "serve.runtime",
-    "preload": "build.preload",
+    "preload": "warmup.preload",
     "prepare": "serve.hook",
     "CacheLayout": "cache",
     "cache_layout": "inputs.settings",
@@ -21,18 +21,19 @@ _EXPORTS = {
     "KprecompileError": "errors",
     "ModelConfig": "inputs.models",
     "load_model": "inputs.models",
-    "Plan": "build.planning",
-    "plan": "build.planning",
+    "Plan": "warmup.planning",
+    "plan": "warmup.planning",
     "Selection": "selection.engines",
     "select": "selection.engines",
     "ServingParams": "inputs.serving",
     "Target": "inputs.targets",
     "resolve_target": "inputs.targets",
-    "VerifyReport": "build.verification",
-    "verify": "build.verification",
-    "WarmReport": "build.warming",
-    "warm": "build.warming",
+    "VerifyReport": "warmup.verification",
+    "verify": "warmup.verification",
+    "WarmReport": "warmup.warming",
+    "warm": "warmup.warming",
     "compute_hash": "inputs.environment",
+    "Request": "selection.request",
 }
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "KprecompileError",
     "ModelConfig",
     "Plan",
+    "Request",
     "Selection",
     "ServingParams",
     "Target",
@@ -69,10 +71,6 @@ def __getattr__(name: str) -> Any:
 
 
 if TYPE_CHECKING:
-    from .build.planning import Plan, plan
-    from .build.preload import preload
-    from .build.verification import VerifyReport, verify
-    from .build.warming import WarmReport, warm
     from .cache import CacheLayout
     from .errors import InputError, KprecompileError
     from .inputs.environment import compute_hash
@@ -81,5 +79,10 @@ if TYPE_CHECKING:
     from .inputs.settings import cache_layout
     from .inputs.targets import Target, resolve_target
     from .selection.engines import Selection, select
+    from .selection.request import Request
     from .serve.hook import prepare
     from .serve.runtime import activate
+    from .warmup.planning import Plan, plan
+    from .warmup.preload import preload
+    from .warmup.verification import VerifyReport, verify
+    from .warmup.warming import WarmReport, warm

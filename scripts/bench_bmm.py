@@ -41,8 +41,9 @@ def engine_sweep(model_spec: str, tp: int, target_name: str, max_num_seqs: int, 
     from kprecompile.shapes.fp8_bmm import FAMILY
 
     target = TARGETS[target_name]
+    # FP8 BMM as AITER's own API calls it: no vLLM release line.
     shapes = FAMILY.enumerate_shapes(
-        load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_num_seqs)
+        load_model(model_spec), ServingParams(tensor_parallel_size=tp, max_num_seqs=max_num_seqs), None
     )
     launch = FAMILY.launch
     compiled = []

@@ -26,7 +26,7 @@ CHILD = """
 import json, sys, time
 import kprecompile
 from kprecompile.cache import served
-from kprecompile.build.preload import preload
+from kprecompile.warmup.preload import preload
 from kprecompile.serve.runtime import activate
 from kprecompile.inputs.targets import resolve_target
 if sys.argv[5] == "unchecked":
@@ -35,7 +35,8 @@ layout = activate(sys.argv[1])
 model = kprecompile.load_model(sys.argv[2])
 serving = kprecompile.ServingParams(tensor_parallel_size=int(sys.argv[3]))
 started = time.perf_counter()
-report = preload(model, serving, layout, target=resolve_target(sys.argv[4]))
+request = kprecompile.Request(model, serving, kprecompile.select(model))
+report = preload(request, layout, target=resolve_target(sys.argv[4]))
 print(json.dumps({"seconds": time.perf_counter() - started, "loaded": report.loaded, "compiled": report.compiled}))
 """
 

@@ -63,7 +63,9 @@ def main() -> None:
 
         def in_process(deep: bool = False) -> tuple[float, int]:
             started = time.perf_counter()
-            report = kprecompile.verify(model, serving, targets, layout, deep=deep)
+            report = kprecompile.verify(
+                kprecompile.Request(model, serving, kprecompile.select(model), tuple(targets)), layout, deep=deep
+            )
             assert report.warm, report
             return time.perf_counter() - started, report.targets[0].kernels
 

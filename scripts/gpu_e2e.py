@@ -209,13 +209,14 @@ def serve(mode: str, cache_dir: Path) -> None:
     """One serving process: prepare as `mode` says, then run the calls on the GPU."""
     import torch
 
-    from kprecompile.build.preload import preload
     from kprecompile.inputs.models import load_model
     from kprecompile.inputs.serving import ServingParams
     from kprecompile.inputs.targets import detect_local_target
     from kprecompile.selection.engines import select
+    from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload
 
     model = load_model(MODEL)
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=4096, max_model_len=MODEL_LEN)
@@ -227,7 +228,7 @@ def serve(mode: str, cache_dir: Path) -> None:
         else:
             layout = activate(cache_dir)
         monitor = JitMonitor("warn").install()
-        preload_report = preload(model, serving, layout, target=detect_local_target(), selection=select(model, "aiter"))
+        preload_report = preload(Request(model, serving, select(model, "aiter")), layout, target=detect_local_target())
     else:
         if mode == "disk":
             from kprecompile.cache.layout import CacheLayout

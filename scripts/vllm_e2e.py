@@ -173,12 +173,13 @@ def serve(cache_dir: Path) -> None:
     import torch
 
     vllm_platform()
-    from kprecompile.build.preload import preload
     from kprecompile.inputs.models import load_model
     from kprecompile.inputs.serving import ServingParams
     from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload
 
     target = detect_local_target()
     serving = ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN)
@@ -190,7 +191,7 @@ def serve(cache_dir: Path) -> None:
         ("TRITON_MLA", MLA_MODEL, TritonMlaCase),
     ):
         model = load_model(model_name)
-        report = preload(model, serving, layout, target=target, selection=selection_for(model, name, target))
+        report = preload(Request(model, serving, selection_for(model, name, target)), layout, target=target)
         case = case_class(model, serving, target)
         first_ms = case.timed(case.first_step)
         steady = [case.timed(case.first_step) for _ in range(30)]
@@ -433,11 +434,12 @@ def scale_configurations():
 
 def scale_bake(cache_dir: Path) -> None:
     """Trace every configuration, compile the union with one pool, record each manifest."""
-    from kprecompile.build.planning import plan
-    from kprecompile.build.pool import compile_jobs
-    from kprecompile.build.warming import warm
     from kprecompile.cache.layout import CacheLayout
     from kprecompile.inputs.targets import TARGETS
+    from kprecompile.selection.request import Request
+    from kprecompile.warmup.planning import plan
+    from kprecompile.warmup.pool import compile_jobs
+    from kprecompile.warmup.warming import warm
 
     target = TARGETS["sm90"]
     layout = CacheLayout.of(cache_dir)
@@ -445,7 +447,7 @@ def scale_bake(cache_dir: Path) -> None:
     configurations = list(scale_configurations())
     jobs, planned = {}, 0
     for model, serving in configurations:
-        result = plan(model, serving, [target], selection_for(model, "TRITON_ATTN", target))
+        result = plan(Request(model, serving, selection_for(model, "TRITON_ATTN", target), (target,)))
         jobs.update((job.key, job) for job in result.jobs)
         planned += len(result.jobs)
     traced = time.perf_counter()
@@ -453,7 +455,7 @@ def scale_bake(cache_dir: Path) -> None:
     failed = [outcome for outcome in outcomes if outcome.error]
     compiled = time.perf_counter()
     for model, serving in configurations:
-        warm(model, serving, [target], layout, selection=selection_for(model, "TRITON_ATTN", target))
+        warm(Request(model, serving, selection_for(model, "TRITON_ATTN", target), (target,)), layout)
     print(
         json.dumps(
             {
@@ -471,10 +473,11 @@ def scale_bake(cache_dir: Path) -> None:
 
 def scale_preload(cache_dir: Path) -> None:
     vllm_platform()
-    from kprecompile.build.preload import preload
     from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
     from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload
 
     target = detect_local_target()
     layout = activate(cache_dir)
@@ -484,7 +487,7 @@ def scale_preload(cache_dir: Path) -> None:
     launchers = True
     configurations = list(scale_configurations())
     for model, serving in configurations:
-        report = preload(model, serving, layout, target=target, selection=selection_for(model, "TRITON_ATTN", target))
+        report = preload(Request(model, serving, selection_for(model, "TRITON_ATTN", target)), layout, target=target)
         loaded += report.loaded
         compiled += report.compiled
         launchers &= report.launchers

@@ -14,15 +14,16 @@ from pathlib import Path
 import pytest
 from triton import knobs
 
-from kprecompile.build.manifest_key import find_manifest
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.errors import LaunchRefusedError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.platforms.triton_driver import active_target, device_model
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import fp8_bmm
 from kprecompile.tracing.trace import isolated_modules
+from kprecompile.warmup.manifest_key import find_manifest
 
 SAMPLE_MODULE = "sample_kernels"
 FP8_BMM = fp8_bmm.FAMILY
@@ -55,7 +56,9 @@ def sample_call(launcher: str, *args, **kwargs):
 def fp8_bmm_shapes(m_values, model="deepseek-r1", tp=8):
     """FP8 BMM shapes of a preset, both products, for the given m values only."""
     serving = ServingParams(tensor_parallel_size=tp, max_num_seqs=max(m_values))
-    return tuple(shape for shape in FP8_BMM.enumerate_shapes(load_model(model), serving) if shape.m in set(m_values))
+    return tuple(
+        shape for shape in FP8_BMM.enumerate_shapes(load_model(model), serving, None) if shape.m in set(m_values)
+    )
 
 
 def fp8_bmm_calls(shapes, target):
@@ -64,7 +67,9 @@ def fp8_bmm_calls(shapes, target):
 
 def baked_manifest(layout, target):
     """The manifest of the session's baked configuration for `target` in `layout`."""
-    lookup = find_manifest(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={}), target, layout, remember=False)
+    lookup = find_manifest(
+        Request(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={})), target, layout, remember=False
+    )
     assert lookup.manifest is not None, f"no baked manifest for {target.name} in {layout.root}"
     return lookup
 

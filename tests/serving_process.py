@@ -14,16 +14,17 @@ from __future__ import annotations
 import json
 import sys
 
-from kprecompile.build.preload import preload
 from kprecompile.errors import LaunchRefusedError, UnplannedCompileError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.triton_driver import active_target
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate, journal_sink
 from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
+from kprecompile.warmup.preload import preload
 
 
 def main() -> None:
@@ -33,11 +34,11 @@ def main() -> None:
     layout = activate(cache_dir)
     monitor = JitMonitor().install()
     model, target, serving = load_model("deepseek-v2-lite"), TARGETS["gfx942"], ServingParams(max_num_seqs=3)
-    report = preload(model, serving, layout, target=target, selection=select(model))
-    monitor.record_to(journal_sink(model, serving, layout, target, select(model)))
+    report = preload(Request(model, serving, select(model)), layout, target=target)
+    monitor.record_to(journal_sink(Request(model, serving, select(model)), layout, target))
     after_preload = len(monitor.compiles)
     outcomes, compiles_per_call = [], []
-    shapes = FP8_BMM.enumerate_shapes(model, ServingParams(max_num_seqs=max(m_values, default=1)))
+    shapes = FP8_BMM.enumerate_shapes(model, ServingParams(max_num_seqs=max(m_values, default=1)), None)
     for shape in (shape for shape in shapes if shape.m in m_values):
         before = len(monitor.compiles)
         try:

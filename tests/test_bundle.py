@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from helpers import baked_manifest, kprecompile_cli
 
-from kprecompile.build.bundling import import_bundle
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
 from kprecompile.inputs.targets import TARGETS
+from kprecompile.warmup.bundling import import_archive
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 
@@ -40,19 +40,21 @@ def run(*argv) -> int:
 SERVE_FROM_LAYER = """
 import json, sys
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.inputs.models import load_model
 from kprecompile.serve.monitor import JitMonitor
-from kprecompile.build.preload import preload
+from kprecompile.warmup.preload import preload
 from kprecompile.serve.runtime import activate
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
-from kprecompile.build.verification import verify
+from kprecompile.warmup.verification import verify
 layout = activate(sys.argv[1])  # layers come from KPRECOMPILE_CACHE_LAYERS, as in the image
 monitor = JitMonitor("off").install()
 model, serving = load_model("deepseek-v2-lite"), ServingParams(max_num_seqs=3)
 targets = [TARGETS["gfx942"], TARGETS["gfx950"]]
-report = verify(model, serving, targets, layout, selection=select(model))
-loaded = [preload(model, serving, layout, target=t, selection=select(model)).as_dict() for t in targets]
+request = Request(model, serving, select(model), tuple(targets))
+report = verify(request, layout)
+loaded = [preload(request, layout, target=t).as_dict() for t in targets]
 print(json.dumps({"warm": report.warm, "layers": [str(p) for p in layout.layers], "preload": loaded,
                   "compiles": len(monitor.compiles)}))
 """
@@ -135,7 +137,7 @@ def test_every_baked_kernel_is_one_elf_code_object(baked):
 def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
     _, archive, document = baked
     destination = CacheLayout.of(tmp_path / "imported")
-    report = import_bundle(archive, destination)
+    report = import_archive(archive, destination)
     kernels = sum(c["kernels"] for c in document["configurations"])
     assert report.entries_added == kernels and report.manifests_added == 2
     for target in ("gfx942", "gfx950"):
@@ -146,7 +148,7 @@ def test_an_archive_imports_into_a_cache_triton_serves_from(baked, tmp_path):
     assert all(
         path.startswith(str(destination.triton_dir)) for path in json.loads(group.read_text())["child_paths"].values()
     )
-    again = import_bundle(archive, destination)
+    again = import_archive(archive, destination)
     assert (again.entries_added, again.entries_present, again.entries_replaced) == (0, kernels, 0)
     assert (again.manifests_added, again.manifests_present, again.manifests_replaced) == (0, 2, 0)
 
@@ -155,7 +157,7 @@ def test_export_then_import_one_configuration(baked, tmp_path):
     out, _, _ = baked
     archive = tmp_path / "gfx950.tgz"
     assert run("export", *SELECTION, "--target", "gfx950", "--cache-dir", str(out), "--archive", str(archive)) == 0
-    report = import_bundle(archive, CacheLayout.of(tmp_path / "other"))
+    report = import_archive(archive, CacheLayout.of(tmp_path / "other"))
     assert report.configurations == 1 and report.manifests_added == 1
     assert run("verify", *SELECTION, "--target", "gfx950", "--cache-dir", str(tmp_path / "other")) == 0
     assert run("verify", *SELECTION, "--target", "gfx942", "--cache-dir", str(tmp_path / "other")) == 1
@@ -277,7 +279,7 @@ def test_a_crafted_archive_is_refused_and_the_destination_untouched(baked, tmp_p
     (destination / "keep.txt").write_text("untouched")
     before = tree(destination)
     with pytest.raises(BundleError) as refused:
-        import_bundle(crafted, CacheLayout.of(destination))
+        import_archive(crafted, CacheLayout.of(destination))
     assert member in refused.value.member and reason in str(refused.value), str(refused.value)
     assert tree(destination) == before
     assert not (tmp_path / "escaped").exists() and not Path("/tmp/kprecompile-absolute").exists()

@@ -13,17 +13,18 @@ import random
 
 import pytest
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.shapes._paged_kv import PagedAttentionShape
 from kprecompile.shapes.mla_decode import MlaDecodeShape
 from kprecompile.shapes.mla_prefill import MlaPrefillShape
 from kprecompile.shapes.pa_prefill import PaPrefillShape
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.planning import plan
 
 MAX_NUM_SEQS = 48
 BUDGET = 1024
@@ -37,7 +38,7 @@ def serving(**overrides) -> ServingParams:
 
 def planned_keys(model, params, backend, family, target) -> set[str]:
     selection = select(model, attention_backend=backend, environ={}, families=[family])
-    result = plan(model, params, [target], selection)
+    result = plan(Request(model, params, selection, (target,)))
     return {job.key for job in result.jobs}
 
 
@@ -215,7 +216,7 @@ def test_pa_prefill_sweep_is_covered(target_name, kv_cache_dtype):
         )
     keys = {job.key for job in traced("pa_prefill", sweep, target)}
     selection = select(model, engine="aiter", environ={})
-    assert keys <= {job.key for job in plan(model, params, [target], selection).jobs}
+    assert keys <= {job.key for job in plan(Request(model, params, selection, (target,))).jobs}
 
 
 def test_coverage_check_fails_for_a_plan_without_the_fp8_kv_cache(gfx942):

@@ -7,22 +7,26 @@ import json
 import pytest
 from helpers import launch_path_keys
 
-from kprecompile.build.planning import plan
-from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.jobs import CompileJob
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import DEFAULT_RELEASE, release_line
+from kprecompile.warmup.planning import plan
+from kprecompile.warmup.warming import warm
 
 SMALL = {"max_num_seqs": 4, "max_num_batched_tokens": 64, "max_model_len": 2048}
 
 
 def first_shape(preset, family, pick=lambda shape: True, **serving):
-    shapes = FAMILIES[family].enumerate_shapes(load_model(preset), ServingParams(**{**SMALL, **serving}))
+    shapes = FAMILIES[family].enumerate_shapes(
+        load_model(preset), ServingParams(**{**SMALL, **serving}), release_line(DEFAULT_RELEASE)
+    )
     return next(shape for shape in shapes if pick(shape))
 
 
@@ -55,7 +59,7 @@ def test_traced_key_equals_the_launch_paths_key(tmp_path, gfx942, preset, family
 def test_sliding_window_is_its_own_specialization(gfx942):
     def planned(preset):
         selection = select(load_model(preset), attention_backend="ROCM_AITER_UNIFIED_ATTN", environ={})
-        return plan(load_model(preset), ServingParams(**SMALL), [gfx942], selection).jobs
+        return plan(Request(load_model(preset), ServingParams(**SMALL), selection, (gfx942,))).jobs
 
     mistral, llama = planned("mistral-7b-v0.1"), planned("llama-3.1-8b-instruct")
     # Same heads and head size; only the window differs, and every attention kernel with it.
@@ -95,7 +99,9 @@ def test_sliding_window_is_its_own_specialization(gfx942):
 def test_warm_compiles_the_attention_families(cache_layout, preset, backend, families, targets, serving, kernels):
     model = load_model(preset)
     selection = select(model, attention_backend=backend, environ={}, families=families)
-    report = warm(model, serving, [TARGETS[name] for name in targets], cache_layout, selection=selection, max_workers=2)
+    report = warm(
+        Request(model, serving, selection, tuple(TARGETS[name] for name in targets)), cache_layout, max_workers=2
+    )
     assert report.failed == 0, report.failures
     assert report.compiled == report.kernels > 4
     assert {family.family for family in report.families} == set(families)

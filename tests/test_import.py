@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 from helpers import pack, record, unpack
 
-from kprecompile.build.bundling import import_bundle
+from kprecompile.cache.archive_check import ImportLimits
 from kprecompile.cache.bundle import BUNDLE_FILE
-from kprecompile.cache.bundle_import import ImportLimits
 from kprecompile.cache.layout import CacheLayout, triton_entry_name
 from kprecompile.cache.manifest import document_checksum
 from kprecompile.cache.staging import remove_stale_staging
 from kprecompile.cli import main
+from kprecompile.warmup.bundling import import_archive
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
 MANIFESTS = "manifests-v7"
@@ -561,7 +561,7 @@ def test_an_archive_beyond_the_bounds_is_refused_before_anything_is_written(bake
     _, archive, _ = baked
     destination = tmp_path / "cache"
     with pytest.raises(ValueError, match="^archive member: got '.*', " + message.replace("(", r"\(")):
-        import_bundle(archive, CacheLayout.of(destination), limits)
+        import_archive(archive, CacheLayout.of(destination), limits)
     assert not destination.exists()
 
 
@@ -570,7 +570,7 @@ def test_an_archive_beyond_the_bounds_is_refused_before_anything_is_written(bake
 
 def imported(archive: Path, root: Path) -> CacheLayout:
     layout = CacheLayout.of(root)
-    import_bundle(archive, layout)
+    import_archive(archive, layout)
     return layout
 
 
@@ -683,7 +683,7 @@ def test_a_valid_manifest_already_there_is_never_overwritten(baked, tmp_path):
     document["checksum"] = document_checksum(document)
     manifest.write_text(json.dumps(document))
     before = manifest.read_bytes()
-    report = import_bundle(archive, layout)
+    report = import_archive(archive, layout)
     assert (report.manifests_added, report.manifests_present, report.manifests_replaced) == (0, 2, 0)
     assert manifest.read_bytes() == before
 
@@ -694,10 +694,10 @@ def test_jit_files_are_added_and_kept_when_the_same(baked, tmp_path):
     files[f"{JIT}/build/module_test.so"] = b"module"
     with_jit = pack(tmp_path / "jit.tgz", index, files)
     layout = CacheLayout.of(tmp_path / "cache")
-    report = import_bundle(with_jit, layout)
+    report = import_archive(with_jit, layout)
     assert (report.jit_files_added, report.jit_files_present) == (1, 0)
     assert (layout.aiter_jit_dir / "build" / "module_test.so").read_bytes() == b"module"
-    again = import_bundle(with_jit, layout)
+    again = import_archive(with_jit, layout)
     assert (again.jit_files_added, again.jit_files_present) == (0, 1)
 
 
@@ -718,7 +718,7 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
     (damaged / "partial.hsaco").write_bytes(b"partial")
     before = tree(root)
     with pytest.raises(FileExistsError):
-        import_bundle(with_jit, CacheLayout.of(root))
+        import_archive(with_jit, CacheLayout.of(root))
     # Lock files stay, as every warm leaves them: they hold no data.
     assert tree(root, skip=("locks-v1",)) == before
     assert not list(root.glob(".import-*"))
@@ -731,7 +731,7 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
 AT_ONCE = """
 import sys
 from kprecompile.cli import main
-import kprecompile.build.bundling, kprecompile.cache.bundle_import
+import kprecompile.warmup.bundling, kprecompile.cache.archive_install
 import kprecompile.inputs.toolchain, kprecompile.inputs.targets
 print("ready", flush=True)
 sys.stdin.readline()

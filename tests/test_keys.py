@@ -9,7 +9,6 @@ from importlib import resources
 
 import pytest
 
-from kprecompile.build.manifest_key import configuration_parts
 from kprecompile.cache.keys import hash_named_dict
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import manifest_key
@@ -18,7 +17,9 @@ from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.inputs.toolchain import Toolchain
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.vllm.releases import serving_capture_sizes
+from kprecompile.warmup.manifest_key import configuration_parts
 
 TOOLCHAIN = Toolchain("3.6.0", "a" * 64, "/opt/triton", "cpython-311", "2.13.0", "0.1.7", None)
 
@@ -38,7 +39,11 @@ def key(
     serving = serving or ServingParams()
     selection = select(model, environ={}, vllm_release=release)
     parts = configuration_parts(
-        model, serving, selection, TARGETS[target], CacheLayout.of("/unused"), remember=False, toolchain=toolchain
+        Request(model, serving, selection),
+        TARGETS[target],
+        CacheLayout.of("/unused"),
+        remember=False,
+        toolchain=toolchain,
     )
     return manifest_key(parts)
 

@@ -10,11 +10,11 @@ import signal
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile.build.compile import compile_job, job_lock
 from kprecompile.cache.locks import hold_lock
 from kprecompile.errors import InputError, LockTimeoutError
 from kprecompile.inputs import settings
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.compile import compile_job, job_lock
 
 SPAWN = multiprocessing.get_context("spawn")
 VARIABLE = settings.LOCK_TIMEOUT.name

@@ -1,9 +1,9 @@
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile.build.pool import CompilePool, compile_jobs
 from kprecompile.cache.entries import is_compiled
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.pool import CompilePool, compile_jobs
 
 pytestmark = pytest.mark.compiles
 
@@ -53,7 +53,7 @@ STDIN_SCRIPT = """
 import sys
 sys.path.insert(0, {tests!r})
 from helpers import SAMPLE_MODULE, sample_call
-from kprecompile.build import pool
+from kprecompile.warmup import pool
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.tracing.trace import trace_calls

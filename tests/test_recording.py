@@ -34,6 +34,7 @@ from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import read_manifest
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.serve.runtime import journal_sink
 from kprecompile.tracing.trace import trace_calls
 
@@ -60,7 +61,7 @@ def serve(cache_dir, *arguments, strict="warn"):
 
 
 def journal_of(layout):
-    return journal_sink(BAKED_MODEL, BAKED_SERVING, layout, GFX942, select(BAKED_MODEL, environ={})).key
+    return journal_sink(Request(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={})), layout, GFX942).key
 
 
 def records_of(layout):

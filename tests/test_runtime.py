@@ -14,13 +14,14 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import SAMPLE_MODULE, baked_manifest
 
-from kprecompile.build.preload import preload
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.errors import NotWarmError
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate
+from kprecompile.warmup.preload import preload
 
 HERE = Path(__file__).parent
 
@@ -156,7 +157,7 @@ def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
 def test_preload_without_a_warm_cache_says_so(tmp_path):
     layout = CacheLayout.of(tmp_path / "empty")
     with pytest.raises(NotWarmError, match="no manifest for deepseek-v2-lite on gfx942"):
-        preload(MODEL, SERVING, layout, target=TARGETS["gfx942"], selection=select(MODEL, environ={}))
+        preload(Request(MODEL, SERVING, select(MODEL, environ={})), layout, target=TARGETS["gfx942"])
 
 
 def test_monitor_modes_are_checked(monkeypatch):

@@ -5,12 +5,15 @@ from kprecompile.inputs.models import load_model, model_from_dict
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.shapes import FAMILIES, FAMILY_NAMES
 from kprecompile.shapes.fp8_bmm import enumerate_fp8_bmm
-from kprecompile.vllm.releases import serving_capture_sizes
+from kprecompile.vllm.releases import DEFAULT_RELEASE, release_line, serving_capture_sizes
+
+# The release line the families are planned for (the default release's).
+LINE = release_line(DEFAULT_RELEASE)
 
 
 def test_deepseek_r1_tp8_sweeps_both_products_over_every_m():
     model = load_model("deepseek-r1")
-    shapes = enumerate_fp8_bmm(model, ServingParams(tensor_parallel_size=8))
+    shapes = enumerate_fp8_bmm(model, ServingParams(tensor_parallel_size=8), None)
     assert len(shapes) == 2 * 1024
     mla = model.mla
     by_product = {}
@@ -27,7 +30,7 @@ def test_deepseek_r1_tp8_sweeps_both_products_over_every_m():
 def test_families_follow_the_attention_structure_not_the_model_name():
     def families(model):
         serving = ServingParams(max_num_seqs=4)
-        return [name for name, family in FAMILIES.items() if family.enumerate_shapes(model, serving)]
+        return [name for name, family in FAMILIES.items() if family.enumerate_shapes(model, serving, LINE)]
 
     llama = ["aiter_fa_context", "prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"]
     assert families(load_model("llama-3.1-8b-instruct")) == llama
@@ -54,7 +57,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
 
 def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():
     def windows(model):
-        shapes = FAMILIES["paged_decode"].enumerate_shapes(model, ServingParams(max_num_seqs=2))
+        shapes = FAMILIES["paged_decode"].enumerate_shapes(model, ServingParams(max_num_seqs=2), LINE)
         return {shape.sliding_window for shape in shapes}
 
     assert windows(load_model("mistral-7b-v0.1")) == {4096}
@@ -80,7 +83,7 @@ def test_heads_not_divisible_by_tp_is_an_input_error(tp):
     with pytest.raises(
         InputError, match=rf"--tp: got {tp}, expected a divisor of num_attention_heads = 16 of deepseek-v2-lite"
     ):
-        enumerate_fp8_bmm(model, ServingParams(tensor_parallel_size=tp))
+        enumerate_fp8_bmm(model, ServingParams(tensor_parallel_size=tp), None)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,6 @@ from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
 from helpers import baked_manifest
 
-from kprecompile.build.verification import verify
-from kprecompile.build.warming import warm
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
@@ -24,6 +22,9 @@ from kprecompile.cli import main
 from kprecompile.inputs.environment import VARIABLES, compute_hash, fingerprint, registered_values
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
+from kprecompile.warmup.verification import verify
+from kprecompile.warmup.warming import warm
 
 GFX942 = TARGETS["gfx942"]
 # Each variable's value when unset, under the default engine profile (vllm-aiter: AITER on).
@@ -73,7 +74,7 @@ def gfx942_manifest(layout) -> Manifest:
 
 
 def verdict(layout, deep=False):
-    [result] = verify(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), deep=deep).targets
+    [result] = verify(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, deep=deep).targets
     return result
 
 
@@ -104,10 +105,10 @@ def test_the_engine_profile_is_a_default_not_part_of_the_key(baked_layout, monke
     """vllm-aiter with AITER unset runs the kernels vllm runs with VLLM_ROCM_USE_AITER=1: one cache."""
     monkeypatch.setenv("VLLM_ROCM_USE_AITER", "1")
     assert compute_hash(engine="vllm") == compute_hash(engine="vllm-aiter")
-    [result] = verify(MODEL, SERVING, [GFX942], baked_layout, selection=select(MODEL, engine="vllm")).targets
+    [result] = verify(Request(MODEL, SERVING, select(MODEL, engine="vllm"), (GFX942,)), baked_layout).targets
     assert result.status == "warm"
     monkeypatch.delenv("VLLM_ROCM_USE_AITER")
-    [result] = verify(MODEL, SERVING, [GFX942], baked_layout, selection=select(MODEL, engine="vllm")).targets
+    [result] = verify(Request(MODEL, SERVING, select(MODEL, engine="vllm"), (GFX942,)), baked_layout).targets
     assert result.status == "mismatch"
 
 
@@ -126,7 +127,7 @@ def test_a_triton_knob_changes_triton_keys_and_a_rewarm_compiles_only_those(layo
     assert result.status == "mismatch"
     assert any("AMDGCN_USE_BUFFER_OPS was unset at warm, 'false' here" in reason for reason in result.reasons)
 
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=2)
     new = read_manifest(layout, json.loads(open(report.manifests[0]).read())["key"])
     old_keys, new_keys = {job.key for job in old.jobs}, {job.key for job in new.jobs}
     assert new_keys != old_keys
@@ -141,7 +142,7 @@ def test_a_triton_knob_changes_triton_keys_and_a_rewarm_compiles_only_those(layo
 def test_an_engine_flag_changes_the_plan_not_the_binaries(layout, monkeypatch):
     monkeypatch.setenv("VLLM_ROCM_USE_AITER_FP8BMM", "0")
     assert verdict(layout).status == "mismatch"
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=2)
     # Only the MLA decode kernels remain, all already compiled: no compile worker starts.
     assert report.compiled == 0 and report.cached == report.kernels > 0 and report.workers == 0
     assert {family.family for family in report.families if family.kernels} == {"mla_decode"}
@@ -174,7 +175,7 @@ def test_damaged_and_lost_artifacts_are_found_and_compiled_again(layout):
 
     shutil.rmtree(layout.triton_entry(lost.key))
     assert compiled_files(layout, lost.key) is None
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=2)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=2)
     # Two entries were damaged (replaced), one was lost; the rest are found in the cache.
     assert (report.replaced, report.compiled, report.failed, report.workers) == (2, 3, 0, 2)
     assert report.cached == len(manifest.jobs) - 3
@@ -339,7 +340,7 @@ def test_a_damaged_manifest_is_one_warning_and_a_rebuild(layout, caplog, damage)
     path.write_text(json.dumps(MANIFEST_DAMAGE[damage](document)))
     assert verdict(layout).status != "warm"
     assert "ignoring unreadable manifest" in caplog.text
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=1)
     assert report.failed == 0 and report.compiled == 0
     assert verdict(layout, deep=True).status == "warm"
 
@@ -381,7 +382,7 @@ def test_a_symlinked_binary_in_an_entry_is_not_served_and_warm_replaces_it(layou
         f"{binary.name} is not a regular file (a link or a directory)"
     ]
     assert compiled_files(layout, job.key) is None  # nor served by the layered manager's rule
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=1)
     assert report.replaced == 1 and report.compiled == 1 and report.failed == 0
     assert not binary.is_symlink() and verdict(layout, deep=True).status == "warm"
 
@@ -398,7 +399,7 @@ def test_a_damaged_entry_in_a_read_only_layer_is_compiled_anew_not_laundered(war
     data[-1] ^= 0xFF
     binary.write_bytes(bytes(data))
     assert verdict(layout, deep=True).status == "incomplete"
-    report = warm(MODEL, SERVING, [GFX942], layout, selection=select(MODEL), max_workers=1)
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=1)
     assert (report.replaced, report.compiled, report.failed) == (1, 1, 0)
     assert binary.read_bytes() == bytes(data)  # the layer is read-only to kprecompile
     [served] = [path for path in compiled_files(layout, job.key) if path.suffix == ".hsaco"]

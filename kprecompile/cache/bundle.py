@@ -4,7 +4,7 @@ A bundle is a cache root (the same buckets: manifests, Triton entries, AITER's J
 journals of kernels serving processes recorded) plus `bundle.json`, which lists its
 configurations, the toolchain each target was built with, and every file with its size and
 sha256. It serves as a read-only layer where it lies (an image layer), or travels as a `.tar.gz`
-archive that `bundle_import` unpacks into a cache. This module writes bundles and says what a
+archive that `archive_install` unpacks into a cache. This module writes bundles and says what a
 valid `bundle.json` is.
 """
 

@@ -1,7 +1,7 @@
 """One OS file lock per compile job, so concurrent processes never compile the same key twice.
 
 `filelock` uses OS locks, released by the kernel when the holder dies: a crashed compiler
-never leaves a lock that blocks everyone after it (DESIGN.md fact 9).
+never leaves a lock that blocks everyone after it (docs/design.md, fact 9).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A manifest is named by the hash of its parts, a named dict of everything that decides which
 kernels a configuration compiles and what their binaries are (the recipe is
-`kprecompile.build.manifest_key`'s; storage only checks that the parts hash to the name). It lists
+`kprecompile.warmup.manifest_key`'s; storage only checks that the parts hash to the name). It lists
 each job with its Triton key and the size and sha256 of each of its files, and the plan's
 family rows; its `checksum` (sha256 of the rest of the document, canonical JSON) covers all of
 it, so a changed job list or record reads as a damaged manifest. "No valid manifest" means

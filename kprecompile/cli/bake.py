@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..build.bundling import bake
 from ..inputs import settings
+from ..warmup.bundling import bake
 from . import options
 from .output import ExitStatus, Output, human_size, plural
 from .warm import show_failures

@@ -250,8 +250,8 @@ def _engine_in_short(document: dict) -> str:
 def _recorded_counts(layout, found: list[Configuration]) -> dict[str, int]:
     """Per manifest key: kernels serving processes recorded in its journal on its target (see
     `kprecompile misses`)."""
-    from ..build.manifest_key import journal_key
     from ..cache.journal import read_records
+    from ..warmup.manifest_key import journal_key
 
     by_journal: dict[str, dict] = {}
     counts = {}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..build.doctor import run_checks
 from ..inputs import settings
+from ..warmup.doctor import run_checks
 from . import options
 from .output import ExitStatus, Output
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..build.bundling import export
 from ..inputs import settings
+from ..warmup.bundling import export
 from . import options
 from .output import Output, plural
 

@@ -6,8 +6,8 @@ from dataclasses import asdict
 
 import click
 
-from ..build.bundling import import_bundle
 from ..inputs import settings
+from ..warmup.bundling import import_archive
 from . import options
 from .output import Output, plural
 
@@ -20,7 +20,7 @@ def command(archive, cache_dir, json_output) -> None:
     """Add a bundle archive to the cache after validating all of it; all or nothing."""
     output = Output(json_output)
     # Not made writable up front: a refused archive leaves no trace, not even the root.
-    report = import_bundle(archive, settings.cache_layout(cache_dir, layers=()))
+    report = import_archive(archive, settings.cache_layout(cache_dir, layers=()))
     output.document(asdict(report))
     output.data(
         f"{archive}: {plural(report.configurations, 'configuration')}; {plural(report.entries_added, 'kernel')} "

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..build.misses import find_misses
 from ..errors import InputError
 from ..inputs import settings
 from ..inputs.targets import resolve_target
+from ..warmup.recorded import find_recorded
 from . import options
 from .output import Output, plural
 
@@ -40,7 +40,7 @@ def command(manifests, model_names, target_names, cache_dir, json_output) -> Non
             and (not targets or record.target in targets)
         )
 
-    reports = find_misses(layout, chosen)
+    reports = find_recorded(layout, chosen)
     output.document(
         {
             "cache_dir": str(layout.root),

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 
 import click
 
-from ..build.planning import FamilyPlan, plan
 from ..inputs import settings
+from ..warmup.planning import FamilyPlan, plan
 from . import options
 from .output import Output, plural
 
@@ -40,7 +40,7 @@ def command(json_output, cache_dir, **chosen) -> None:
     layout = settings.cache_layout(cache_dir)
     request = options.request(chosen, layout)
     model, serving, selection = request.model, request.serving, request.selection
-    result = plan(model, serving, request.targets, selection, layout=layout)
+    result = plan(request, layout=layout)
     output.document(result.as_dict())
     output.data(
         f"model {result.model}: tp {serving.tensor_parallel_size}, max-num-seqs {serving.max_num_seqs}, "

@@ -6,8 +6,8 @@ import shlex
 
 import click
 
-from ..build.verification import verify
 from ..inputs import settings
+from ..warmup.verification import verify
 from . import options
 from .output import ExitStatus, Output, plural
 
@@ -25,14 +25,7 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
     output = Output(json_output)
     layout = settings.cache_layout(cache_dir)
     request = options.request(chosen, layout)
-    report = verify(
-        request.model,
-        request.serving,
-        request.targets,
-        layout,
-        selection=request.selection,
-        deep=deep,
-    )
+    report = verify(request, layout, deep=deep)
     output.document(report.as_dict())
     for verdict in report.targets:
         if verdict.status == "warm":

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import click
 
-from ..build.warming import KernelFailure, warm
 from ..cache.trust import check_writable
 from ..inputs import settings
+from ..warmup.warming import KernelFailure, warm
 from . import options
 from .output import ExitStatus, Output, plural
 from .plan import show_families
@@ -41,11 +41,8 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, no_recorde
     request = options.request(chosen, layout)
     check_writable(layout)
     report = warm(
-        request.model,
-        request.serving,
-        request.targets,
+        request,
         layout,
-        selection=request.selection,
         max_workers=max_workers,
         job_timeout_seconds=job_timeout_seconds,
         progress=output.progress(),

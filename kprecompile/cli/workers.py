@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..build.pool import DEFAULT_JOB_TIMEOUT_SECONDS
 from ..errors import InputError
+from ..warmup.pool import DEFAULT_JOB_TIMEOUT_SECONDS
 from .options import combined
 
 worker_options = combined(

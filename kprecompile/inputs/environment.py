@@ -4,7 +4,7 @@ A registry of the engine's kernel-selection flags and AITER's own switches, each
 its owner reads it and canonicalized, so that unset and an explicit default, or `TRUE` and
 `1`, give the same fingerprint; plus the variables Triton itself reports as invalidating its
 cache, exactly as Triton reports them (Triton's own kernel keys distinguish unset from an
-explicit default, so a cache must too: DESIGN.md fact 10). The fingerprint's hash enters every
+explicit default, so a cache must too: docs/design.md, fact 10). The fingerprint's hash enters every
 manifest key, and `compute_hash()` gives it to engines to fold into their own cache hashes.
 """
 

@@ -1,9 +1,9 @@
 """The toolchain a cache was built with: what must match for its binaries to be served.
 
-Part of every manifest key (see `configuration.py`) and of every bundle's index.
+Part of every manifest key (see `warmup/manifest_key.py`) and of every bundle's index.
 
-Triton's own key hashes its version, its compiler sources and libtriton's bytes (DESIGN.md
-fact 6): a cache built under another Triton build or another Python never hits. Hashing the
+Triton's own key hashes its version, its compiler sources and libtriton's bytes
+(docs/design.md, fact 6): a cache built under another Triton build or another Python never hits. Hashing the
 400 MB libtriton takes about half a second, so its result is remembered in the cache under a
 digest of the sizes and modification times of every file it reads.
 """

@@ -3,14 +3,14 @@
 Triton asks its active driver for the current target when it builds a kernel's binder and
 when it compiles. Making this driver active lets the library's real Python wrappers run on
 meta tensors as if on that GPU (they pick the same tuned configs), and lets `preload` compile
-for that GPU on a machine without one (DESIGN.md facts 1, 2, 5).
+for that GPU on a machine without one (docs/design.md, facts 1, 2, 5).
 
 Wrappers also ask torch about the device (`torch.cuda.get_device_properties(...)
 .multi_processor_count`) to size grids and choose kernel variants; `device_model` answers those
 questions with the target's figures while tracing, on a machine with no GPU or another GPU.
 
 Each target gets its own device index: `JITFunction.device_caches` is keyed by device index
-and remembers the target of the first driver it saw (DESIGN.md fact 12), so two targets must
+and remembers the target of the first driver it saw (docs/design.md, fact 12), so two targets must
 never share one. Indices start far above any real device ordinal.
 """
 

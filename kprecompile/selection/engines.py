@@ -4,22 +4,23 @@ The model fixes the attention structure (MLA or GQA); the engine's attention bac
 flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
 first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
 compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
-selection for the release planned for (`releases.py`: the lines 0.11, 0.12 to 0.18, and 0.19
-and newer; each mirror is tested against the real selector of a release of its line), so that
-the plan covers what the engine will launch, and says plainly what it does not cover. Inside a
-running vLLM the plugin does not need the mirror: it reads the backend vLLM built; where vLLM
-is installed, the commands ask its own selector (`vllm/selector.py`) through
-`select(selector=...)`, and the mirror serves builders without it.
+selection for the release planned for, as its line's record says it (`vllm/releases.py`'s
+`ReleaseLine`: each rule is a field, and each mirror is tested against the real selector of a
+release of its line), so that the plan covers what the engine will launch, and says plainly what
+it does not cover. Inside a running vLLM the plugin does not need the mirror: it reads the
+backend vLLM built; where vLLM is installed, the commands ask its own selector
+(`vllm/selector.py`) through `select(selector=...)`, and the mirror serves builders without it.
 
 On NVIDIA targets vLLM takes its CUDA platform's selection instead: the first backend of its
-priority list (`vllm/platforms/cuda.py`) whose compute-capability rule takes the GPU
-(`_cuda_backend`: FLASH_ATTN for GQA up to sm90, FLASHINFER on sm100; for MLA FLASH_ATTN_MLA on
-sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and sm89). Only
-TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA platform); the
-others are listed as not planned with what they run. A request whose targets are all NVIDIA is
-selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm selection stands, and
-vLLM's own kernels are not planned on its NVIDIA targets (vLLM's config modules keep the platform
-they were first imported under: plan those targets in a request of their own).
+priority list (the record's, read in `vllm/platforms/cuda.py`) whose compute-capability rule
+takes the GPU (`_cuda_backend`: FLASH_ATTN for GQA up to sm90, FLASHINFER on sm100; for MLA
+FLASH_ATTN_MLA on sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and
+sm89). Only TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA
+platform); the others are listed as not planned with what they run. A request whose targets are
+all NVIDIA is selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm
+selection stands, and vLLM's own kernels are not planned on its NVIDIA targets (vLLM's config
+modules keep the platform they were first imported under: plan those targets in a request of
+their own).
 
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the
@@ -42,23 +43,8 @@ from ..inputs.environment import DEFAULT_ENGINE, ENGINES, registered_values
 from ..inputs.models import ModelConfig
 from ..inputs.targets import Target
 from ..shapes.family import FamilyName
-from ..vllm.releases import Line, installed_release, line_of, resolve_release
+from ..vllm.releases import ReleaseLine, installed_release, release_line, resolve_release
 
-MLA_BACKENDS = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
-GQA_BACKENDS = ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN")
-
-# vLLM's CUDA priority lists (`_get_backend_priorities`, the same in 0.11.2 and 0.12.0; 0.33.0
-# puts FLASHINFER_MLA and TOKENSPEED_MLA first on sm100), without the sparse-MLA backends
-# (models with a sparse indexer) and those for multimodal prefixes; what each one runs.
-_CUDA_MLA = {
-    "0.11": ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA"),
-    "sm100": ("CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
-    "sm100 0.19": ("FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
-}
-_CUDA_GQA = {
-    "0.11": ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION"),
-    "sm100": ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION"),
-}
 # The compute capabilities (major) each backend's `supports_compute_capability` takes (None: any).
 _CUDA_CAPABILITIES: dict[str, tuple[int, ...] | None] = {
     "FLASH_ATTN_MLA": (9,),
@@ -72,6 +58,7 @@ _CUDA_CAPABILITIES: dict[str, tuple[int, ...] | None] = {
     "TRITON_ATTN": None,
     "FLEX_ATTENTION": None,
 }
+# What each CUDA backend of the priority lists runs.
 _CUDA_RUNS = {
     "FLASH_ATTN": "vLLM's prebuilt flash-attention build (vllm_flash_attn)",
     "FLASHINFER": "FlashInfer's CUDA kernels",
@@ -184,9 +171,9 @@ def select(
     `vllm_release` (the CLI's --vllm-version) defaults to the installed vLLM's, else
     `releases.DEFAULT_RELEASE`. `attention_backend` (the CLI's --attention-backend) wins over
     VLLM_ATTENTION_BACKEND, as vLLM's --attention-backend does (the variable is gone from 0.19).
-    `families`, when given, keeps only those (--family). `block_size` matters to 0.11 and 0.12,
-    whose selector takes AITER's MLA for pages of one token. `selector`, when it answers, chooses
-    the backend instead of the mirror (where vLLM is installed).
+    `families`, when given, keeps only those (--family). `block_size` matters where the release
+    line takes AITER's MLA for pages of one token (`aiter_mla_for_block_size_1`). `selector`, when
+    it answers, chooses the backend instead of the mirror (where vLLM is installed).
     """
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
@@ -198,19 +185,15 @@ def select(
         choices = _aiter_choices(model)
         return Selection(engine, AITER_API, flags, _filtered(model, choices, families), selected_by="no engine")
     release = resolve_release(vllm_release)
-    line = line_of(release)
+    line = release_line(release)
     field, requested = "--attention-backend", attention_backend
-    if not requested and line != "0.19":
+    if not requested and line.backend_variable:
         field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
     if targets and not any(target.is_rocm for target in targets):
         choices = _cuda_choices(model, field, requested, line, release, targets, flags)
         backend = next(choice.backend for choice in choices if choice.family in ("triton_attn", "triton_mla"))
         return Selection(engine, backend, flags, _filtered(model, choices, families), release)
-    backends = [
-        backend
-        for backend in (MLA_BACKENDS if model.attention == "mla" else GQA_BACKENDS)
-        if not (line == "0.11" and backend == "ROCM_AITER_TRITON_MLA")
-    ]
+    backends = line.rocm_mla_backends if model.attention == "mla" else line.rocm_gqa_backends
     if requested is not None and requested not in backends:
         kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
         raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind} in vLLM {release}")
@@ -247,11 +230,11 @@ def select(
     return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
 
 
-def _cuda_priorities(model: ModelConfig, line: Line, target: Target) -> tuple[str, ...]:
-    table = _CUDA_MLA if model.attention == "mla" else _CUDA_GQA
-    if int(target.arch) // 10 != 10:
-        return table["0.11"]
-    return table.get(f"sm100 {line}", table["sm100"])
+def _cuda_priorities(model: ModelConfig, line: ReleaseLine, target: Target) -> tuple[str, ...]:
+    sm100 = int(target.arch) // 10 == 10
+    if model.attention == "mla":
+        return line.cuda_mla_priorities_sm100 if sm100 else line.cuda_mla_priorities
+    return line.cuda_gqa_priorities_sm100 if sm100 else line.cuda_gqa_priorities
 
 
 def _cuda_takes(backend: str, target: Target) -> bool:
@@ -259,7 +242,7 @@ def _cuda_takes(backend: str, target: Target) -> bool:
     return majors is None or int(target.arch) // 10 in majors
 
 
-def _cuda_backend(model: ModelConfig, line: Line, target: Target) -> str:
+def _cuda_backend(model: ModelConfig, line: ReleaseLine, target: Target) -> str:
     """vLLM's CUDA selection without a backend named: the first of its priority list whose
     compute-capability rule takes the target (for the usual head sizes and dtypes)."""
     return next(backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target))
@@ -269,7 +252,7 @@ def _cuda_choices(
     model: ModelConfig,
     field: str,
     requested: str | None,
-    line: Line,
+    line: ReleaseLine,
     release: str,
     targets: Sequence[Target],
     flags: dict[str, bool],
@@ -305,12 +288,13 @@ def _cuda_choices(
     return choices
 
 
-def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], flags: dict[str, bool]) -> FamilyChoice:
-    """vLLM's block-FP8 linear layers on NVIDIA GPUs (read in each release, and asked of its linear
-    method in tests/vllm_linear_probe.py): from sm90 CUTLASS, or DeepGEMM where installed; below
-    sm89 Marlin's weight-only FP8; on sm89 its Triton GEMM up to 0.18, Marlin from 0.19. Batch-
-    invariant mode turns Marlin off (vLLM's Triton GEMM, or Humming's, in its place) and adds
-    vLLM's own Triton matmul kernels: not planned."""
+def _cuda_block_fp8_linear(
+    line: ReleaseLine, release: str, targets: Sequence[Target], flags: dict[str, bool]
+) -> FamilyChoice:
+    """vLLM's block-FP8 linear layers on NVIDIA GPUs (asked of its linear method in
+    tests/vllm_linear_probe.py): from sm90 CUTLASS, or DeepGEMM where installed; below sm89
+    Marlin's weight-only FP8; on sm89 the line's `cuda_sm89_block_fp8`. Batch-invariant mode turns
+    Marlin off and adds vLLM's own Triton matmul kernels: not planned."""
     # vLLM's compiled CUTLASS query, as kprecompile's stand-in answers it on a builder.
     from ..shapes.block_fp8_linear import CUTLASS_BLOCK_FP8_FROM
 
@@ -329,7 +313,7 @@ def _cuda_block_fp8_linear(line: Line, release: str, targets: Sequence[Target], 
     for target in targets:
         if int(target.arch) >= CUTLASS_BLOCK_FP8_FROM:
             skipped.append((target.name, cutlass))
-        elif int(target.arch) < 89 or line == "0.19":
+        elif int(target.arch) < 89 or line.cuda_sm89_block_fp8 == "marlin":
             skipped.append((target.name, marlin.format(target.name)))
     if len(skipped) == len(targets):
         return FamilyChoice("block_fp8_linear", "Fp8LinearMethod", "; ".join(dict.fromkeys(r for _, r in skipped)))
@@ -354,20 +338,20 @@ def _aiter_choices(model: ModelConfig) -> tuple[FamilyChoice, ...]:
     return (FamilyChoice("pa_prefill", AITER_API),)
 
 
-def _default_mla_backend(flags: dict[str, bool], line: Line, block_size: int) -> str:
+def _default_mla_backend(flags: dict[str, bool], line: ReleaseLine, block_size: int) -> str:
     aiter_mla = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_MLA"]
-    if aiter_mla or (line in ("0.11", "0.12") and block_size == 1):
+    if aiter_mla or (line.aiter_mla_for_block_size_1 and block_size == 1):
         return "ROCM_AITER_MLA"
     return "TRITON_MLA"
 
 
-def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> str:
-    """vLLM's ROCm selector for multi-head / grouped-query attention, release line by line."""
+def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLine) -> str:
+    """vLLM's ROCm selector for multi-head / grouped-query attention, by the line's `gqa_rule`."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     mha, unified = aiter and flags["VLLM_ROCM_USE_AITER_MHA"], aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]
     prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]
-    if line == "0.11":
-        # 0.11 asks the flags first, also when a backend is named: AITER's MHA wins over it.
+    if line.gqa_rule == "aiter_flags_first":
+        # The flags first, also when a backend is named: AITER's MHA wins over it.
         if mha or requested == "ROCM_AITER_FA":
             return "ROCM_AITER_FA"
         if unified or requested == "ROCM_AITER_UNIFIED_ATTN":
@@ -377,7 +361,7 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> s
         return "TRITON_ATTN"
     if requested:
         return requested
-    if line == "0.19":
+    if line.gqa_rule == "priority_list":
         # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes.
         return "ROCM_ATTN"
     if unified:
@@ -387,13 +371,14 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: Line) -> s
     return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
 
 
-_MERGE_0_19 = (
+# `mla_merge` "compiled_on_cdna3": the merge vLLM runs is not Triton.
+_COMPILED_MERGE = (
     "vLLM 0.19 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
     "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
 )
 
 
-def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str) -> tuple[FamilyChoice, ...]:
+def _mla_choices(backend: str, flags: dict[str, bool], line: ReleaseLine, release: str) -> tuple[FamilyChoice, ...]:
     choices = []
     if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
         choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
@@ -403,9 +388,9 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str)
     if backend == "TRITON_MLA":
         choices.append(_vllm_kernels("triton_mla", backend, release))
         return tuple(choices)
-    # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then until 0.19
-    # a Triton stage-2 reduce, from 0.19 AITER's persistent HIP reduce.
-    if line == "0.19":
+    # Both AITER MLA backends decode with AITER's mla_decode_fwd: assembly stage 1, then a Triton
+    # stage-2 reduce or (`aiter_mla_triton_reduce` off) AITER's persistent HIP reduce.
+    if not line.aiter_mla_triton_reduce:
         reason = f"{backend} in vLLM 0.19 and newer reduces MLA decode splits with AITER's HIP kernel: no Triton"
         choices.append(FamilyChoice("mla_decode", backend, reason))
     else:
@@ -416,8 +401,8 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: Line, release: str)
         reason = f"{backend} runs AITER's prebuilt CK flash-attention kernels (ROCM_AITER_TRITON_MLA runs Triton's)"
         choices.append(FamilyChoice("mla_prefill", backend, reason))
     # Around either prefill, on steps with cached context: vLLM's merge of the partial results.
-    if line == "0.19":
-        choices.append(FamilyChoice("mla_merge", backend, _MERGE_0_19))
+    if line.mla_merge == "compiled_on_cdna3":
+        choices.append(FamilyChoice("mla_merge", backend, _COMPILED_MERGE))
     else:
         choices.append(_vllm_kernels("mla_merge", backend, release))
     return tuple(choices)
@@ -437,16 +422,16 @@ def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoic
     return FamilyChoice(family, backend, reason)
 
 
-def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> FamilyChoice:
+def _block_fp8_linear(flags: dict[str, bool], line: ReleaseLine, release: str) -> FamilyChoice:
     """vLLM's block-FP8 linear layers on ROCm. With VLLM_ROCM_USE_AITER and
-    VLLM_ROCM_USE_AITER_LINEAR (on by default), up to 0.18 AITER's CK GEMM takes them only where
-    the platform's FP8 is e4m3fnuz (gfx942) and vLLM's Triton GEMM elsewhere; from 0.19 AITER's
-    blockscale GEMM takes them on every arch. Without AITER's linear path, vLLM's Triton GEMM."""
+    VLLM_ROCM_USE_AITER_LINEAR (on by default), what the line's `aiter_block_fp8` says: AITER's CK
+    GEMM on gfx942 (e4m3fnuz) and vLLM's Triton GEMM elsewhere, or AITER's blockscale GEMM on every
+    arch. Without AITER's linear path, vLLM's Triton GEMM."""
     aiter_linear = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_LINEAR"]
     choice = _vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release)
     if not aiter_linear:
         return choice
-    if line == "0.19":
+    if line.aiter_block_fp8 == "aiter_blockscale":
         return FamilyChoice("block_fp8_linear", "AiterFp8BlockScaledMMKernel", _aiter_blockscale_reason())
     reason = (
         f"vLLM {release} runs block-FP8 linear layers on gfx942 through AITER's CK blockscale GEMM with "
@@ -456,10 +441,11 @@ def _block_fp8_linear(flags: dict[str, bool], line: Line, release: str) -> Famil
 
 
 def _aiter_blockscale_reason() -> str:
-    """vLLM 0.19 and newer with AITER's linear path (`AiterFp8BlockScaledMMKernel`, as its linear
-    method chooses it in tests/vllm_linear_probe.py): AITER's Triton GEMM on gfx950 only for (N, K)
-    that AITER's tuned-config lookup lists, else its CK GEMM; the activation quantization is
-    AITER's HIP group quantization (or Inductor's code under torch.compile)."""
+    """`aiter_block_fp8` "aiter_blockscale" (vLLM 0.19 and newer) with AITER's linear path
+    (`AiterFp8BlockScaledMMKernel`, as its linear method chooses it in tests/vllm_linear_probe.py):
+    AITER's Triton GEMM on gfx950 only for (N, K) that AITER's tuned-config lookup lists, else its
+    CK GEMM; the activation quantization is AITER's HIP group quantization (or Inductor's code
+    under torch.compile)."""
     from ..shapes.block_fp8_linear import AITER_TUNED_LOOKUP, aiter_has_tuned_lookup, installed_aiter
 
     head = (
@@ -485,14 +471,14 @@ def _gqa_choices(backend: str, release: str) -> tuple[FamilyChoice, ...]:
     if backend == "ROCM_ATTN":
         return (_vllm_kernels("rocm_attn", backend, release),)
     if backend == "TRITON_ATTN":
-        # From 0.19 traced through the release's metadata builder and its KV-cache view (`triton_attn.py`).
+        # Traced as the line's `tracing` says (`triton_attn.py`).
         return (_vllm_kernels("triton_attn", backend, release),)
     # AITER's backends: unified attention is Triton; FA is prebuilt, with vLLM's own Triton kernels
     # around its prefill on steps with cached context.
     if backend != "ROCM_AITER_FA":
         return (FamilyChoice("prefix_prefill", backend), FamilyChoice("paged_decode", backend))
     reason = f"{backend} runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)"
-    # From 0.19 traced through the release's metadata builder, attention layer and KV-cache view
-    # (`aiter_fa_context.py`), which also sends some decodes to AITER's Triton unified attention.
+    # Traced as the line's `tracing` says (`aiter_fa_context.py`; the engine's step also sends some
+    # decodes to AITER's Triton unified attention).
     context = _vllm_kernels("aiter_fa_context", backend, release)
     return (FamilyChoice("prefix_prefill", backend, reason), FamilyChoice("paged_decode", backend, reason), context)

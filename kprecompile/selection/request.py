@@ -5,7 +5,7 @@ same records from the engine's own configuration."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..cache.layout import CacheLayout
 from ..errors import InputError
@@ -22,7 +22,11 @@ class Request:
     model: ModelConfig
     serving: ServingParams
     selection: Selection
-    targets: tuple[Target, ...]
+    targets: tuple[Target, ...] = ()
+
+    def on(self, target: Target) -> Request:
+        """The same request, for `target` alone."""
+        return replace(self, targets=(target,))
 
 
 def parse_capture_sizes(text: str | None, field: str = "--cudagraph-capture-sizes") -> tuple[int, ...] | None:

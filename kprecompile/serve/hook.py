@@ -17,16 +17,17 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..build.pool import default_worker_count
-from ..build.preload import PreloadReport, preload
-from ..build.verification import verify
-from ..build.warming import WarmReport, warm
 from ..errors import NotWarmError
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target, detect_local_target
 from ..progress import ProgressBar, ProgressLines
 from ..selection.engines import Selection, select
+from ..selection.request import Request
+from ..warmup.pool import default_worker_count
+from ..warmup.preload import PreloadReport, preload
+from ..warmup.verification import verify
+from ..warmup.warming import WarmReport, warm
 from .monitor import JitMonitor
 from .runtime import activate, journal_sink
 
@@ -67,19 +68,16 @@ def prepare(
     started = time.perf_counter()
     layout = activate(cache_dir)
     target = target or detect_local_target()
-    selection = selection or select(model)
+    request = Request(model, serving, selection or select(model), (target,))
     rank = _environment_int(("LOCAL_RANK", "RANK"), 0) if rank is None else rank
     ranks = _environment_int(("LOCAL_WORLD_SIZE",), 1) if local_world_size is None else local_world_size
-    was_warm = verify(model, serving, [target], layout, selection=selection).warm
+    was_warm = verify(request, layout).warm
     warm_report = None
     if not was_warm:
         workers = max(1, default_worker_count() // ranks)
         warm_report = warm(
-            model,
-            serving,
-            [target],
+            request,
             layout,
-            selection=selection,
             max_workers=workers,
             progress=(ProgressBar() if sys.stderr.isatty() else ProgressLines()) if rank == 0 else None,
             rank=rank,
@@ -90,14 +88,14 @@ def prepare(
                 "kprecompile: %d kernels failed to compile; they will compile on first use", warm_report.failed
             )
     try:
-        preload_report = preload(model, serving, layout, target=target, selection=selection, launchers=launchers)
+        preload_report = preload(request, layout, target=target, launchers=launchers)
     except NotWarmError as error:
         logger.warning("kprecompile: %s", error)
         preload_report = None
     if monitor:
         _MONITOR = _MONITOR or JitMonitor()
         _MONITOR.install()
-        _MONITOR.record_to(journal_sink(model, serving, layout, target, selection))
+        _MONITOR.record_to(journal_sink(request, layout, target))
     return PrepareReport(rank, target.name, was_warm, warm_report, preload_report, time.perf_counter() - started)
 
 

@@ -2,7 +2,7 @@
 
 `activate` makes Triton (and AITER's JIT builds) use kprecompile's cache. It must run before the
 first kernel compiles (for AITER's JIT directory, before `import aiter`); calling it again, or
-from every rank, changes nothing. Loading the planned kernels is `build/preload.py`; the JIT
+from every rank, changes nothing. Loading the planned kernels is `warmup/preload.py`; the JIT
 monitor that watches what still compiles afterwards is `monitor.py`.
 """
 
@@ -11,13 +11,11 @@ from __future__ import annotations
 import logging
 import os
 
-from ..build.manifest_key import find_manifest
 from ..cache.layout import CacheLayout
 from ..inputs import settings
-from ..inputs.models import ModelConfig
-from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..selection.engines import Selection
+from ..selection.request import Request
+from ..warmup.manifest_key import find_manifest
 from .monitor import JournalSink
 
 logger = logging.getLogger(__name__)
@@ -52,10 +50,8 @@ def activate(
     return layout
 
 
-def journal_sink(
-    model: ModelConfig, serving: ServingParams, layout: CacheLayout, target: Target, selection: Selection
-) -> JournalSink:
+def journal_sink(request: Request, layout: CacheLayout, target: Target) -> JournalSink:
     """Where this process records what it compiles while serving this configuration (pass it to
     `JitMonitor.record_to`): the configuration's journal, which the next warm compiles."""
-    lookup = find_manifest(model, serving, selection, target, layout, remember=False)
-    return JournalSink(layout, lookup.journal_key, target.name, lookup.toolchain_digest, lookup.key, model.name)
+    lookup = find_manifest(request, target, layout, remember=False)
+    return JournalSink(layout, lookup.journal_key, target.name, lookup.toolchain_digest, lookup.key, request.model.name)

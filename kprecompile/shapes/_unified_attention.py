@@ -22,6 +22,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import PagedAttentionShape, block_count, cache_element, kv_cache_parameters
 from .family import FamilyName, KernelFamily
 
@@ -30,7 +31,7 @@ WRAPPER_MODULE = "aiter.ops.triton.unified_attention"
 SHORT_CONTEXT = 512
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "AITER's unified attention configs carry AMD-only launch options (waves_per_eu); ROCm targets only"
     return None
@@ -98,7 +99,7 @@ def launch(shape: PagedAttentionShape, target: Target) -> None:
 def unified_attention_family(
     name: FamilyName,
     description: str,
-    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[PagedAttentionShape, ...]],
+    enumerate_shapes: Callable[[ModelConfig, ServingParams, ReleaseLine | None], tuple[PagedAttentionShape, ...]],
 ) -> KernelFamily[PagedAttentionShape]:
     """A family of steps this call serves: everything but which steps is the call's."""
     return KernelFamily(

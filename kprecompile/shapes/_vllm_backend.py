@@ -23,7 +23,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
-from ..vllm.releases import installed_release, line_of
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
 
@@ -91,7 +91,7 @@ def _prebuilt(*args: object, **kwargs: object) -> None:
 @contextlib.contextmanager
 def aiter_attention_prebuilt() -> Iterator[None]:
     """AITER's prebuilt attention where the real `aiter` package is not initialized (a builder
-    without ROCm: `libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
+    without ROCm: `tracing/libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
     import it when built), `paged_attention_common` and the `torch.ops.aiter` paged attention
     vLLM's ROCM_AITER_FA decodes with from 0.19."""
     package = import_library_module(AITER_PACKAGE)
@@ -185,11 +185,12 @@ def kv_scales_layer() -> Any:
     )
 
 
-def traced_from_0_19() -> bool:
-    """Whether the installed vLLM is of the 0.19 line (whose steps the families trace through the
-    engine's own configuration, builder and KV-cache view)."""
-    release = installed_release()
-    return release is not None and line_of(release) == "0.19"
+def required_line(line: ReleaseLine | None, family: str) -> ReleaseLine:
+    """The release line a family of vLLM's kernels is planned for: a vLLM engine always names one
+    (`select` plans vLLM's families only under it); None is a caller's mistake."""
+    if line is None:
+        raise ValueError(f"{family} runs vLLM's own kernels: plan it for a vLLM release line, not None")
+    return line
 
 
 def layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: StorageClass) -> int:
@@ -202,10 +203,11 @@ def layer_blocks(needed: int, page_bytes: int, head_bytes: int, storage: Storage
 
 
 def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Target) -> tuple[Any, int]:
-    """Layer 0's KV cache as vLLM 0.19 and newer's runner binds it: the engine's layout resolved by
-    vLLM, its planner's placement of every layer in one allocation, and its per-layer view; with
-    the width of the runner's block table. `shape` gives the step's `num_seqs`, `max_seq_len`,
-    `kv_cache_storage` and `kv_cache_blocks` (0: as few as `layer_blocks` gives)."""
+    """Layer 0's KV cache as the runner binds it in a line whose `tracing` is "engine_step": the
+    engine's layout resolved by vLLM, its planner's placement of every layer in one allocation,
+    and its per-layer view; with the width of the runner's block table. `shape` gives the step's
+    `num_seqs`, `max_seq_len`, `kv_cache_storage` and `kv_cache_blocks` (0: as few as
+    `layer_blocks` gives)."""
     import torch
 
     from ..vllm.engine_config import no_cutlass_gemms
@@ -330,9 +332,9 @@ def vllm_backend_family(
     name: FamilyName,
     description: str,
     backend: VllmBackend,
-    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[PagedAttentionShape, ...]],
+    enumerate_shapes: Callable[[ModelConfig, ServingParams, ReleaseLine | None], tuple[PagedAttentionShape, ...]],
     describe_shapes: Callable[[tuple[PagedAttentionShape, ...]], dict[str, object]],
-    limits: Callable[[ModelConfig, ServingParams, Target], str | None],
+    limits: Callable[[ModelConfig, ServingParams, Target, ReleaseLine | None], str | None],
 ) -> KernelFamily[PagedAttentionShape]:
     """A family of steps through `backend`: its call and its modules are the backend's."""
     return KernelFamily(

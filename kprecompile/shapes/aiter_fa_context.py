@@ -14,8 +14,9 @@ attention is prebuilt and skipped, and so is the KV-cache write (vLLM's compiled
 skipped through the impl's own KV-sharing switch).
 
 From vLLM 0.19 (traced against 0.33.0) ROCM_AITER_FA is no longer vLLM's default (ROCM_ATTN is,
-`--attention-backend ROCM_AITER_FA` names it) and its step is the engine's: vLLM builds its
-`VllmConfig` from the model's config.json and the serving parameters, the layer is vLLM's real
+`--attention-backend ROCM_AITER_FA` names it) and, the line's `tracing` being "engine_step", its
+step is the engine's: vLLM builds its `VllmConfig` from the model's config.json and the serving
+parameters, the layer is vLLM's real
 `Attention` (its impl, KV-cache spec and sliding window, which the builder reads from the
 registered layers), its KV cache the view vLLM's runner binds (`_vllm_backend.layer_kv_cache`),
 the metadata the backend's builder makes for the step (decodes first, then extends; chunking
@@ -43,6 +44,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
 from ._vllm_backend import (
     LAYER_NAME,
@@ -53,7 +55,7 @@ from ._vllm_backend import (
     kv_scales_layer,
     layer_kv_cache,
     prebuilt_ops_skipped,
-    traced_from_0_19,
+    required_line,
     unpinned_host_memory,
     vllm_record,
 )
@@ -117,8 +119,8 @@ def _context_mixes(model_len: int, max_extends: int, last_totals: tuple[int, ...
 
 @dataclass(frozen=True)
 class EngineStep(ExtendStep):
-    """A step as vLLM 0.19 and newer run it: its requests in the runner's order (decodes, then
-    extends), each with its new and cached tokens."""
+    """An engine step (`tracing` "engine_step": vLLM 0.19 and newer): its requests in the runner's
+    order (decodes, then extends), each with its new and cached tokens."""
 
     # Blocks in the layer's region (vLLM sizes it from the GPU's free memory); 0: as few as the
     # step needs that put the layer in `kv_cache_storage`'s class.
@@ -141,14 +143,15 @@ _SHORT_CONTEXT = 512
 _TOTAL_CLASSES = (1, 16, 17, 16 * 37 + 1)
 
 
-def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[ExtendStep, ...]:
+def enumerate_extends(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[ExtendStep, ...]:
+    line = required_line(line, "aiter_fa_context")
     if model.mla is not None:
         return ()
     model_len = serving.model_len(model)
     if model_len < 3:
         return ()
-    if traced_from_0_19():
-        return _enumerate_0_19(model, serving)
+    if line.tracing == "engine_step":
+        return _enumerate_engine_steps(model, serving)
     base = paged_kv_fields(model, serving)
     max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
     return tuple(
@@ -165,7 +168,7 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams) -> tuple[Exten
     )
 
 
-def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
+def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
     the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
     16 or 32 tokens this backend takes); with speculative decoding, decode steps (which then
@@ -222,7 +225,7 @@ def describe_call(shape: ExtendStep) -> str:
     return f"forward(extends with context {contexts}, kv_cache {shape.kv_cache_storage})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_AITER_FA runs on ROCm only"
     return None
@@ -302,7 +305,7 @@ def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[
 
 
 def _engine_step(shape: EngineStep, target: Target) -> None:
-    """One step as vLLM 0.19 and newer run it (see the module doc), on meta tensors."""
+    """One engine step (see the module doc), on meta tensors."""
     import torch
 
     from ..platforms.vllm_platform import refresh_switches

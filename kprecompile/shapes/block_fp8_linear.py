@@ -1,10 +1,10 @@
 """vLLM's block-FP8 linear layers where vLLM runs its Triton block-scaled GEMM (and per-token-group
 quantization), traced from the installed vLLM: on ROCm, and on NVIDIA's sm89 up to 0.18 (sm80 runs
-Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `engines.py`).
+Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `selection/engines.py`).
 
 A model whose config says `quantization_config: {quant_method: fp8, weight_block_size: [bn, bk]}`
 (DeepSeek-V3/R1) runs every quantized linear layer through vLLM's `Fp8LinearMethod.apply`. On
-ROCm, where vLLM takes its Triton path (see `engines.py`), that is:
+ROCm, where vLLM takes its Triton path (see `selection/engines.py`), that is:
 
 - up to 0.18: `QuantFP8` (per-token groups of bk, row-major scales) -> `per_token_group_quant_fp8`,
   whose Triton `_per_token_group_quant_fp8` runs on ROCm (vLLM's compiled quantization is CUDA's
@@ -59,6 +59,7 @@ from ..tracing.libraries import (
     aiter_hip_absent,
     import_library_module,
 )
+from ..vllm.releases import ReleaseLine
 from .family import KernelFamily
 
 FP8_MODULE = "vllm.model_executor.layers.quantization.fp8"
@@ -236,7 +237,9 @@ def m_representatives(batch_sizes: tuple[int, ...] | None, largest: int) -> tupl
     return tuple(sorted(chosen.values()))
 
 
-def enumerate_block_fp8_linear(model: ModelConfig, serving: ServingParams) -> tuple[BlockFp8LinearShape, ...]:
+def enumerate_block_fp8_linear(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[BlockFp8LinearShape, ...]:
     """Every layer's call at one M per kernel class, for every device of the ROCm FP8 archs;
     none for a model without block-FP8 weights."""
     if model.fp8_block_size is None:
@@ -291,7 +294,7 @@ def describe_call(shape: BlockFp8LinearShape) -> str:
     return f"{shape.layer}.apply(m={shape.m}, n={shape.n}, k={shape.k}, {shape.device_name})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if target.name not in DEVICE_NAMES:
         return (
             f"vLLM's block-FP8 Triton path is planned for {', '.join(DEVICE_NAMES)} (where vLLM takes it; "

@@ -5,6 +5,10 @@ says everything the pipeline needs: the shapes the engine produces for a model w
 serving limits (pure data), how `plan` shows them, where the family does not run (its
 limits), which library modules the call imports (re-imported fresh for each traced target,
 because libraries keep per-arch state in modules), and the call itself on meta tensors.
+
+The shapes and the limits are given the planned vLLM release line (`vllm.releases.ReleaseLine`;
+None under the `aiter` engine, which has no vLLM): a family whose engine changed between releases
+reads the line's record, never the installed vLLM's version.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ if TYPE_CHECKING:
     from ..inputs.models import ModelConfig
     from ..inputs.serving import ServingParams
     from ..inputs.targets import Target
+    from ..vllm.releases import ReleaseLine
 
 # Every family kprecompile knows; each has one module in this package and one registry line.
 FamilyName = Literal[
@@ -48,21 +53,24 @@ class KernelFamily(Generic[ShapeT]):
     # imports afresh per target (none where its modules register operators at import).
     library: str
     traced_modules: tuple[str, ...]
-    # Every shape the engine can hand the call for this model within the serving limits.
-    enumerate_shapes: Callable[[ModelConfig, ServingParams], tuple[ShapeT, ...]]
+    # Every shape the engine can hand the call for this model within the serving limits, in the
+    # planned release line (None: no vLLM).
+    enumerate_shapes: Callable[[ModelConfig, ServingParams, ReleaseLine | None], tuple[ShapeT, ...]]
     # What `plan` shows: the dimensions that decide the family's kernels.
     describe_shapes: Callable[[tuple[ShapeT, ...]], dict[str, object]]
     # One call, for progress and error messages.
     describe_call: Callable[[ShapeT], str]
     # The engine's real call, on meta tensors, for one shape on one target.
     launch: Callable[[ShapeT, Target], None]
-    # Why the family does not run under these settings on this target, or None.
-    limits: Callable[[ModelConfig, ServingParams, Target], str | None]
+    # Why the family does not run under these settings on this target in the planned release line, or None.
+    limits: Callable[[ModelConfig, ServingParams, Target, ReleaseLine | None], str | None]
 
-    def skip_reason(self, model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+    def skip_reason(
+        self, model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None
+    ) -> str | None:
         """Why this family is not compiled here: its limits, or its library is not installed."""
         module = self.traced_modules[0] if self.traced_modules else self.library
-        return self.limits(model, serving, target) or missing_library(self.library, module)
+        return self.limits(model, serving, target, line) or missing_library(self.library, module)
 
     def calls(self, shapes: tuple[ShapeT, ...], target: Target) -> list[tuple[str, Callable[[], None]]]:
         """(label, call) pairs for tracing."""

@@ -29,6 +29,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
+from ..vllm.releases import ReleaseLine
 from .family import KernelFamily
 
 GROUP_SIZE = 128
@@ -54,7 +55,7 @@ class Fp8BmmShape:
     group_size: int = GROUP_SIZE
 
 
-def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams) -> tuple[Fp8BmmShape, ...]:
+def enumerate_fp8_bmm(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[Fp8BmmShape, ...]:
     """Both absorbed-weight products for every decode token count; none without MLA."""
     if model.mla is None:
         return ()
@@ -105,7 +106,7 @@ def describe_call(shape: Fp8BmmShape) -> str:
     return f"{WRAPPER_NAME}({shape.product}, heads={shape.heads}, m={shape.m}, k={shape.k}, n={shape.n})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if target.fp8_dtype_name is None:
         return f"{target.name} has no FP8 support"
     if not target.is_rocm:

@@ -6,7 +6,7 @@ Per decode step and rank, vLLM calls `aiter.mla.mla_decode_fwd` with the absorbe
 int32 index arrays (one sequence per request, every page full) and, with an FP8 KV cache, an
 FP8 query with per-tensor scales. Stage 1 is a prebuilt assembly kernel: while tracing it is a
 no-op (nothing to compile, no data on meta tensors). Stage 2, which reduces the KV splits, is
-a Triton kernel that takes the batch size as a constexpr (DESIGN.md fact 11), so every batch
+a Triton kernel that takes the batch size as a constexpr (docs/design.md, fact 11), so every batch
 size the engine can reach is its own kernel: decodes in a mixed prefill/decode step run at
 their exact count, so that is every size up to max_num_seqs
 (`ServingParams.decode_batch_sizes`). The split count and variant are the wrapper's own choice
@@ -24,6 +24,7 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..platforms.triton_driver import meta_allocations
 from ..tracing.libraries import AITER_DISTRIBUTION, AITER_PACKAGE, import_library_module
+from ..vllm.releases import ReleaseLine
 from .family import KernelFamily
 
 # AITER 0.1.7's non-persistent MLA decode supports these head counts per rank.
@@ -49,7 +50,7 @@ class MlaDecodeShape:
     kv_cache_fp8: bool
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     heads = serving.heads_per_rank(model)
     if heads not in SUPPORTED_HEADS:
         return (
@@ -63,7 +64,9 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | 
     return None
 
 
-def enumerate_mla_decode(model: ModelConfig, serving: ServingParams) -> tuple[MlaDecodeShape, ...]:
+def enumerate_mla_decode(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[MlaDecodeShape, ...]:
     if model.mla is None:
         return ()
     heads = serving.heads_per_rank(model)

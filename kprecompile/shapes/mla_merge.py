@@ -10,7 +10,7 @@ that hits a cached prefix. The plan builds AITER's MLA impl as vLLM builds it an
 `_forward_prefill` on meta tensors (`_vllm_mla.py`), once with one context chunk and once with
 two where the engine's workspace makes several chunks reachable. The kernel specializes on the
 model's head sizes and whether the merged log-sum-exp is kept, not on token counts.
-From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`engines.py` says so).
+From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION
+from ..vllm.releases import ReleaseLine
 from ._vllm_backend import VLLM_ATTENTION_OPS
 from ._vllm_mla import build_impl, prefill_with_context
 from .family import KernelFamily
@@ -46,7 +47,9 @@ class MlaMergeShape:
     serving: ServingParams
 
 
-def enumerate_mla_merge(model: ModelConfig, serving: ServingParams) -> tuple[MlaMergeShape, ...]:
+def enumerate_mla_merge(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[MlaMergeShape, ...]:
     """A prefill with its context in one chunk, and one with it in two (traced where the engine's
     workspace makes it reachable: `launch`)."""
     if model.mla is None:
@@ -86,7 +89,7 @@ def describe_call(shape: MlaMergeShape) -> str:
     return f"_forward_prefill(prefills={shape.prefills}, tokens={shape.tokens}, context in {chunks} chunks)"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_AITER_MLA runs on ROCm only"
     return None

@@ -20,6 +20,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
+from ..vllm.releases import ReleaseLine
 from ._points import int_class_representatives
 from .family import KernelFamily
 
@@ -45,7 +46,9 @@ class MlaPrefillShape:
     dtype: str
 
 
-def enumerate_mla_prefill(model: ModelConfig, serving: ServingParams) -> tuple[MlaPrefillShape, ...]:
+def enumerate_mla_prefill(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[MlaPrefillShape, ...]:
     if model.mla is None:
         return ()
     mla = model.mla
@@ -109,7 +112,7 @@ def describe_call(shape: MlaPrefillShape) -> str:
     )
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "AITER's Triton MLA prefill configs carry AMD-only launch options; ROCm targets only"
     return None

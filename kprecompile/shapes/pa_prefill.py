@@ -18,6 +18,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import AITER_DISTRIBUTION, import_library_module
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
     StorageClass,
@@ -48,7 +49,9 @@ class PaPrefillShape:
     kv_cache_storage: StorageClass
 
 
-def enumerate_pa_prefill(model: ModelConfig, serving: ServingParams) -> tuple[PaPrefillShape, ...]:
+def enumerate_pa_prefill(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[PaPrefillShape, ...]:
     if model.mla is not None:
         return ()
     model_len = serving.model_len(model)
@@ -78,7 +81,7 @@ def describe_call(shape: PaPrefillShape) -> str:
     return f"context_attention_fwd(batch={shape.batch}, tokens={shape.tokens}, kv_cache {shape.kv_cache_storage})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     return None
 
 

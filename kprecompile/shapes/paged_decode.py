@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
+from ..vllm.releases import ReleaseLine
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 
 
-def enumerate_paged_decode(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
+def enumerate_paged_decode(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[PagedAttentionShape, ...]:
     """Pure decode steps: every batch size, short and long contexts, both KV-cache storage classes."""
     if model.mla is not None:
         return ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
+from ..vllm.releases import ReleaseLine
 from . import _unified_attention as unified
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
 from ._points import geometric_points, int_class_representatives
@@ -21,7 +22,9 @@ def _context_lens(model_len: int, shortest: int) -> tuple[int, ...]:
     return tuple(sorted({min(shortest, model_len), min(unified.SHORT_CONTEXT, model_len), model_len}))
 
 
-def enumerate_prefix_prefill(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
+def enumerate_prefix_prefill(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[PagedAttentionShape, ...]:
     """Steps with a prefill: sequence-count classes x query lengths x token counts x contexts."""
     if model.mla is not None:
         return ()

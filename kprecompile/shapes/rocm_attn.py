@@ -21,6 +21,7 @@ from typing import Any
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
 from ._vllm_backend import VllmBackend, vllm_backend_family
 
@@ -28,7 +29,9 @@ from ._vllm_backend import VllmBackend, vllm_backend_family
 HIP_CONTEXT_LIMIT = 128 * 1024
 
 
-def enumerate_rocm_attn(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
+def enumerate_rocm_attn(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[PagedAttentionShape, ...]:
     """Decode-only steps and steps with a prefill, on a short context, one at the HIP kernel's
     limit and the longest one, for each KV storage class."""
     if model.mla is not None:
@@ -62,7 +65,7 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
     )
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if not target.is_rocm:
         return "vLLM's ROCM_ATTN backend runs on ROCm only"
     if serving.block_size % 16:

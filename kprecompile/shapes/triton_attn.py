@@ -12,8 +12,9 @@ The kernels take the number of sequences as an integer Triton specializes (1, a 
 with a prefill at one batch size per integer class, short and long contexts, both KV storage
 classes.
 
-From vLLM 0.19 (traced against 0.33.0) the step is the engine's: vLLM's `EngineArgs` build its
-`VllmConfig` from the model's config.json and the serving parameters; the backend's real
+In a line whose `tracing` is "engine_step" (vLLM 0.19 and newer, traced against 0.33.0) the
+step is the engine's: vLLM's `EngineArgs` build its `VllmConfig` from the model's config.json
+and the serving parameters; the backend's real
 metadata builder makes the step's metadata (its 3D threshold is 128 / KV heads moved to the
 nearest capture size, 16 softmax segments, scratch for that many sequences); the layer's KV
 cache is the view vLLM's runner binds (the KV-cache layout vLLM resolves, its planner's
@@ -57,6 +58,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import import_library_module
+from ..vllm.releases import ReleaseLine
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
     TWO_GIB,
@@ -72,7 +74,7 @@ from ._vllm_backend import (
     backend_step,
     kv_scales_layer,
     layer_kv_cache,
-    traced_from_0_19,
+    required_line,
     vllm_backend_family,
     vllm_record,
 )
@@ -82,14 +84,17 @@ from ._vllm_backend import (
 _SHORT_CONTEXT = 512
 
 
-def enumerate_triton_attn(model: ModelConfig, serving: ServingParams) -> tuple[PagedAttentionShape, ...]:
+def enumerate_triton_attn(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[PagedAttentionShape, ...]:
     """Decode steps at every batch size; steps with a prefill at one batch size per integer
-    class; short and long contexts; both KV storage classes (from 0.19, also the one whose keys
+    class; short and long contexts; both KV storage classes (engine steps: also the one whose keys
     span more than 2 GiB and values not, where whole blocks can end there)."""
+    line = required_line(line, "triton_attn")
     if model.mla is not None:
         return ()
-    if traced_from_0_19():
-        return _enumerate_0_19(model, serving)
+    if line.tracing == "engine_step":
+        return _enumerate_engine_steps(model, serving)
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
@@ -136,7 +141,7 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
     )
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
     if serving.block_size % 16:
         return f"vLLM's TRITON_ATTN takes block sizes that are multiples of 16, not {serving.block_size}"
     return None
@@ -147,8 +152,9 @@ BACKEND_MODULE = "vllm.v1.attention.backends.triton_attn"
 
 @dataclass(frozen=True)
 class TritonAttentionStep(PagedAttentionShape):
-    """An engine step for vLLM 0.19 and newer, whose metadata builder and KV-cache layout read
-    the engine's configuration: the model's config.json and the serving parameters it is built from."""
+    """An engine step (`tracing` "engine_step": vLLM 0.19 and newer), whose metadata builder and
+    KV-cache layout read the engine's configuration: the model's config.json and the serving
+    parameters it is built from."""
 
     config_json: str = ""
     serving: ServingParams | None = None
@@ -157,14 +163,14 @@ class TritonAttentionStep(PagedAttentionShape):
     kv_cache_blocks: int = 0
 
 
-def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonAttentionStep, ...]:
+def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple[TritonAttentionStep, ...]:
     """Decode steps at every batch size (the builder's 3D threshold, taken from the capture sizes,
     splits them between the 3D and the 2D kernel); with speculative decoding, at every query
     length up to 1 + k (requests verify 0 to k drafts: ngram proposes none where nothing matches,
     and whether a step fits the 3D kernel depends on its query blocks); steps with the longest
     prefill the budget leaves beside decodes (beyond the 3D kernel's query lengths: 2D) at one
     batch size per integer class; short and long contexts; the KV storage classes of a layer's
-    view (see `_storage_classes_0_19`)."""
+    view (see `_layer_view_storage_classes`)."""
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
@@ -192,19 +198,20 @@ def _enumerate_0_19(model: ModelConfig, serving: ServingParams) -> tuple[TritonA
             config_json=model.config_json,
             serving=serving,
         )
-        for storage in _storage_classes_0_19(model, serving)
+        for storage in _layer_view_storage_classes(model, serving)
         for seq_len in contexts
         for batch, query_len, tokens in steps
         if seq_len >= query_len
     )
 
 
-def _storage_classes_0_19(model: ModelConfig, serving: ServingParams) -> tuple[StorageClass, ...]:
-    """From 0.19 vLLM bounds the KV cache's key and value views on ROCm by the end of the layer's
-    region (`set_triton_ptr_range`), which is what Triton's buffer-ops specialization then reads:
-    the value view starts one head later, so a layer of whole blocks that ends within one head's
-    bytes past 2 GiB gives keys over and values within ("straddles_2gib"). vLLM's default layout
-    gives every layer a region of its own (layer-compact)."""
+def _layer_view_storage_classes(model: ModelConfig, serving: ServingParams) -> tuple[StorageClass, ...]:
+    """In an engine step (from 0.19) vLLM bounds the KV cache's key and value views on ROCm by the
+    end of the layer's region (`set_triton_ptr_range`), which is what Triton's buffer-ops
+    specialization then reads: the value view starts one head later, so a layer of whole blocks
+    that ends within one head's bytes past 2 GiB gives keys over and values within
+    ("straddles_2gib"). vLLM's default layout gives every layer a region of its own
+    (layer-compact)."""
     element = 1 if serving.kv_cache_is_fp8 else 2
     head_bytes = model.head_dim * element
     page = 2 * serving.block_size * serving.kv_heads_per_rank(model) * head_bytes
@@ -213,8 +220,8 @@ def _storage_classes_0_19(model: ModelConfig, serving: ServingParams) -> tuple[S
     return (*KV_CACHE_STORAGE_CLASSES, *straddles)
 
 
-def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
-    """One step as vLLM 0.19 and newer run it: the metadata built by the backend's real builder
+def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
+    """One engine step (vLLM 0.19 and newer): the metadata built by the backend's real builder
     (its 3D threshold from the capture sizes, its segment count and scratch), the KV cache written
     by the impl's `do_kv_cache_update` (the layer calls it before `forward`), then `forward`."""
     import torch
@@ -285,7 +292,7 @@ def _step_0_19(shape: TritonAttentionStep, target: Target) -> None:
 
 def launch(shape: PagedAttentionShape, target: Target) -> None:
     if isinstance(shape, TritonAttentionStep):
-        _step_0_19(shape, target)
+        _engine_step(shape, target)
     else:
         backend_step(BACKEND, shape, target)
 

@@ -4,17 +4,18 @@ on steps with cached context, traced from the installed vLLM.
 MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults on ROCm). Each decode step
 runs vLLM's `decode_attention_fwd` over the latent KV cache: the grouped stage-1 kernel
 (`_fwd_grouped_kernel_stage1`) and the stage-2 reduce (`_fwd_kernel_stage2`), both with the
-number of KV splits as a constexpr. Up to 0.18 the impl's `_forward_decode` uses 4 splits; from
-0.19 its `forward_mqa` derives them from the step's longest context (the power of 2 of context /
-512, capped at twice the compute units) and takes an FP8 KV cache. The plan builds the
+number of KV splits as a constexpr. The line's `triton_mla_decode` says the entry point: up to
+0.18 the impl's `_forward_decode` with 4 splits; from 0.19 its `forward_mqa`, which derives them
+from the step's longest context (the power of 2 of context / 512, capped at twice the compute
+units) and takes an FP8 KV cache (`triton_mla_fp8_kv_cache`). The plan builds the
 backend's impl as vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's
 `EngineArgs` from the model's config.json and the serving parameters) and calls it on meta
 tensors. The kernels specialize on the model, the split count and the KV cache's type and
 storage class, not on the batch size. The prefill runs flash attention (ROCm's flash-attn
-build, prebuilt); up to 0.18 a prefill with cached context merges partial results with vLLM's
-Triton `merge_attn_states` (`_vllm_mla.py`: the impl's real `_forward_prefill`, with V padded
-to the QK head size as the impl pads it for flash-attn); from 0.19 CDNA3 and newer merge with
-vLLM's compiled operator.
+build, prebuilt); a prefill with cached context merges partial results as the line's
+`mla_merge` says: with vLLM's Triton `merge_attn_states` up to 0.18 (`_vllm_mla.py`: the impl's
+real `_forward_prefill`, with V padded to the QK head size as the impl pads it for flash-attn),
+with vLLM's compiled operator on CDNA3 and newer from 0.19.
 
 On NVIDIA GPUs TRITON_MLA is what vLLM selects for MLA on sm80 and sm89 (and runs where named):
 the decode is traced under vLLM's CUDA platform. A prefill step's merges go there to vLLM's
@@ -33,9 +34,9 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
-from ..vllm.releases import installed_release, line_of
+from ..vllm.releases import MlaMerge, ReleaseLine, TritonMlaDecode
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
-from ._vllm_backend import VLLM_ATTENTION_OPS, vllm_record
+from ._vllm_backend import VLLM_ATTENTION_OPS, required_line, vllm_record
 from ._vllm_mla import COMMON_MODULE, build_impl, prefill_with_context
 from .family import KernelFamily
 
@@ -60,11 +61,17 @@ class TritonMlaShape:
     # What vLLM builds its engine configuration from (the impl reads it).
     config_json: str
     serving: ServingParams
+    # The planned line's decode entry point and prefill merge (its `triton_mla_decode`, `mla_merge`).
+    decode_entry: TritonMlaDecode
+    merge: MlaMerge
 
 
-def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[TritonMlaShape, ...]:
+def enumerate_triton_mla(
+    model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
+) -> tuple[TritonMlaShape, ...]:
     """Decode steps of one, a few and the most sequences, on short and long contexts, for each
     KV storage class; prefill steps with their context in one chunk and in two."""
+    line = required_line(line, "triton_mla")
     if model.mla is None:
         return ()
     model_len = serving.model_len(model)
@@ -84,6 +91,8 @@ def enumerate_triton_mla(model: ModelConfig, serving: ServingParams) -> tuple[Tr
             context_chunks=0,
             config_json=model.config_json,
             serving=serving,
+            decode_entry=line.triton_mla_decode,
+            merge=line.mla_merge,
         )
         for storage in KV_CACHE_STORAGE_CLASSES
         for seq_len in _decode_contexts(model_len)
@@ -133,9 +142,8 @@ def describe_call(shape: TritonMlaShape) -> str:
     return f"_forward_decode(batch={shape.batch}, max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
 
 
-def limits(model: ModelConfig, serving: ServingParams, target: Target) -> str | None:
-    release = installed_release()
-    if serving.kv_cache_is_fp8 and (release is None or line_of(release) != "0.19"):
+def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
+    if serving.kv_cache_is_fp8 and not required_line(line, "triton_mla").triton_mla_fp8_kv_cache:
         return "vLLM's TRITON_MLA refuses an FP8 KV cache up to 0.18"
     return None
 
@@ -153,13 +161,11 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
     impl = build_impl(
         BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target, kv_cache_dtype
     )
-    if hasattr(impl, "forward_mqa"):
-        # 0.19 and newer: on CDNA3 and newer the prefill merges with vLLM's compiled operator
-        # (nothing to compile; gfx90a's Triton merge is not planned).
-        if not shape.context_chunks:
-            _decode_step_0_19(impl, shape, target)
-        return
     if shape.context_chunks:
+        if shape.merge != "triton":
+            # vLLM's compiled merge on CDNA3 and newer: nothing to compile (gfx90a's Triton merge
+            # is not planned).
+            return
         prefill_with_context(
             impl,
             shape.serving,
@@ -170,8 +176,10 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
             max_blocks_per_seq=shape.max_blocks_per_seq,
             dtype=shape.dtype,
         )
-        return
-    _decode_step(impl, shape)
+    elif shape.decode_entry == "forward_mqa":
+        _decode_through_forward_mqa(impl, shape, target)
+    else:
+        _decode_step(impl, shape)
 
 
 def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
@@ -199,7 +207,7 @@ def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
     impl._forward_decode(query, kv_cache, metadata, layer)
 
 
-def _decode_step_0_19(impl: Any, shape: TritonMlaShape, target: Target) -> None:
+def _decode_through_forward_mqa(impl: Any, shape: TritonMlaShape, target: Target) -> None:
     """A decode step through the impl's `forward_mqa` (0.19 and newer): its KV-split count from
     the step's longest context and the GPU's compute units, its FP8 KV cache dequantized in the
     kernel."""

@@ -2,7 +2,7 @@
 
 `import aiter` initializes HIP and fails without ROCm, but AITER's Triton kernels
 (`aiter.ops.triton.*`) need none of it: registering the parent package as a bare namespace
-module (its `__path__` the installed directory) lets them import anywhere (DESIGN.md fact 5).
+module (its `__path__` the installed directory) lets them import anywhere (docs/design.md, fact 5).
 On a ROCm build of torch the real package is imported instead, so that an engine sharing the
 process later gets a fully initialized `aiter`.
 

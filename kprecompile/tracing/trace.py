@@ -4,7 +4,7 @@ The calls run on meta tensors while the cross-compile driver reports the target 
 `jit_cache_hook` intercepts every launch that would compile: the hook records Triton's own
 specialization data and returns True, so nothing compiles and nothing launches. Because
 Triton's binder computes the specialization, it is the one a real launch computes
-(DESIGN.md fact 2). Each unique specialization becomes a `CompileJob` keyed by the hash
+(docs/design.md, fact 2). Each unique specialization becomes a `CompileJob` keyed by the hash
 Triton's cache uses for it.
 """
 

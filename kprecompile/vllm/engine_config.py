@@ -1,25 +1,10 @@
 """vLLM's own configuration for a model and serving parameters, built as `vllm serve` builds it.
 
-Some of vLLM's attention implementations read the engine's configuration when they are built
-(MLA's prefill workspace from the model length, the parallel layout): the families traced
-through them build a `VllmConfig` with vLLM's `EngineArgs` from the model's config.json (in a
-temporary model directory: no weights, no tokenizer) and the serving parameters, under the
-target's platform, once per (model, serving, target) in a process. kprecompile's own vLLM
-plugin stays out of it (`KPRECOMPILE_VLLM_HOOK=0` while vLLM loads its plugins).
-
-With speculative decoding the configuration carries vLLM's `SpeculativeConfig` for the same number
-of draft tokens, with the `ngram` method: it needs no draft model, and what the target model's
-attention reads from it (the verify steps' 1 + k query tokens, the capture sizes' 1 + k factor,
-the scheduler's token budget) is the same for every method that drafts one token per position.
-Methods that draft in parallel (DFlash, DSpark: 1 + 2k query tokens) are not modelled.
-
-Under vLLM's CUDA platform, vLLM up to 0.18 asks its compiled extension at import which CUTLASS
-GEMMs the device supports (`w8a8_utils`, imported when vLLM caches what it learned about the
-model's architecture); where the extension cannot be loaded (`platform.cuda_platform`) those
-questions have no answer. They decide which GEMM an FP8 linear layer takes, which no family
-traced on an NVIDIA target reads: while the configuration is built they answer that no CUTLASS
-GEMM is built in (`no_cutlass_gemms`), the answer those modules also read under vLLM's ROCm
-platform. The modules keep it (importing them again would register vLLM's operators twice).
+Some of vLLM's attention implementations read the engine's configuration when they are built:
+the families traced through them get a `VllmConfig` from vLLM's `EngineArgs` (a temporary model
+directory with only config.json; no weights, no tokenizer), under the target's platform, once
+per (model, serving, target) in a process. Why speculative decoding uses `ngram` and why CUTLASS
+queries answer False on NVIDIA targets: docs/engine-kernels.md, "vLLM's configuration on a builder".
 """
 
 from __future__ import annotations

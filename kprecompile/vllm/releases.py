@@ -1,24 +1,20 @@
 """vLLM releases: what changes between them that decides which kernels run and the cache key.
 
 kprecompile plans for a named release: the installed vLLM's where vLLM is importable,
-`--vllm-version` on a builder without it, else `DEFAULT_RELEASE`. Releases fall into lines that
-share the rules mirrored here (the attention backend the ROCm platform selects, the default
-CUDA-graph capture sizes); tests/test_vllm.py checks each mirror against the real code of every
-tested release.
-
-- 0.11: the ROCm selector takes AITER's flash attention (`ROCM_AITER_FA`) before the
-  unified-attention flag; no `ROCM_AITER_TRITON_MLA`; capture sizes up to 2 x max-num-seqs.
-- 0.12 (to 0.18): the unified-attention flag first; capture sizes as 0.11 (0.13 brought the
-  1 + speculative-tokens factor).
-- 0.19 and newer (0.33): a priority list of valid backends (`ROCM_ATTN` first for GQA, even with
-  AITER on), `VLLM_ATTENTION_BACKEND` and `VLLM_V1_USE_PREFILL_DECODE_ATTENTION` gone, AITER's
-  MLA decode reduced by a persistent HIP kernel (no Triton stage 2), and max-num-seqs (and
-  max-num-batched-tokens, when small) captured as well.
+`--vllm-version` on a builder without it, else `DEFAULT_RELEASE`. Releases fall into lines
+that share their rules; each line is one `ReleaseLine` record in `RELEASE_LINES`, whose fields
+say every rule kprecompile mirrors (the ROCm and CUDA backend selection in `selection/engines.py`,
+the default CUDA-graph capture sizes here, how the families of vLLM's own kernels trace in
+`shapes/`). Code reads a field, never compares versions: adding a line is one record and its
+tests (tests/test_release_lines.py walks every record; tests/test_vllm.py checks the mirrors
+against the real code of every tested release). Where each rule was read in vLLM's sources:
+docs/engine-kernels.md, "vLLM release lines".
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Literal
 
@@ -33,8 +29,166 @@ TESTED_RELEASES = ("0.11.2", "0.12.0", "0.33.0")
 DEFAULT_RELEASE = "0.12.0"
 FIELD = "--vllm-version"
 
-Line = Literal["0.11", "0.12", "0.13", "0.19"]
+# How vLLM's ROCm selector picks a GQA backend when no `--attention-backend` decides:
+# - "aiter_flags_first": AITER's MHA flag, then the unified-attention flag, then
+#   VLLM_V1_USE_PREFILL_DECODE_ATTENTION, each before a named backend; else TRITON_ATTN.
+# - "named_then_unified_flag": a named backend, then the unified-attention flag, AITER's MHA
+#   flag, VLLM_V1_USE_PREFILL_DECODE_ATTENTION; else TRITON_ATTN.
+# - "priority_list": a named backend, else the first valid backend of vLLM's priority list
+#   (ROCM_ATTN for the usual head sizes, whatever the flags).
+GqaRule = Literal["aiter_flags_first", "named_then_unified_flag", "priority_list"]
+# How a vLLM family's step is traced: a call site kprecompile builds from the step (the
+# backend's metadata record, a KV cache in the shape the backend declares), or the engine's own
+# step (vLLM's `VllmConfig`, the backend's metadata builder, the per-layer KV-cache view).
+Tracing = Literal["call_site", "engine_step"]
+# TRITON_MLA's decode entry point: `_forward_decode` (4 KV splits) or `forward_mqa` (splits from
+# the step's longest context).
+TritonMlaDecode = Literal["forward_decode", "forward_mqa"]
+# How vLLM merges the partial results of a prefill with cached context on ROCm: its Triton
+# `merge_attn_states`, or its compiled operator on CDNA3 and newer (gfx90a's Triton not planned).
+MlaMerge = Literal["triton", "compiled_on_cdna3"]
+# What runs block-FP8 linear layers on sm89: vLLM's Triton GEMM, or Marlin's weight-only FP8.
+Sm89BlockFp8 = Literal["triton_gemm", "marlin"]
+# What AITER's linear path (VLLM_ROCM_USE_AITER_LINEAR) runs block-FP8 linear layers with: AITER's
+# CK GEMM on e4m3fnuz GPUs (gfx942) and vLLM's Triton GEMM elsewhere, or AITER's block-scale
+# kernel (`AiterFp8BlockScaledMMKernel`) on every arch.
+AiterBlockFp8 = Literal["ck_on_gfx942", "aiter_blockscale"]
+
+# vLLM's CUDA priority lists (`_get_backend_priorities`), without the sparse-MLA backends and
+# those for multimodal prefixes: below sm100, and on sm100.
+CUDA_MLA = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
+CUDA_MLA_SM100 = ("CUTLASS_MLA", "FLASHINFER_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
+CUDA_GQA = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
+CUDA_GQA_SM100 = ("FLASHINFER", "FLASH_ATTN", "TRITON_ATTN", "FLEX_ATTENTION")
+
+
+@dataclass(frozen=True)
+class ReleaseLine:
+    """The rules one line of vLLM releases shares: from `since` up to the next line's."""
+
+    # The line's name: the major.minor of its first release.
+    name: str
+    # Its first release (0.11.0 and 0.11.1 named the unified flag differently: not mirrored).
+    since: tuple[int, int, int]
+    # Whether VLLM_ATTENTION_BACKEND names the backend (0.11; gone in 0.19: --attention-backend only).
+    backend_variable: bool
+    # The ROCm backends offered to MLA models (0.12 brought ROCM_AITER_TRITON_MLA).
+    rocm_mla_backends: tuple[str, ...]
+    # The ROCm backends offered to GQA models (the same four since 0.11).
+    rocm_gqa_backends: tuple[str, ...]
+    # How the ROCm selector picks a GQA backend (`GqaRule`: 0.11 flags first, 0.12 named, 0.19 list).
+    gqa_rule: GqaRule
+    # Whether pages of one token take ROCM_AITER_MLA with AITER's MLA off (0.11 and 0.12; gone in 0.13).
+    aiter_mla_for_block_size_1: bool
+    # vLLM's CUDA priority list for MLA below sm100 (the same since 0.11).
+    cuda_mla_priorities: tuple[str, ...]
+    # vLLM's CUDA priority list for MLA on sm100 (0.19 put FLASHINFER_MLA and TOKENSPEED_MLA first).
+    cuda_mla_priorities_sm100: tuple[str, ...]
+    # vLLM's CUDA priority list for GQA below sm100 (the same since 0.11).
+    cuda_gqa_priorities: tuple[str, ...]
+    # vLLM's CUDA priority list for GQA on sm100 (FLASHINFER first since 0.11).
+    cuda_gqa_priorities_sm100: tuple[str, ...]
+    # Whether the largest default capture size scales with 1 + speculative tokens (0.13).
+    capture_scales_with_speculation: bool
+    # Whether max-num-seqs and a small max-num-batched-tokens are captured as well (0.19).
+    capture_serving_limits: bool
+    # How TRITON_ATTN's and ROCM_AITER_FA's steps are traced (`Tracing`: the engine's own step from 0.19).
+    tracing: Tracing
+    # TRITON_MLA's decode entry point (`TritonMlaDecode`: `forward_mqa` from 0.19).
+    triton_mla_decode: TritonMlaDecode
+    # Whether TRITON_MLA takes an FP8 KV cache (0.19; refused up to 0.18).
+    triton_mla_fp8_kv_cache: bool
+    # Whether AITER's MLA decode reduces its splits with a Triton stage 2 (up to 0.18; 0.19: HIP).
+    aiter_mla_triton_reduce: bool
+    # How MLA prefills with cached context merge partial results (`MlaMerge`: compiled from 0.19).
+    mla_merge: MlaMerge
+    # What runs block-FP8 linear layers on sm89 (`Sm89BlockFp8`: Marlin from 0.19).
+    cuda_sm89_block_fp8: Sm89BlockFp8
+    # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: block-scale from 0.19).
+    aiter_block_fp8: AiterBlockFp8
+
+    @property
+    def first_release(self) -> str:
+        return ".".join(map(str, self.since))
+
+
+_LINE_0_11 = ReleaseLine(
+    name="0.11",
+    since=(0, 11, 2),
+    backend_variable=True,
+    rocm_mla_backends=("ROCM_AITER_MLA", "TRITON_MLA"),
+    rocm_gqa_backends=("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN"),
+    gqa_rule="aiter_flags_first",
+    aiter_mla_for_block_size_1=True,
+    cuda_mla_priorities=CUDA_MLA,
+    cuda_mla_priorities_sm100=CUDA_MLA_SM100,
+    cuda_gqa_priorities=CUDA_GQA,
+    cuda_gqa_priorities_sm100=CUDA_GQA_SM100,
+    capture_scales_with_speculation=False,
+    capture_serving_limits=False,
+    tracing="call_site",
+    triton_mla_decode="forward_decode",
+    triton_mla_fp8_kv_cache=False,
+    aiter_mla_triton_reduce=True,
+    mla_merge="triton",
+    cuda_sm89_block_fp8="triton_gemm",
+    aiter_block_fp8="ck_on_gfx942",
+)
+# Each later line: the one before it, with what its first release changed.
+_LINE_0_12 = replace(
+    _LINE_0_11,
+    name="0.12",
+    since=(0, 12, 0),
+    rocm_mla_backends=("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA"),
+    gqa_rule="named_then_unified_flag",
+)
+_LINE_0_13 = replace(
+    _LINE_0_12,
+    name="0.13",
+    since=(0, 13, 0),
+    aiter_mla_for_block_size_1=False,
+    capture_scales_with_speculation=True,
+)
+_LINE_0_19 = replace(
+    _LINE_0_13,
+    name="0.19",
+    since=(0, 19, 0),
+    backend_variable=False,
+    gqa_rule="priority_list",
+    cuda_mla_priorities_sm100=(
+        "FLASHINFER_MLA",
+        "TOKENSPEED_MLA",
+        "CUTLASS_MLA",
+        "FLASH_ATTN_MLA",
+        "FLASHMLA",
+        "TRITON_MLA",
+    ),
+    capture_serving_limits=True,
+    tracing="engine_step",
+    triton_mla_decode="forward_mqa",
+    triton_mla_fp8_kv_cache=True,
+    aiter_mla_triton_reduce=False,
+    mla_merge="compiled_on_cdna3",
+    cuda_sm89_block_fp8="marlin",
+    aiter_block_fp8="aiter_blockscale",
+)
+# Every line, oldest first: a release belongs to the last line whose `since` it reaches.
+RELEASE_LINES: tuple[ReleaseLine, ...] = (_LINE_0_11, _LINE_0_12, _LINE_0_13, _LINE_0_19)
+
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def release_line(release: str, field: str = FIELD) -> ReleaseLine:
+    """The line `release` belongs to; an input error for what is not a vLLM release kprecompile knows."""
+    match = _VERSION.match(release)
+    version = (int(match[1]), int(match[2]), int(match[3] or 0)) if match else None
+    lines = [line for line in RELEASE_LINES if version is not None and version >= line.since]
+    if not lines:
+        oldest = RELEASE_LINES[0].first_release
+        raise InputError(
+            field, release, f"a vLLM release, {oldest} or newer (tested: " + ", ".join(TESTED_RELEASES) + ")"
+        )
+    return lines[-1]
 
 
 def installed_release() -> str | None:
@@ -52,31 +206,17 @@ def resolve_release(requested: str | None) -> str:
     names it (`--vllm-version`, planned with its release line's rules): unasked, that would be
     a guess."""
     if requested:
-        line_of(requested, FIELD)
+        release_line(requested, FIELD)
         return requested
     installed = installed_release()
     if installed is None:
         return DEFAULT_RELEASE
-    line_of(installed, "vllm")
+    release_line(installed, "vllm")
     if installed not in TESTED_RELEASES:
         tested = ", ".join(TESTED_RELEASES)
         expected = f"a tested release ({tested}); to plan for {installed} by its release line's rules, name it"
         raise InputError("installed vllm", installed, f"{expected}: --vllm-version {installed}")
     return installed
-
-
-def line_of(release: str, field: str = FIELD) -> Line:
-    match = _VERSION.match(release)
-    if match is None or (int(match[1]), int(match[2]), int(match[3] or 0)) < (0, 11, 2):
-        # 0.11.0 and 0.11.1 named the unified-attention flag differently and wanted pages of one
-        # token for AITER's MLA: not mirrored.
-        raise InputError(field, release, "a vLLM release, 0.11.2 or newer (tested: " + ", ".join(TESTED_RELEASES) + ")")
-    minor = (int(match[1]), int(match[2]))
-    if minor >= (0, 19):
-        return "0.19"
-    if minor >= (0, 13):
-        return "0.13"
-    return "0.12" if minor >= (0, 12) else "0.11"
 
 
 def _standard_sizes(largest: int) -> list[int]:
@@ -91,11 +231,11 @@ def capture_sizes(
     release: str, max_num_seqs: int, max_num_batched_tokens: int, decode_query_len: int
 ) -> tuple[int, ...]:
     """The CUDA-graph capture sizes `release` chooses when the user names none."""
-    line = line_of(release, "vllm")
-    per_seq = 1 if line in ("0.11", "0.12") else decode_query_len
+    line = release_line(release, "vllm")
+    per_seq = decode_query_len if line.capture_scales_with_speculation else 1
     largest = min(max_num_seqs * per_seq * 2, 512)
     decode_sizes: list[int] = []
-    if line == "0.19":
+    if line.capture_serving_limits:
         if decode_query_len > 1:
             requests = sorted({*_standard_sizes(min(max_num_seqs, 512)), min(max_num_seqs, 512)})
             decode_sizes = [n * decode_query_len for n in requests if n * decode_query_len <= largest]
@@ -103,7 +243,7 @@ def capture_sizes(
             decode_sizes = [max_num_seqs]
     largest = min(largest, max_num_batched_tokens)
     sizes = _standard_sizes(largest)
-    if line == "0.19":
+    if line.capture_serving_limits:
         if max_num_batched_tokens <= largest:
             sizes.append(max_num_batched_tokens)
         sizes += [size for size in decode_sizes if size <= max_num_batched_tokens]

@@ -8,7 +8,7 @@ import, and importing it takes seconds). `plan`, `warm`, `verify` and `export` r
 answer in their cache's toolchain bucket, keyed by the question, the stat of vLLM's selector
 files and kprecompile's and amd-aiter's versions, so the next command does not import vLLM
 again (`bake` asks each time). Only an answer is remembered: a backend, or vLLM's refusal; if
-vLLM fails to answer, one WARNING and the mirror decides. The mirror in `engines.py` serves
+vLLM fails to answer, one WARNING and the mirror decides. The mirror in `selection/engines.py` serves
 builders without vLLM (and other releases); the tests hold it equal to this answer for every
 tested release.
 

@@ -58,26 +58,30 @@ from dataclasses import replace
 from helpers import launch_path_keys
 from release_support import environment
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
-from kprecompile.vllm.releases import installed_release
+from kprecompile.vllm.releases import installed_release, release_line
+from kprecompile.warmup.planning import plan
 
 GFX942 = TARGETS["gfx942"]
 SM90 = TARGETS["sm90"]
 FAMILY = FAMILIES["rocm_attn"]
 SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192}
+# The installed release's line, which the families' shapes are planned for (none where these modules
+# are only collected, outside a release).
+LINE = release_line(installed_release()) if installed_release() else None
 
 
 def planned(preset: str, backend: str = "ROCM_ATTN", target=GFX942, **serving: object):
     model = load_model(preset)
     selection = select(model, "vllm", backend, environ={}, vllm_release=installed_release(), targets=[target])
-    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
+    return plan(Request(model, ServingParams(**{**SERVING, **serving}), selection, (target,)))
 
 
 def kernels(result) -> list[str]:
@@ -105,7 +109,7 @@ def fp8_ranges() -> dict[str, list[float]]:
     for name in ("gfx942", "gfx950"):
         model = load_model("mistral-7b-v0.1")
         selection = select(model, "vllm", "ROCM_ATTN", environ={}, vllm_release=installed_release())
-        result = plan(model, ServingParams(**SERVING, kv_cache_dtype="fp8"), [TARGETS[name]], selection)
+        result = plan(Request(model, ServingParams(**SERVING, kv_cache_dtype="fp8"), selection, (TARGETS[name],)))
         job = next(job for job in result.jobs if job.kernel.endswith(":kernel_paged_attention_2d"))
         data = json.loads(job.specialization)
         names = list(data["signature"])
@@ -117,7 +121,7 @@ def fp8_ranges() -> dict[str, list[float]]:
 
 def keys() -> list[dict[str, object]]:
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
-    shapes = FAMILY.enumerate_shapes(model, serving)
+    shapes = FAMILY.enumerate_shapes(model, serving, LINE)
     rows = []
     for shape in (next(s for s in shapes if s.max_query_len > 1), next(s for s in shapes if s.max_query_len == 1)):
 
@@ -141,7 +145,7 @@ def keys() -> list[dict[str, object]]:
 def sweep_shapes(model, serving: ServingParams, rng: random.Random, count: int, family=FAMILY):
     """Random engine steps within the serving limits: a mix of decodes and prefills with random
     contexts, on either KV storage class."""
-    template = family.enumerate_shapes(model, serving)[0]
+    template = family.enumerate_shapes(model, serving, LINE)[0]
     model_len = serving.model_len(model)
     shapes = []
     for _ in range(count):
@@ -186,7 +190,9 @@ def coverage() -> dict[str, object]:
         }
     # Negative control: a plan that leaves out the KV caches over 2 GiB misses what the sweep finds.
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
-    partial = [shape for shape in FAMILY.enumerate_shapes(model, serving) if shape.kv_cache_storage == "under_2gib"]
+    partial = [
+        shape for shape in FAMILY.enumerate_shapes(model, serving, LINE) if shape.kv_cache_storage == "under_2gib"
+    ]
     partial_keys = {
         job.key
         for job in trace_calls(FAMILY.calls(tuple(partial), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules).jobs
@@ -248,7 +254,7 @@ def triton_attn(target=GFX942) -> dict[str, object]:
     options = json.loads(reshape.specialization)["options"]
     document["reshape_launch"] = [options["num_warps"], options["num_stages"]]
     model, serving = load_model("mistral-7b-v0.1"), ServingParams(**SERVING)
-    shapes = TRITON.enumerate_shapes(model, serving)
+    shapes = TRITON.enumerate_shapes(model, serving, LINE)
     small_decode = next(shape for shape in shapes if shape.max_query_len == 1 and shape.num_seqs == 3)
     prefill = next(shape for shape in shapes if shape.max_query_len > 1)
     rows = []
@@ -329,7 +335,7 @@ def triton_attn_0_19(target) -> dict[str, object]:
     fp8_serving = ServingParams(**SERVING, kv_cache_dtype="fp8")
     fp8_decode = next(
         shape
-        for shape in TRITON.enumerate_shapes(load_model("llama-3.1-8b-instruct"), fp8_serving)
+        for shape in TRITON.enumerate_shapes(load_model("llama-3.1-8b-instruct"), fp8_serving, LINE)
         if shape.max_query_len == 1 and shape.num_seqs == 3
     )
     call = _without_reshape_and_cache(fp8_decode, target)
@@ -360,7 +366,7 @@ def triton_attn_0_19(target) -> dict[str, object]:
     # Negative control: the plan's own steps without the straddling layers miss what the sweep finds.
     model, serving = load_model(llama), ServingParams(**SERVING)
     kept = tuple(
-        shape for shape in TRITON.enumerate_shapes(model, serving) if shape.kv_cache_storage != "straddles_2gib"
+        shape for shape in TRITON.enumerate_shapes(model, serving, LINE) if shape.kv_cache_storage != "straddles_2gib"
     )
     kept_keys = {
         job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn", TRITON.traced_modules).jobs
@@ -385,7 +391,7 @@ def triton_mla(target=GFX942) -> dict[str, object]:
     plan_jobs = planned("deepseek-v2-lite", "TRITON_MLA", target).jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "triton_mla")
     serving = ServingParams(**SERVING)
-    shapes = MLA.enumerate_shapes(model, serving)
+    shapes = MLA.enumerate_shapes(model, serving, LINE)
 
     def call():
         MLA.launch(shapes[1], target)
@@ -515,7 +521,7 @@ def mla_merge() -> dict[str, object]:
     plan_jobs = planned("deepseek-v2-lite", "ROCM_AITER_MLA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "mla_merge")
     serving = ServingParams(**SERVING)
-    shapes = MERGE.enumerate_shapes(model, serving)
+    shapes = MERGE.enumerate_shapes(model, serving, LINE)
     document["keys"] = []
     for shape in shapes:
         call = functools.partial(MERGE.launch, shape, GFX942)
@@ -571,7 +577,7 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")
     serving = ServingParams(**SERVING)
-    shapes = CONTEXT.enumerate_shapes(model, serving)
+    shapes = CONTEXT.enumerate_shapes(model, serving, LINE)
     call = functools.partial(CONTEXT.launch, shapes[2], GFX942)
     traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
     with tempfile.TemporaryDirectory() as cache:
@@ -684,7 +690,7 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
             )
             if label == "default":
                 plan_keys = {job.key for job in jobs}
-    shapes = CONTEXT.enumerate_shapes(model, serving)
+    shapes = CONTEXT.enumerate_shapes(model, serving, LINE)
     model_len = serving.model_len(model)
     # Two decodes, then ten extends: one with three chunks of cached context (a chunk holds
     # 32768 / extends tokens), the others short.
@@ -716,7 +722,7 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
     allocations) with random extends against the plan, and against the plan without speculative
     decoding and one whose verify steps take one batch size per integer class (negative controls)."""
     serving = ServingParams(**SERVING, num_speculative_tokens=2)
-    shapes = CONTEXT.enumerate_shapes(model, serving)
+    shapes = CONTEXT.enumerate_shapes(model, serving, LINE)
     plan_keys = _context_keys(shapes)
     kernels = sorted(
         job.kernel.rpartition(":")[2]
@@ -750,7 +756,7 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
             )
         )
     swept_keys = _context_keys(swept)
-    without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING)))
+    without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING), LINE))
     # The negative control: verify steps at one batch size per integer class (1, 2, 16), not every one.
     per_class = [
         shape
@@ -776,7 +782,7 @@ LINEAR_SERVING = {**SERVING, "tensor_parallel_size": 8}
 
 
 def _linear_shapes(**serving: object):
-    return LINEAR.enumerate_shapes(load_model("deepseek-r1"), ServingParams(**{**LINEAR_SERVING, **serving}))
+    return LINEAR.enumerate_shapes(load_model("deepseek-r1"), ServingParams(**{**LINEAR_SERVING, **serving}), LINE)
 
 
 def _linear_keys(shapes, target) -> set[str]:
@@ -892,7 +898,7 @@ def untraceable() -> dict[str, object]:
     choices = (FamilyChoice("rocm_attn", "ROCM_ATTN"), FamilyChoice("pa_prefill", "aiter"))
     selection = Selection("vllm", "ROCM_ATTN", {}, choices, installed_release())
     try:
-        result = plan(model, ServingParams(**SERVING), [GFX942], selection)
+        result = plan(Request(model, ServingParams(**SERVING), selection, (GFX942,)))
     finally:
         FAMILIES["rocm_attn"] = saved
     reasons = {family.family: family.skip_reason for family in result.families}

@@ -116,8 +116,8 @@ from kprecompile.inputs.targets import TARGETS
 layout = kprecompile.activate()
 model = load_model("{model}")
 serving = ServingParams(max_model_len=8192, max_num_seqs=32)
-report = kprecompile.preload(model, serving, layout, target=TARGETS["gfx942"],
-                             selection=select(model, "vllm", "{backend}", environ={{}}))
+selection = select(model, "vllm", "{backend}", environ={{}})
+report = kprecompile.preload(kprecompile.Request(model, serving, selection), layout, target=TARGETS["gfx942"])
 print(json.dumps([report.kernels, report.loaded, report.compiled, list(report.failures)]))
 """
 

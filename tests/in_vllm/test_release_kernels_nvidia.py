@@ -10,11 +10,12 @@ from collections import Counter
 import kernel_probes as probes
 import pytest
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.vllm.releases import installed_release
+from kprecompile.warmup.planning import plan
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("kernels-nvidia")]
 
@@ -31,7 +32,7 @@ def nvidia() -> dict[str, object]:
         "triton_mla": probes.triton_mla(probes.SM90),
         "merge": probes.cuda_merge(),
         "selection": probes.cuda_selection(),
-        "mla_tp2": probes.kernels(plan(model, tp2, [probes.SM90], selection)),
+        "mla_tp2": probes.kernels(plan(Request(model, tp2, selection, (probes.SM90,)))),
     }
 
 

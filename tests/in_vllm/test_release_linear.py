@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from helpers import launch_path_keys
+from kernel_probes import LINE
 from release_support import environment
 
 from kprecompile.inputs.models import load_model
@@ -44,7 +45,7 @@ SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 
 
 def shapes_of(target, **serving: object):
     """The family's shapes for one target's arch (the ROCm ones where it is not one of the family's)."""
-    shapes = LINEAR.enumerate_shapes(load_model("deepseek-r1"), ServingParams(**{**SERVING, **serving}))
+    shapes = LINEAR.enumerate_shapes(load_model("deepseek-r1"), ServingParams(**{**SERVING, **serving}), LINE)
     arch = target.name if target.name in DEVICE_NAMES else "gfx950" if target.is_rocm else "sm89"
     return [replace(shape, arch=target.name) for shape in shapes if shape.arch == arch]
 

@@ -24,10 +24,10 @@ import pytest
 import torch
 from release_support import bind_platform
 
-from kprecompile.build.manifest_key import find_manifest
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
+from kprecompile.warmup.manifest_key import find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("nvidia-plugin")]
 
@@ -89,9 +89,7 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
     started = hook.background is not None
     hook._before_weights_processed((), {})
     hook._model_loaded(None, (), {})
-    lookup = request and find_manifest(
-        request.model, request.serving, request.selection, SM90, hook.layout, remember=False
-    )
+    lookup = request and find_manifest(request, SM90, hook.layout, remember=False)
     manifest = lookup.manifest if lookup else None
     return {
         "manifest_kernels": sorted(job.kernel.rpartition(":")[2] for job in manifest.jobs) if manifest else None,

@@ -33,15 +33,16 @@ import torch
 from release_support import bind_platform
 from triton import knobs
 
-from kprecompile.build.manifest_key import configuration_parts, find_manifest
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.settings import cache_layout
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.vllm_platform import rocm_platform
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
 from kprecompile.vllm.releases import serving_capture_sizes
+from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
 
@@ -190,7 +191,7 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> dict:
     layout = cache_layout(cache_dir)
     parts = {
         side: configuration_parts(
-            model, request.serving, select(model, "vllm", "ROCM_AITER_MLA"), GFX942, layout, remember=False
+            Request(model, request.serving, select(model, "vllm", "ROCM_AITER_MLA")), GFX942, layout, remember=False
         )
         for side, model in (("vllm", request.model), ("cli", cli_model))
     }
@@ -420,9 +421,7 @@ def load_sequence(config, hook, base_loader) -> dict:
 
     serving = fp8_bmm_loop_call(m=40)
     records = read_records(hook.layout, hook.monitor.sink.key) if hook.monitor.sink else {}
-    lookup = find_manifest(
-        hook.request.model, hook.request.serving, hook.request.selection, GFX942, hook.layout, remember=False
-    )
+    lookup = find_manifest(hook.request, GFX942, hook.layout, remember=False)
     return {
         "serving": serving,
         "recorded": {

@@ -26,15 +26,16 @@ from dataclasses import replace
 
 import pytest
 from helpers import launch_path_keys
-from kernel_probes import GFX942, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
+from kernel_probes import GFX942, LINE, SERVING, SM90, TRITON, _random_layer_blocks, _without_reshape_and_cache
 
-from kprecompile.build.planning import plan
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
 from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import installed_release
+from kprecompile.warmup.planning import plan
 
 LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 
@@ -42,7 +43,7 @@ LLAMA_8B, LLAMA_70B = "llama-3.1-8b-instruct", "llama-3.1-70b-instruct"
 def planned(preset: str, target, **serving: object):
     model = load_model(preset)
     selection = select(model, "vllm", "TRITON_ATTN", environ={}, vllm_release=installed_release(), targets=[target])
-    return plan(model, ServingParams(**{**SERVING, **serving}), [target], selection)
+    return plan(Request(model, ServingParams(**{**SERVING, **serving}), selection, (target,)))
 
 
 def kernels_of(jobs) -> list[str]:
@@ -59,7 +60,7 @@ def builder_view(preset: str, target, num_speculative_tokens: int) -> dict[str, 
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
     step = next(
         shape
-        for shape in TRITON.enumerate_shapes(load_model(preset), serving)
+        for shape in TRITON.enumerate_shapes(load_model(preset), serving, LINE)
         if shape.num_seqs == 3 and shape.max_query_len == serving.decode_query_len
     )
     seen: dict[str, int] = {}
@@ -92,7 +93,7 @@ def spec_sweep(preset: str, target, seed: int, count: int, **serving: object) ->
     (a random cap up to k per step), some requests prefill 2 to 64 tokens, random contexts, layer
     regions of random size; traced through the family's real call."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
-    template = TRITON.enumerate_shapes(model, params)[0]
+    template = TRITON.enumerate_shapes(model, params, LINE)[0]
     model_len = params.model_len(model)
     rng = random.Random(seed)
     shapes = []
@@ -122,7 +123,9 @@ def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
     """The plan's own steps without the decodes that verify fewer than k drafts."""
     model, params = load_model(preset), ServingParams(**{**SERVING, **serving})
     kept = tuple(
-        shape for shape in TRITON.enumerate_shapes(model, params) if shape.max_query_len >= params.decode_query_len
+        shape
+        for shape in TRITON.enumerate_shapes(model, params, LINE)
+        if shape.max_query_len >= params.decode_query_len
     )
     return {
         job.key for job in trace_calls(TRITON.calls(kept, target), target, "triton_attn", TRITON.traced_modules).jobs
@@ -131,7 +134,7 @@ def full_verify_only_keys(preset: str, target, **serving: object) -> set[str]:
 
 def key_rows(preset: str, target, num_speculative_tokens: int) -> dict[str, dict[str, list]]:
     serving = ServingParams(**SERVING, num_speculative_tokens=num_speculative_tokens)
-    shapes = TRITON.enumerate_shapes(load_model(preset), serving)
+    shapes = TRITON.enumerate_shapes(load_model(preset), serving, LINE)
     verify = serving.decode_query_len
     steps = {
         "verify 3d": next(s for s in shapes if s.num_seqs == 3 and s.max_query_len == verify),

@@ -82,12 +82,12 @@ def start(
 
 
 def main(request_file: str) -> None:
-    from ...build.warming import warm
     from ...inputs.models import model_from_dict
     from ...inputs.serving import ServingParams
     from ...inputs.settings import cache_layout
     from ...inputs.targets import TARGETS
     from ...selection.engines import select
+    from ...warmup.warming import warm
 
     document = json.loads(Path(request_file).read_text())
     model = model_from_dict(document["config"], name=document["name"], source=f"vLLM's config of {document['name']}")
@@ -100,11 +100,8 @@ def main(request_file: str) -> None:
         model, document["engine"], document["attention_backend"], block_size=serving["block_size"], targets=[target]
     )
     report = warm(
-        model,
-        ServingParams(**serving),
-        [target],
+        Request(model, ServingParams(**serving), selection, (target,)),
         cache_layout(document["cache_dir"], tuple(document["layers"])),
-        selection=selection,
         max_workers=document["workers"],
         rank=document["rank"],
         ranks=document["ranks"],

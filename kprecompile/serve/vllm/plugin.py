@@ -31,10 +31,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...build.pool import default_worker_count
 from ...errors import InputError, KprecompileError
 from ...inputs import settings
 from ...vllm.releases import installed_release
+from ...warmup.pool import default_worker_count
 from ...wording import plural
 from ..monitor import JitMonitor
 
@@ -135,8 +135,8 @@ class LoaderHook:
     # What happens at each.
 
     def _start(self, vllm_config: Any, model: Any) -> None:
-        from ...build.verification import verify
         from ...inputs.targets import detect_local_target
+        from ...warmup.verification import verify
         from ..runtime import journal_sink
         from . import background
         from .request import from_vllm_config, hf_config_dict
@@ -145,9 +145,7 @@ class LoaderHook:
         request = from_vllm_config(vllm_config, model, self.target or detect_local_target)
         self.request, self.hf_config = request, hf_config_dict(vllm_config)
         # From here on (and what compiled before), compiles go to this configuration's journal.
-        self.monitor.record_to(
-            journal_sink(request.model, request.serving, self.layout, request.targets[0], request.selection)
-        )
+        self.monitor.record_to(journal_sink(request, self.layout, request.targets[0]))
         target = request.targets[0].name
         why = _nothing_to_compile(request)
         if why is not None:
@@ -156,7 +154,7 @@ class LoaderHook:
                 f"nothing to compile ahead ({why})"
             )
             return
-        report = verify(request.model, request.serving, request.targets, self.layout, selection=request.selection)
+        report = verify(request, self.layout)
         self.was_warm = report.warm
         if report.warm:
             self._say(
@@ -191,7 +189,7 @@ class LoaderHook:
         )
 
     def _preload(self) -> None:
-        from ...build.preload import preload
+        from ...warmup.preload import preload
 
         if self.request is None:
             raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")
@@ -199,9 +197,7 @@ class LoaderHook:
         if _nothing_to_compile(request) is not None:
             self._say(f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started")
             return
-        report = preload(
-            request.model, request.serving, self.layout, target=request.targets[0], selection=request.selection
-        )
+        report = preload(request, self.layout, target=request.targets[0])
         failed = f" ({len(report.failures)} could not be loaded: {report.failures[0]})" if report.failures else ""
         self._say(
             f"{plural(report.kernels - len(report.failures), 'kernel')} of the configuration in the process "

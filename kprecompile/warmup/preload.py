@@ -19,10 +19,8 @@ from ..cache.layout import CacheLayout
 from ..cache.served import SERVED
 from ..cache.usage import mark_used, using_if_possible
 from ..errors import InputError, NotWarmError
-from ..inputs.models import ModelConfig
-from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..selection.engines import Selection, select
+from ..selection.request import Request
 from .manifest_key import find_manifest
 
 
@@ -43,13 +41,7 @@ class PreloadReport:
 
 
 def preload(
-    model: ModelConfig,
-    serving: ServingParams,
-    layout: CacheLayout,
-    *,
-    target: Target | None = None,
-    selection: Selection | None = None,
-    launchers: bool | None = None,
+    request: Request, layout: CacheLayout, *, target: Target | None = None, launchers: bool | None = None
 ) -> PreloadReport:
     """Load every kernel of this configuration's manifest into this process.
 
@@ -70,11 +62,10 @@ def preload(
     launchers = on_gpu if launchers is None else launchers
     if launchers and not on_gpu:
         raise InputError("launchers", True, f"a local {target.name} GPU to load kernels on")
-    selection = selection or select(model)
-    lookup = find_manifest(model, serving, selection, target, layout, remember=False)
+    lookup = find_manifest(request, target, layout, remember=False)
     manifest = lookup.manifest
     if manifest is None:
-        raise NotWarmError(model.name, target.name, str(layout.root))
+        raise NotWarmError(request.model.name, target.name, str(layout.root))
     SERVED.record(manifest)
     counter = _ListenerCounter()
     failures = []

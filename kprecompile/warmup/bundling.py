@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
+from ..cache.archive_check import DEFAULT_LIMITS, ImportLimits
+from ..cache.archive_install import ImportReport, install_archive
 from ..cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
 from ..cache.bundle import write_index as write_bundle_index
-from ..cache.bundle_import import DEFAULT_LIMITS, ImportLimits, ImportReport, import_archive
 from ..cache.journal import merge as merge_journal
 from ..cache.journal import read_records
 from ..cache.layout import CacheLayout
@@ -127,11 +128,8 @@ def bake(
         if recorded_from is not None:
             carry_journals(recorded_from, layout, request)
         report = warm(
-            request.model,
-            request.serving,
-            request.targets,
+            request,
             layout,
-            selection=request.selection,
             max_workers=max_workers,
             job_timeout_seconds=job_timeout_seconds,
             progress=progress,
@@ -166,7 +164,7 @@ def export(request: Request, layout: CacheLayout, archive: str | Path) -> Export
     archive_path = check_archive_path(archive)
     manifests: dict[str, list[str]] = {}
     for target in request.targets:
-        lookup = find_manifest(request.model, request.serving, request.selection, target, layout, remember=False)
+        lookup = find_manifest(request, target, layout, remember=False)
         if lookup.manifest is None:
             raise InputError(
                 "configuration",
@@ -198,7 +196,7 @@ def carry_journals(source: CacheLayout, destination: CacheLayout, request: Reque
     `destination`'s journals; returns how many records there were."""
     carried = 0
     for target in request.targets:
-        lookup = find_manifest(request.model, request.serving, request.selection, target, source, remember=False)
+        lookup = find_manifest(request, target, source, remember=False)
         records = read_records(source, lookup.journal_key)
         if records:
             merge_journal(destination, lookup.journal_key, records.values())
@@ -219,10 +217,10 @@ def check_toolchains(toolchains: dict[str, dict[str, Any]]) -> None:
             )
 
 
-def import_bundle(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
+def import_archive(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
     """Add the archive to the cache's writable root after validating all of it; all or nothing.
     Each kernel entry is installed under its compile lock, waiting up to $KPRECOMPILE_LOCK_TIMEOUT."""
-    return import_archive(
+    return install_archive(
         Path(archive),
         CacheLayout.of(layout.root),
         check_toolchains,

@@ -1,5 +1,5 @@
-"""`misses`: what serving processes compiled beyond the plan, per configuration, for whoever
-maintains the families.
+"""Kernels recorded while serving (what `kprecompile misses` lists): what serving processes
+compiled beyond the plan, per configuration, for whoever maintains the families.
 
 Reads the journals (`cache/journal.py`) of every root and the manifests beside them, without
 torch or Triton: each record with its kernel, specialization, when it was first and last seen
@@ -25,7 +25,7 @@ _LIBRARIES = {"aiter": "AITER", "vllm": "vLLM", "sglang": "SGLang", "torch": "Py
 
 
 @dataclass(frozen=True)
-class Miss:
+class RecordedKernel:
     kernel: str
     triton_key: str
     target: str
@@ -54,21 +54,22 @@ class JournalReport:
     targets: tuple[str, ...]
     # Manifest keys of the configurations that recorded (and of those in this cache sharing it).
     manifests: tuple[str, ...]
-    misses: tuple[Miss, ...]
+    # The recorded kernels (named `misses` in `kprecompile misses --json`: the kernels the plan missed).
+    misses: tuple[RecordedKernel, ...]
 
     def as_dict(self) -> dict[str, Any]:
         return {
             **asdict(self),
             "targets": list(self.targets),
             "manifests": list(self.manifests),
-            "misses": [miss.as_dict() for miss in self.misses],
+            "misses": [kernel.as_dict() for kernel in self.misses],
         }
 
 
 Selector = Callable[[Record], bool]
 
 
-def find_misses(layout: CacheLayout, chosen: Selector = lambda record: True) -> list[JournalReport]:
+def find_recorded(layout: CacheLayout, chosen: Selector = lambda record: True) -> list[JournalReport]:
     """Every journal with records that `chosen` accepts, most recently seen first."""
     known = configurations(layout)
     families = {job.kernel: job.family for c in known for job in c.manifest.jobs if job.family != RECORDED_FAMILY}
@@ -83,7 +84,9 @@ def find_misses(layout: CacheLayout, chosen: Selector = lambda record: True) -> 
         if not records:
             continue
         sharing = by_journal.get(key, [])
-        misses = tuple(_miss(record, sharing, families) for record in sorted(records, key=lambda r: -r.last_seen))
+        misses = tuple(
+            _recorded_kernel(record, sharing, families) for record in sorted(records, key=lambda r: -r.last_seen)
+        )
         manifests = sorted({record.manifest for record in records if record.manifest} | {c.key for c, _ in sharing})
         reports.append(
             JournalReport(key, records[0].model, tuple(sorted({r.target for r in records})), tuple(manifests), misses)
@@ -91,8 +94,10 @@ def find_misses(layout: CacheLayout, chosen: Selector = lambda record: True) -> 
     return sorted(reports, key=lambda report: report.misses[0].last_seen, reverse=True)
 
 
-def _miss(record: Record, sharing: list[tuple[Configuration, str]], families: dict[str, str]) -> Miss:
-    return Miss(
+def _recorded_kernel(
+    record: Record, sharing: list[tuple[Configuration, str]], families: dict[str, str]
+) -> RecordedKernel:
+    return RecordedKernel(
         kernel=record.kernel,
         triton_key=record.triton_key,
         target=record.target,

@@ -19,11 +19,9 @@ from ..cache.keys import hash_named_dict
 from ..cache.layout import MANIFEST_SCHEMA, CacheLayout
 from ..cache.manifest import Manifest, locate_manifest, manifest_key, read_manifest
 from ..inputs.environment import fingerprint
-from ..inputs.models import ModelConfig
-from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..inputs.toolchain import Toolchain, current_toolchain
-from ..selection.engines import Selection
+from ..selection.request import Request
 from ..vllm.releases import DEFAULT_RELEASE, serving_capture_sizes
 
 # The parts that must be equal for another manifest to be "this configuration, elsewhere".
@@ -35,9 +33,7 @@ _NOT_IN_JOURNAL_KEY = ("schema", "kprecompile", "toolchain")
 
 
 def configuration_parts(
-    model: ModelConfig,
-    serving: ServingParams,
-    selection: Selection,
+    request: Request,
     target: Target,
     layout: CacheLayout,
     *,
@@ -49,6 +45,7 @@ def configuration_parts(
     `remember` false (verify, preload) writes nothing to the cache, not even the Triton-key
     memo; `toolchain` replaces this process's toolchain (tests, explanations).
     """
+    model, serving, selection = request.model, request.serving, request.selection
     toolchain = toolchain or current_toolchain(layout, target, remember)
     return {
         "schema": MANIFEST_SCHEMA,
@@ -92,16 +89,14 @@ class ManifestLookup:
 
 
 def find_manifest(
-    model: ModelConfig,
-    serving: ServingParams,
-    selection: Selection,
+    request: Request,
     target: Target,
     layout: CacheLayout,
     *,
     remember: bool = True,
 ) -> ManifestLookup:
     """Parts -> key -> the manifest in any root of `layout` (None when not there or unreadable)."""
-    parts = configuration_parts(model, serving, selection, target, layout, remember=remember)
+    parts = configuration_parts(request, target, layout, remember=remember)
     key = manifest_key(parts)
     manifest = read_manifest(layout, key)
     path = (locate_manifest(layout, key) if manifest is not None else None) or layout.manifest_path(key)

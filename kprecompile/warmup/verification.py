@@ -11,17 +11,14 @@ differs: the toolchain (Triton key, install path, Python, ptxas, versions) or a 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..cache.layout import CacheLayout
 from ..cache.manifest import job_problems, read_all_manifest_parts
-from ..inputs.models import ModelConfig
-from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..inputs.toolchain import toolchain_differences
-from ..selection.engines import Selection, select
+from ..selection.request import Request
 from .manifest_key import SAME_CONFIGURATION, ManifestLookup, find_manifest
 from .replay import recorded_here, unsettled
 
@@ -63,24 +60,15 @@ class VerifyReport:
         return asdict(self)
 
 
-def verify(
-    model: ModelConfig,
-    serving: ServingParams,
-    targets: Sequence[Target],
-    layout: CacheLayout,
-    *,
-    selection: Selection | None = None,
-    deep: bool = False,
-) -> VerifyReport:
+def verify(request: Request, layout: CacheLayout, *, deep: bool = False) -> VerifyReport:
     started = time.perf_counter()
-    if selection is None:
-        selection = select(model)
-    serving.check(model)
+    model = request.model
+    request.serving.check(model)
     verdicts = []
     parts: dict[str, Any] = {}
-    for target in targets:
+    for target in request.targets:
         # Nothing is written: verify may run against a read-only cache.
-        lookup = find_manifest(model, serving, selection, target, layout, remember=False)
+        lookup = find_manifest(request, target, layout, remember=False)
         parts = lookup.parts
         verdicts.append(_verify_target(layout, lookup, target, deep))
     return VerifyReport(

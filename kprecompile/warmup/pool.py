@@ -1,7 +1,7 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
 Jobs already in the cache are found in this process first; workers are started only for the
-rest, because each spawned worker re-imports torch and Triton (DESIGN.md fact 8, about 2.5 s
+rest, because each spawned worker re-imports torch and Triton (docs/design.md, fact 8, about 2.5 s
 of CPU each); on a cold cache they are started early, so that those imports overlap with the
 parent's tracing. Workers are spawned, not forked (Triton and torch do not survive fork).
 `pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the

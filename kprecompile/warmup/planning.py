@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,11 +21,12 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..inputs.toolchain import triton_key_text
-from ..selection.engines import Selection, select
+from ..selection.engines import Selection
+from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..tracing.trace import trace_calls
-from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, serving_capture_sizes
+from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, ReleaseLine, release_line, serving_capture_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -84,20 +85,29 @@ class Plan:
         }
 
 
+def planned_line(selection: Selection) -> ReleaseLine | None:
+    """The release line the families are planned for: the selection's vLLM release's (None under
+    the aiter engine, which has no vLLM)."""
+    return release_line(selection.vllm_release) if selection.vllm_release else None
+
+
 def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Selection) -> dict[FamilyName, tuple]:
     """The shapes of every family the selection plans (input errors surface here). Families
     with nothing to do for this model are left out."""
     serving.check(model)
-    shapes = {name: FAMILIES[name].enumerate_shapes(model, serving) for name in selection.planned}
+    line = planned_line(selection)
+    shapes = {name: FAMILIES[name].enumerate_shapes(model, serving, line) for name in selection.planned}
     return {name: found for name, found in shapes.items() if found}
 
 
 def compiled_families(
-    model: ModelConfig, serving: ServingParams, shapes: PlannedShapes, target: Target
+    model: ModelConfig, serving: ServingParams, shapes: PlannedShapes, target: Target, line: ReleaseLine | None
 ) -> list[FamilyName]:
-    """The families of `shapes` that compile something on `target`."""
+    """The families of `shapes` that compile something on `target` in the planned release line."""
     return [
-        name for name, found in shapes.items() if found and FAMILIES[name].skip_reason(model, serving, target) is None
+        name
+        for name, found in shapes.items()
+        if found and FAMILIES[name].skip_reason(model, serving, target, line) is None
     ]
 
 
@@ -107,13 +117,14 @@ def plan_family(
     model: ModelConfig,
     serving: ServingParams,
     target: Target,
+    line: ReleaseLine | None,
     backend: str = "",
     triton_key: str | None = None,
     engine: str = DEFAULT_ENGINE,
 ) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     family = FAMILIES[name]
     parameters = family.describe_shapes(shapes) if shapes else {}
-    skip_reason = family.skip_reason(model, serving, target)
+    skip_reason = family.skip_reason(model, serving, target, line)
     if skip_reason:
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
     try:
@@ -130,23 +141,15 @@ def plan_family(
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 
-def plan(
-    model: ModelConfig,
-    serving: ServingParams,
-    targets: Sequence[Target],
-    selection: Selection | None = None,
-    shapes: PlannedShapes | None = None,
-    layout: CacheLayout | None = None,
-) -> Plan:
-    """Trace every selected family's calls on every target.
+def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: CacheLayout | None = None) -> Plan:
+    """Trace every selected family's calls on every target of the request.
 
-    `selection` defaults to the default engine under this process's environment; `shapes`
-    to `planned_shapes`. Families the engine runs but kprecompile does not compile are listed
-    with the reason. `layout` is where Triton's toolchain key is remembered between runs.
+    `shapes` defaults to `planned_shapes`. Families the engine runs but kprecompile does not
+    compile are listed with the reason. `layout` is where Triton's toolchain key is remembered
+    between runs.
     """
     imports_started = time.perf_counter()
-    if selection is None:
-        selection = select(model)
+    model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
     if shapes is None:
         shapes = planned_shapes(model, serving, selection)
     triton_key = None
@@ -160,6 +163,7 @@ def plan(
     import_seconds = started - imports_started
     plans: list[FamilyPlan] = []
     jobs: dict[str, CompileJob] = {}
+    line = planned_line(selection)
     for target in targets:
         for choice in selection.choices:
             skip_reason = choice.skip_reason or choice.skip_reason_on(target.name)
@@ -174,6 +178,7 @@ def plan(
                 model,
                 serving,
                 target,
+                line,
                 choice.backend,
                 triton_key,
                 selection.engine,

@@ -1,0 +1,356 @@
+"""`warm`: plan, compile what is missing, and record the configuration as warm.
+
+Per target, the manifest key is computed first, from the model digest, serving parameters,
+toolchain and environment, without importing torch or tracing: when its manifest exists, every
+kernel it lists is in the cache and it has considered every record of the configuration's
+journal, the target is warm and nothing else runs. Otherwise the target is planned (or, when
+only the journal is new, the manifest's plan reused), the journal's records replayed, the
+missing kernels compiled, and the manifest written last, only when every kernel compiled.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..cache.entries import has_entries, remove_entry
+from ..cache.jobs import CompileJob
+from ..cache.layout import CacheLayout
+from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
+from ..cache.staging import remove_stale_staging
+from ..cache.usage import tag_cache_dir, using
+from ..inputs.targets import Target
+from ..inputs.toolchain import triton_key_text
+from ..progress import Progress
+from ..selection.request import Request
+from ..shapes import FAMILIES, FamilyName
+from .compile import JobOutcome, job_lock
+from .manifest_key import ManifestLookup, find_manifest
+from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_line, planned_shapes
+from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
+from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class KernelFailure:
+    model: str
+    family: str
+    target: str
+    kernel: str
+    specialization: str
+    error: str
+
+
+@dataclass(frozen=True)
+class WarmReport:
+    model: str
+    targets: tuple[str, ...]
+    families: tuple[FamilyPlan, ...]
+    kernels: int
+    compiled: int
+    cached: int
+    failed: int
+    # Entries of an earlier warm found damaged (size or checksum) and compiled again.
+    replaced: int
+    # Compile worker processes started (0 when everything was cached): as many as kernels were
+    # missing, up to --jobs.
+    workers: int
+    # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
+    # when warming for this machine's own GPU (docs/design.md, fact 7); 0 elsewhere.
+    launchers: int
+    # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
+    # manifest showed the configuration warm).
+    seconds: float
+    trace_seconds: float
+    compile_seconds: float
+    failures: tuple[KernelFailure, ...]
+    manifests: tuple[str, ...]
+    cache_dir: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _library_modules(families: Sequence[FamilyName]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(prefix for name in families for prefix in FAMILIES[name].traced_modules))
+
+
+def _build_launchers(request: Request, layout: CacheLayout, target: Target) -> int:
+    """On a host with `target`'s GPU, load every kernel once so that Triton builds and caches its
+    launcher and driver utility modules (built with the host compiler, and needing the GPU's
+    driver): a serving process then only loads them. Returns how many kernels were loaded."""
+    from triton import knobs
+
+    from .preload import is_local_gpu, preload
+
+    if not is_local_gpu(target):
+        return 0
+    with knobs.cache.scope():
+        knobs.cache.dir = str(layout.triton_dir)
+        report = preload(request, layout, target=target, launchers=True)
+    for failure in report.failures:
+        logger.warning("launcher not built: %s", failure)
+    return report.kernels - len(report.failures)
+
+
+def _recorded_row(target: Target, journal_key: str, replayed: Replay) -> FamilyPlan:
+    """The manifest's and report's row for the journal's kernels."""
+    parameters = {"journal": journal_key[:12], "replayed": len(replayed.jobs), "skipped": replayed.skipped}
+    return FamilyPlan(
+        RECORDED_FAMILY,
+        target.name,
+        len(replayed.outcomes),
+        len(replayed.jobs),
+        parameters,
+        None,
+        "kernels compiled while serving",
+    )
+
+
+def _without_failed_replays(
+    outcomes: Sequence[JobOutcome], jobs: tuple[CompileJob, ...], replayed: Replay
+) -> tuple[list[JobOutcome], tuple[CompileJob, ...], Replay]:
+    """Recorded kernels are best effort: one that fails to compile here (a compiler that rejects
+    what a GPU host's took, a timeout) is one warning and an outcome in the manifest, never a
+    failed warm or bake."""
+    failed = {o.job.key: o.error or "" for o in outcomes if o.status == "failed" and o.job.family == RECORDED_FAMILY}
+    if not failed:
+        return list(outcomes), jobs, replayed
+    for outcome in outcomes:
+        if outcome.job.key in failed:
+            logger.warning(
+                "recorded %s [%s…] failed to compile here: %s",
+                outcome.job.kernel,
+                outcome.job.key[:12],
+                shorten(failed[outcome.job.key]),
+            )
+    settled = dict(replayed.outcomes)
+    settled.update({key: shorten(f"failed to compile here: {error}") for key, error in failed.items()})
+    kept = tuple(job for job in replayed.jobs if job.key not in failed)
+    return (
+        [o for o in outcomes if o.job.key not in failed],
+        tuple(job for job in jobs if job.key not in failed),
+        Replay(kept, settled, replayed.seconds),
+    )
+
+
+def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, frozenset[str]]:
+    """The manifest when every kernel it lists is intact (checksums included), else None.
+
+    Entries that no longer match their record (truncated, altered) are deleted under their
+    lock where they are writable, so that this warm compiles them again; returns their keys
+    (an entry in a read-only layer stays, and its kernel is compiled into the writable root).
+    """
+    manifest = lookup.manifest
+    if manifest is None:
+        return None, frozenset()
+    problems = job_problems(layout, manifest, deep=True)
+    if not problems:
+        return manifest, frozenset()
+    damaged = set()
+    for job, problem in problems:
+        if problem.kind != "not_in_cache":
+            logger.warning("replacing %s [%s]: %s", job.kernel_name, job.key, problem.message)
+            with job_lock(layout, job):
+                remove_entry(layout, job.key)
+            damaged.add(job.key)
+    return None, frozenset(damaged)
+
+
+def warm(
+    request: Request,
+    layout: CacheLayout,
+    *,
+    max_workers: int | None = None,
+    job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
+    progress: Progress | None = None,
+    rank: int = 0,
+    ranks: int = 1,
+    recorded: bool = True,
+) -> WarmReport:
+    """Compile what this configuration lacks on each of the request's targets and record it.
+
+    `rank` of `ranks` processes warming the same cache at once (tensor-parallel ranks calling
+    the loader hook): each starts at its own share of the job list, so that the file locks
+    split the work instead of every rank queuing behind the same first kernel. `recorded`: also
+    compile the kernels serving processes recorded in the configuration's journal (`replay.py`).
+    """
+    started = time.perf_counter()
+    # Shapes first: every input error surfaces before anything is written.
+    shapes = planned_shapes(request.model, request.serving, request.selection)
+    # Held while warming: `cache prune` never deletes what this warm is writing (`cache/usage.py`).
+    with using(layout):
+        tag_cache_dir(layout)
+        # What an import killed midway left (its staging directory) goes before anything else.
+        remove_stale_staging(layout)
+        run = _WarmRun(request, layout, shapes, max_workers, job_timeout_seconds, progress, rank, ranks)
+        try:
+            for target in request.targets:
+                run.warm_target(target, recorded)
+        finally:
+            run.close()
+        return run.report(started)
+
+
+class _WarmRun:
+    """One warm's state across its targets: the pool (started once, on the first target that
+    compiles) and what every target added to the report."""
+
+    def __init__(
+        self,
+        request: Request,
+        layout: CacheLayout,
+        shapes: PlannedShapes,
+        max_workers: int | None,
+        job_timeout_seconds: float,
+        progress: Progress | None,
+        rank: int,
+        ranks: int,
+    ) -> None:
+        self.request, self.layout, self.shapes = request, layout, shapes
+        self.max_workers, self.job_timeout_seconds = max_workers, job_timeout_seconds
+        self.progress, self.rank, self.ranks = progress, rank, ranks
+        self.pool: CompilePool | None = None
+        self.families: list[FamilyPlan] = []
+        self.outcomes: list[JobOutcome] = []
+        self.manifests: list[str] = []
+        self.trace_seconds = self.compile_seconds = 0.0
+        self.replaced = self.launchers = self.workers = 0
+
+    def warm_target(self, target: Target, recorded: bool) -> None:
+        """The module's steps for one target: check the manifest, plan (or reuse its plan), replay
+        the journal's records, compile what is missing, write the manifest."""
+        lookup = find_manifest(self.request, target, self.layout)
+        records = recorded_here(self.layout, lookup, target) if recorded else []
+        manifest, damaged = _warm_from_manifest(self.layout, lookup)
+        self.replaced += len(damaged)
+        if manifest is not None and not unsettled(records, manifest):
+            self._already_warm(target, lookup, manifest)
+            return
+        planned_jobs, families = self._planned(target, manifest)
+        replayed = None
+        if records:
+            replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(self.layout))
+        jobs = planned_jobs + (replayed.jobs if replayed else ())
+        outcomes = self._compile(target, jobs, damaged)
+        if replayed is not None:
+            outcomes, jobs, replayed = _without_failed_replays(outcomes, jobs, replayed)
+            families.append(_recorded_row(target, lookup.journal_key, replayed))
+        self.families += families
+        self.outcomes += outcomes
+        if all(outcome.status != "failed" for outcome in outcomes):
+            self._write_manifest(target, lookup, jobs, families, replayed)
+
+    def _already_warm(self, target: Target, lookup: ManifestLookup, manifest: Manifest) -> None:
+        logger.info("%s on %s is warm: manifest %s", self.request.model.name, target.name, lookup.key)
+        self.families += [FamilyPlan(**row) for row in manifest.families]
+        self.outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
+        self.manifests.append(str(lookup.path))
+        self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _planned(self, target: Target, manifest: Manifest | None) -> tuple[tuple[CompileJob, ...], list[FamilyPlan]]:
+        """The target's planned jobs and family rows: traced, or, when the manifest is warm but
+        for new records, the manifest's own (untraced)."""
+        if manifest is not None:
+            jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
+            return jobs, [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
+        request = self.request
+        compiled_here = compiled_families(
+            request.model, request.serving, self.shapes, target, planned_line(request.selection)
+        )
+        if self.pool is None and compiled_here:
+            self.pool = self._new_pool(compiled_here)
+            if not has_entries(self.layout):
+                # A cold cache: everything will compile, so start every worker now, while this
+                # process traces. Otherwise the plan decides how many are needed.
+                self.pool.start()
+        if self.progress is not None:
+            self.progress.status(f"{request.model.name} on {target.name}", "tracing the engine's calls")
+        target_plan = plan(request.on(target), shapes=self.shapes, layout=self.layout)
+        self.trace_seconds += target_plan.trace_seconds
+        return target_plan.jobs, list(target_plan.families)
+
+    def _compile(self, target: Target, jobs: tuple[CompileJob, ...], damaged: frozenset[str]) -> list[JobOutcome]:
+        """Compile what the cache lacks, this rank starting at its own share of the list."""
+        if self.pool is None and jobs:
+            self.pool = self._new_pool(())
+        if self.pool is None:
+            return []
+        started = time.perf_counter()
+        start = (self.rank % self.ranks) * len(jobs) // self.ranks
+        ordered = jobs[start:] + jobs[:start]
+        label = f"{self.request.model.name} on {target.name}"
+        # A damaged entry in a read-only layer stays there: its kernel is compiled into the
+        # writable root, which every reader searches first, and the manifest records that copy.
+        outcomes = list(self.pool.compile(ordered, self.progress, label, damaged))
+        self.workers = max(self.workers, self.pool.workers)
+        self.compile_seconds += time.perf_counter() - started
+        return outcomes
+
+    def _write_manifest(
+        self,
+        target: Target,
+        lookup: ManifestLookup,
+        jobs: tuple[CompileJob, ...],
+        families: list[FamilyPlan],
+        replayed: Replay | None,
+    ) -> None:
+        """Last, once every kernel compiled: the manifest that makes the target warm."""
+        model = self.request.model
+        manifest = Manifest(
+            lookup.key,
+            lookup.parts,
+            tuple(family.as_dict() for family in families),
+            jobs,
+            record_artifacts(self.layout, jobs),
+            {"name": model.name, "source": model.source},
+            replayed.outcomes if replayed else {},
+        )
+        self.manifests.append(write_manifest(self.layout, manifest))
+        self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _new_pool(self, families: Sequence[FamilyName]) -> CompilePool:
+        return CompilePool(
+            self.layout,
+            max_workers=self.max_workers,
+            job_timeout_seconds=self.job_timeout_seconds,
+            preload_modules=_library_modules(families),
+        )
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+    def report(self, started: float) -> WarmReport:
+        model = self.request.model
+        outcomes = self.outcomes
+        failures = tuple(
+            KernelFailure(
+                model.name, o.job.family, o.job.target, o.job.kernel, o.job.describe_specialization(), o.error or ""
+            )
+            for o in outcomes
+            if o.status == "failed"
+        )
+        return WarmReport(
+            model=model.name,
+            targets=tuple(target.name for target in self.request.targets),
+            families=tuple(self.families),
+            kernels=len(outcomes),
+            compiled=sum(o.status == "compiled" for o in outcomes),
+            cached=sum(o.status == "cached" for o in outcomes),
+            failed=len(failures),
+            replaced=self.replaced,
+            workers=self.workers,
+            launchers=self.launchers,
+            seconds=time.perf_counter() - started,
+            trace_seconds=self.trace_seconds,
+            compile_seconds=self.compile_seconds,
+            failures=failures,
+            manifests=tuple(self.manifests),
+            cache_dir=str(self.layout.root),
+        )

@@ -1,0 +1,249 @@
+"""vLLM release lines: one record each (`kprecompile/vllm/releases.py`), read by every rule.
+
+Each line's rules are checked against what the tests assert of the releases of that line
+(`RULES`: tests/test_engines.py on the mirrors, tests/test_vllm.py and tests/test_vllm_linear.py
+against the real code of 0.11.2, 0.12.0 and 0.33.0), and the selection, the capture sizes and
+the families are checked to follow every record's fields. Adding a line is one record and its
+row in `RULES` (a record without one fails here).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kprecompile.errors import InputError
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.engines import FamilyChoice, Selection, select
+from kprecompile.shapes import FAMILIES
+from kprecompile.shapes.aiter_fa_context import EngineStep
+from kprecompile.shapes.triton_attn import TritonAttentionStep
+from kprecompile.vllm.releases import (
+    CUDA_GQA,
+    CUDA_GQA_SM100,
+    CUDA_MLA,
+    CUDA_MLA_SM100,
+    RELEASE_LINES,
+    ReleaseLine,
+    capture_sizes,
+    release_line,
+)
+from kprecompile.warmup.planning import planned_line, planned_shapes
+
+DEEPSEEK = load_model("deepseek-r1")
+V2_LITE = load_model("deepseek-v2-lite")
+LLAMA = load_model("llama-3.1-8b-instruct")
+SMALL = ServingParams(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048)
+
+# The rules of 0.11 to 0.18 that 0.19 changed, as the tests assert them of 0.11.2 and 0.12.0.
+UP_TO_0_18 = {
+    # test_vllm.py: test_the_cuda_selection_mirror_follows_the_releases_priority_list;
+    # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (CUTLASS_MLA on sm100).
+    "cuda_mla_priorities_sm100": CUDA_MLA_SM100,
+    # test_vllm.py: test_the_capture_size_rule_is_the_releases; test_engines.py: test_capture_sizes_follow_the_release.
+    "capture_serving_limits": False,
+    "backend_variable": True,
+    # test_vllm.py: test_triton_attn_kernels_keys_and_coverage, test_aiter_fa_context_keys_and_coverage.
+    "tracing": "call_site",
+    # test_vllm.py: test_triton_mla_decode_keys_and_coverage (4 KV splits, its prefill merges).
+    "triton_mla_decode": "forward_decode",
+    "triton_mla_fp8_kv_cache": False,
+    # test_vllm.py: test_a_cold_cache_is_warmed_beside_the_load... (MLA decode's Triton reduce).
+    "aiter_mla_triton_reduce": True,
+    # test_vllm.py: test_mla_merge_keys_and_coverage; test_engines.py: test_aiter_backends_list_vllms_kernels...
+    "mla_merge": "triton",
+    # test_engines.py: test_a_block_fp8_model_on_nvidia...; test_vllm_linear.py.
+    "cuda_sm89_block_fp8": "triton_gemm",
+    # test_engines.py: test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm; test_vllm.py.
+    "aiter_block_fp8": "ck_on_gfx942",
+}
+# The same since 0.11 (test_engines.py and test_vllm.py's CUDA and ROCm selection tests).
+EVERY_LINE = {
+    "rocm_gqa_backends": ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN"),
+    "cuda_mla_priorities": CUDA_MLA,
+    "cuda_gqa_priorities": CUDA_GQA,
+    "cuda_gqa_priorities_sm100": CUDA_GQA_SM100,
+}
+ALL_MLA = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
+# What the tests assert of a release of each line, field by field.
+RULES: dict[str, dict[str, object]] = {
+    "0.11.2": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        # test_engines.py: test_rocm_aiter_triton_mla_arrived_after_0_11.
+        "rocm_mla_backends": ("ROCM_AITER_MLA", "TRITON_MLA"),
+        # test_engines.py: test_each_release_line_selects_as_that_release_does (0.11.2 rows).
+        "gqa_rule": "aiter_flags_first",
+        # test_vllm.py: CLI_CASES "none" (0.11 and 0.12 take AITER's MLA for pages of one token).
+        "aiter_mla_for_block_size_1": True,
+        "capture_scales_with_speculation": False,
+    },
+    "0.12.0": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        "rocm_mla_backends": ALL_MLA,
+        "gqa_rule": "named_then_unified_flag",
+        "aiter_mla_for_block_size_1": True,
+        # test_engines.py: test_capture_sizes_follow_the_release (0.11 and 0.12: 2 x max-num-seqs).
+        "capture_scales_with_speculation": False,
+    },
+    "0.15.0": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        "rocm_mla_backends": ALL_MLA,
+        "gqa_rule": "named_then_unified_flag",
+        "aiter_mla_for_block_size_1": False,
+        # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
+        "capture_scales_with_speculation": True,
+    },
+    "0.33.0": {
+        **EVERY_LINE,
+        "rocm_mla_backends": ALL_MLA,
+        # test_engines.py: test_each_release_line_selects_as_that_release_does (0.33.0 rows).
+        "gqa_rule": "priority_list",
+        "backend_variable": False,
+        # test_vllm.py: CLI_CASES "none" (0.33 finds no backend for pages of one token).
+        "aiter_mla_for_block_size_1": False,
+        # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (FLASHINFER_MLA on sm100).
+        "cuda_mla_priorities_sm100": (
+            "FLASHINFER_MLA",
+            "TOKENSPEED_MLA",
+            "CUTLASS_MLA",
+            "FLASH_ATTN_MLA",
+            "FLASHMLA",
+            "TRITON_MLA",
+        ),
+        "capture_scales_with_speculation": True,
+        "capture_serving_limits": True,
+        # test_vllm.py: test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view.
+        "tracing": "engine_step",
+        "triton_mla_decode": "forward_mqa",
+        "triton_mla_fp8_kv_cache": True,
+        "aiter_mla_triton_reduce": False,
+        "mla_merge": "compiled_on_cdna3",
+        "cuda_sm89_block_fp8": "marlin",
+        "aiter_block_fp8": "aiter_blockscale",
+    },
+}
+
+
+def test_the_lines_follow_one_another_and_each_has_its_rules_row():
+    """Oldest first, each named after its first minor release; a release belongs to the last line
+    it reaches; every line has a release in `RULES`, and every field is in each row."""
+    assert [line.since for line in RELEASE_LINES] == sorted({line.since for line in RELEASE_LINES})
+    for line in RELEASE_LINES:
+        assert line.name == ".".join(map(str, line.since[:2]))
+        assert release_line(line.first_release) is line
+    covered = {release_line(release).name for release in RULES}
+    assert covered == {line.name for line in RELEASE_LINES}
+    fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
+    for release, row in RULES.items():
+        assert set(row) == fields, release
+    assert release_line("0.18.9").name == "0.13" and release_line("0.40").name == "0.19"
+    for too_old in ("0.11.1", "0.10.2", "vllm"):
+        with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):
+            release_line(too_old)
+
+
+@pytest.mark.parametrize("release", RULES)
+def test_each_lines_rules_are_what_the_tests_assert_of_its_releases(release):
+    line = release_line(release)
+    assert {field: getattr(line, field) for field in RULES[release]} == RULES[release]
+
+
+@pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)
+def test_the_rocm_selection_follows_every_records_rules(line):
+    release = line.first_release
+
+    def chosen(model, engine="vllm-aiter", environ=None, requested=None, **options):
+        return select(model, engine, requested, environ or {}, vllm_release=release, **options)
+
+    named = chosen(LLAMA, "vllm", {"VLLM_ATTENTION_BACKEND": "ROCM_AITER_UNIFIED_ATTN"})
+    assert (named.attention_backend == "ROCM_AITER_UNIFIED_ATTN") == line.backend_variable
+    for model, offered, every in ((DEEPSEEK, line.rocm_mla_backends, ALL_MLA), (LLAMA, line.rocm_gqa_backends, ())):
+        for backend in offered:
+            assert chosen(model, "vllm", requested=backend).attention_backend == backend
+        for backend in set(every) - set(offered):
+            with pytest.raises(InputError, match=f"got '{backend}', expected one of {', '.join(offered)} for"):
+                chosen(model, requested=backend)
+    # AITER on (the default engine): nothing set, the unified-attention flag, its backend named.
+    gqa = (
+        chosen(LLAMA).attention_backend,
+        chosen(LLAMA, environ={"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}).attention_backend,
+        chosen(LLAMA, requested="ROCM_AITER_UNIFIED_ATTN").attention_backend,
+    )
+    assert (
+        gqa
+        == {
+            "aiter_flags_first": ("ROCM_AITER_FA", "ROCM_AITER_FA", "ROCM_AITER_FA"),
+            "named_then_unified_flag": ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_UNIFIED_ATTN"),
+            "priority_list": ("ROCM_ATTN", "ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN"),
+        }[line.gqa_rule]
+    )
+    one_token_pages = chosen(DEEPSEEK, "vllm", block_size=1).attention_backend
+    assert one_token_pages == ("ROCM_AITER_MLA" if line.aiter_mla_for_block_size_1 else "TRITON_MLA")
+    aiter_mla = chosen(DEEPSEEK)
+    assert aiter_mla.attention_backend == "ROCM_AITER_MLA"
+    assert ("mla_decode" in aiter_mla.planned) == line.aiter_mla_triton_reduce
+    [merge] = [choice for choice in aiter_mla.choices if choice.family == "mla_merge"]
+    assert ("compiled merge_attn_states" in merge.skip_reason) == (line.mla_merge == "compiled_on_cdna3")
+    [linear] = [choice for choice in aiter_mla.choices if choice.family == "block_fp8_linear"]
+    if line.aiter_block_fp8 == "aiter_blockscale":
+        assert linear.backend == "AiterFp8BlockScaledMMKernel" and "nothing to compile" in linear.skip_reason
+    else:
+        assert "e4m3fnuz" in linear.skip_reason_on("gfx942") and linear.skip_reason_on("gfx950") is None
+
+
+@pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)
+def test_the_cuda_selection_follows_every_records_priority_lists(line):
+    release = line.first_release
+
+    def backend(model, target):
+        return select(model, "vllm", None, {}, vllm_release=release, targets=[TARGETS[target]]).attention_backend
+
+    assert backend(V2_LITE, "sm90") == line.cuda_mla_priorities[0]
+    assert backend(V2_LITE, "sm100") == line.cuda_mla_priorities_sm100[0]
+    assert backend(LLAMA, "sm90") == line.cuda_gqa_priorities[0]
+    assert backend(LLAMA, "sm100") == line.cuda_gqa_priorities_sm100[0]
+    sm89 = select(DEEPSEEK, "vllm", None, {}, vllm_release=release, targets=[TARGETS["sm89"]])
+    [linear] = [choice for choice in sm89.choices if choice.family == "block_fp8_linear"]
+    assert ("Marlin" in (linear.skip_reason or "")) == (line.cuda_sm89_block_fp8 == "marlin")
+
+
+@pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)
+def test_the_capture_sizes_follow_every_records_rule(line):
+    release = line.first_release
+    speculative = (1, 2, 4, 8, 16) if line.capture_scales_with_speculation else (1, 2, 4, 8)
+    assert capture_sizes(release, 4, 2048, 2) == speculative
+    assert (3 in capture_sizes(release, 3, 2048, 1)) == line.capture_serving_limits
+
+
+@pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)
+def test_the_families_follow_every_records_rules(line):
+    """The families of vLLM's kernels read the planned line, never the installed vLLM (none here)."""
+    engine_steps = line.tracing == "engine_step"
+    triton_attn = FAMILIES["triton_attn"].enumerate_shapes(LLAMA, SMALL, line)
+    assert triton_attn and all(isinstance(shape, TritonAttentionStep) == engine_steps for shape in triton_attn)
+    context = FAMILIES["aiter_fa_context"].enumerate_shapes(LLAMA, SMALL, line)
+    assert context and all(isinstance(shape, EngineStep) == engine_steps for shape in context)
+    mla = FAMILIES["triton_mla"].enumerate_shapes(V2_LITE, SMALL, line)
+    assert {(shape.decode_entry, shape.merge) for shape in mla} == {(line.triton_mla_decode, line.mla_merge)}
+    fp8 = ServingParams(max_num_seqs=4, kv_cache_dtype="fp8")
+    refused = FAMILIES["triton_mla"].skip_reason(V2_LITE, fp8, TARGETS["gfx942"], line)
+    assert (refused is None or "refuses an FP8 KV cache" not in refused) == line.triton_mla_fp8_kv_cache
+    with pytest.raises(ValueError, match="triton_attn runs vLLM's own kernels: plan it for a vLLM release line"):
+        FAMILIES["triton_attn"].enumerate_shapes(LLAMA, SMALL, None)
+
+
+def test_planning_gives_the_families_the_selections_release_line():
+    """`--vllm-version 0.33.0` on a builder with another vLLM (or none): the families' shapes are
+    0.33's engine steps, whatever is installed."""
+    choices = (FamilyChoice("triton_attn", "TRITON_ATTN"),)
+    for release, step in (("0.33.0", TritonAttentionStep), ("0.12.0", None)):
+        selection = Selection("vllm", "TRITON_ATTN", {}, choices, release)
+        assert planned_line(selection) is release_line(release)
+        [shapes] = planned_shapes(LLAMA, SMALL, selection).values()
+        assert all(isinstance(shape, TritonAttentionStep) == (step is not None) for shape in shapes)
+    aiter = select(DEEPSEEK, "aiter", environ={})
+    assert planned_line(aiter) is None and planned_shapes(DEEPSEEK, SMALL, aiter)
