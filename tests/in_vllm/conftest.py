@@ -52,8 +52,10 @@ def release(request) -> str:
 def pytest_generate_tests(metafunc):
     """A `release` for each release the test runs in (`vllm_releases`, default all), unless the test
     parametrizes it with its other parameters itself."""
-    if any("release" in marker.args[0] for marker in metafunc.definition.iter_markers("parametrize")):
-        return
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        names = marker.args[0].split(",") if isinstance(marker.args[0], str) else marker.args[0]
+        if "release" in (name.strip() for name in names):
+            return
     marker = metafunc.definition.get_closest_marker("vllm_releases")
     wanted = marker.args if marker else SUPPORTED_RELEASES
     releases = [INSIDE] if INSIDE else SUPPORTED_RELEASES
@@ -80,8 +82,7 @@ _OUTCOMES: dict[str, dict] = {}
 def pytest_runtest_logreport(report):
     if not INSIDE:
         return
-    entry = _OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "when": "call", "longrepr": "", "seconds": 0.0})
-    entry["seconds"] += report.duration
+    entry = _OUTCOMES.setdefault(report.nodeid, {"outcome": "passed", "when": "call", "longrepr": ""})
     if report.outcome != "passed" and entry["outcome"] == "passed":
         reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else report.longreprtext
         entry.update(outcome=report.outcome, when=report.when, longrepr=reason)
