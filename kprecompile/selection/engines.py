@@ -1,26 +1,12 @@
 """Which kernel families an engine runs for a model, decided by the engine's own flags.
 
-The model fixes the attention structure (MLA or GQA); the engine's attention backend and
-flags decide which kernels run for it: some backends run AITER's Triton kernels (compiled on
-first use, what kprecompile plans), some run AITER's prebuilt CK/assembly kernels (nothing to
-compile), some run the engine's own Triton kernels. This module mirrors vLLM's ROCm backend
-selection for the release planned for, as its line's record says it (`vllm/releases.py`'s
-`ReleaseLine`: each rule is a field, and each mirror is tested against the real selector of a
-release of its line), so that the plan covers what the engine will launch, and says plainly what
-it does not cover. Inside a running vLLM the plugin does not need the mirror: it reads the
-backend vLLM built; where vLLM is installed, the commands ask its own selector
-(`vllm/selector.py`) through `select(selector=...)`, and the mirror serves builders without it.
-
-On NVIDIA targets vLLM takes its CUDA platform's selection instead: the first backend of its
-priority list (the record's, read in `vllm/platforms/cuda.py`) whose compute-capability rule
-takes the GPU (`_cuda_backend`: FLASH_ATTN for GQA up to sm90, FLASHINFER on sm100; for MLA
-FLASH_ATTN_MLA on sm90, CUTLASS_MLA (FLASHINFER_MLA from 0.19) on sm100, TRITON_MLA on sm80 and
-sm89). Only TRITON_ATTN and TRITON_MLA run Triton (vLLM's own kernels, traced under its CUDA
-platform); the others are listed as not planned with what they run. A request whose targets are
-all NVIDIA is selected this way; in a request that mixes ROCm and NVIDIA targets the ROCm
-selection stands, and vLLM's own kernels are not planned on its NVIDIA targets (vLLM's config
-modules keep the platform they were first imported under: plan those targets in a request of
-their own).
+The model fixes the attention structure (MLA or GQA); the engine's attention backend and flags
+decide which kernels run: AITER's Triton kernels (what kprecompile plans), AITER's prebuilt
+CK/assembly kernels (nothing to compile), or vLLM's own Triton kernels. Where vLLM is installed
+its own selector chooses (`vllm/selector.py`, through `select(selector=...)`); this module mirrors
+it for builders without vLLM, rule by rule from the planned release's `ReleaseLine`, each mirror
+tested against a real release of its line. NVIDIA targets take vLLM's CUDA selection. How the
+mirrors read vLLM: docs/engine-kernels.md, "Backend selection".
 
 Engines:
 - `vllm-aiter` (default): vLLM with AITER enabled, `VLLM_ROCM_USE_AITER=1` unless the

@@ -1,36 +1,10 @@
-"""vLLM's own Triton kernels around ROCM_AITER_FA's prefill with cached context: traced from the
-installed vLLM.
+"""vLLM's own Triton kernels around ROCM_AITER_FA's prefill with cached context (the gather of the
+context from the paged KV cache, the merge of partial results), traced from the installed vLLM.
 
-ROCM_AITER_FA (vLLM's default GQA backend with AITER on, 0.11 to 0.18) runs AITER's prebuilt CK
-and assembly attention, but a prefill whose sequences have cached context (prefix caching,
-chunked prefill: vLLM calls them extends) also runs vLLM's own Triton kernels: the context is
-gathered from the paged KV cache chunk by chunk (`cp_mha_gather_cache_kernel`; with a sliding
-window, once over the window) and the partial results are merged (`merge_attn_states_kernel`,
-keeping the log-sum-exp between chunks). The gather takes the chunk's token count and its
-program count (`min(tokens, compute units)`) as integers, which Triton specializes (1, multiples
-of 16, other). The plan runs the backend's real metadata builder on a step's request mix (so the
-chunking and token counts are vLLM's own) and the impl's real `forward` on meta tensors; AITER's
-attention is prebuilt and skipped, and so is the KV-cache write (vLLM's compiled operator,
-skipped through the impl's own KV-sharing switch).
-
-From vLLM 0.19 (traced against 0.33.0) ROCM_AITER_FA is no longer vLLM's default (ROCM_ATTN is,
-`--attention-backend ROCM_AITER_FA` names it) and, the line's `tracing` being "engine_step", its
-step is the engine's: vLLM builds its `VllmConfig` from the model's config.json and the serving
-parameters, the layer is vLLM's real
-`Attention` (its impl, KV-cache spec and sliding window, which the builder reads from the
-registered layers), its KV cache the view vLLM's runner binds (`_vllm_backend.layer_kv_cache`),
-the metadata the backend's builder makes for the step (decodes first, then extends; chunking
-and tables its own). The impl writes the KV cache (`do_kv_cache_update`: vLLM's compiled
-`reshape_and_cache_flash`, or with VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT=1 its Triton
-`reshape_and_cache_shuffle_kernel`), then `forward`: the gather takes slices of the builder's
-per-chunk tables as pointers (no token count any more), so its keys vary with where each
-chunk's rows start (the extend count modulo 4, the largest chunk total) and where the extends'
-rows of the block table start (after the decodes); the merge is vLLM's compiled one on CDNA3 and
-newer. Decodes go to AITER's paged attention (prebuilt), except where the impl sends them to
-AITER's Triton `unified_attention`: decodes of several tokens (speculative decoding: the engine
-configuration carries vLLM's speculative config, whose draft count sets the builder's decode
-threshold), attention sinks (models kprecompile does not read sinks from), head sizes under 64
-(which vLLM's selector refuses for this backend).
+AITER's attention itself is prebuilt. The plan runs the backend's real metadata builder on each
+step's request mix, so that the chunking and the token counts are vLLM's own, and the impl's real
+`forward` on meta tensors (in a line whose `tracing` is "engine_step", through the engine's own
+step). What runs, release by release: docs/engine-kernels.md, "ROCM_AITER_FA".
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
-"""vLLM's block-FP8 linear layers where vLLM runs its Triton block-scaled GEMM (and per-token-group
-quantization), traced from the installed vLLM: on ROCm, and on NVIDIA's sm89 up to 0.18 (sm80 runs
-Marlin, sm90 and newer CUTLASS or DeepGEMM, and 0.19+ Marlin on sm89 too: see `selection/engines.py`).
+"""vLLM's block-FP8 linear layers where vLLM runs its Triton block-scaled GEMM and per-token-group
+quantization, traced from the installed vLLM: on ROCm, and on NVIDIA's sm89 where the line says so
+(`selection/engines.py` says what runs elsewhere).
 
-A model whose config says `quantization_config: {quant_method: fp8, weight_block_size: [bn, bk]}`
-(DeepSeek-V3/R1) runs every quantized linear layer through vLLM's `Fp8LinearMethod.apply`. On
-ROCm, where vLLM takes its Triton path (see `selection/engines.py`), that is:
-
-- up to 0.18: `QuantFP8` (per-token groups of bk, row-major scales) -> `per_token_group_quant_fp8`,
-  whose Triton `_per_token_group_quant_fp8` runs on ROCm (vLLM's compiled quantization is CUDA's
-  only), then `w8a8_triton_block_scaled_mm`'s `_w8a8_triton_block_scaled_mm`;
-- from 0.19: the same GEMM behind `TritonFp8BlockScaledMMKernel`; the quantization is vLLM's
-  compiled `per_token_group_fp8_quant` (prebuilt).
-
-From 0.19 with AITER's linear path on, vLLM takes `AiterFp8BlockScaledMMKernel` instead, which runs
-AITER's Triton GEMM on gfx950 only where AITER's `gemm_config_utils` reports (N, K) tuned; the
-installed amd-aiter has no such module, so vLLM runs AITER's CK GEMM (`aiter_has_tuned_lookup`).
-On NVIDIA, where vLLM's compiled extension is not loaded, its CUTLASS query is answered as its
-C++ answers it (`_compiled_queries`); its compiled quantization is prebuilt.
-
-The GEMM's launch configuration comes from a tuned JSON per (N, K, device name) in vLLM's
-`quantization/utils/configs` (the entry whose batch size is nearest to M), else a fixed default;
-the device name is the GPU's (MI300X and MI325X have tables, MI350X/MI355X none). Per call only M
-(tokens in the step) varies: it picks the JSON entry and falls into Triton's integer classes (1,
-a multiple of 16, other). The plan walks, per layer and device, one M of each (entry, class) pair
-reachable up to max_num_batched_tokens. The weight's padding (`VLLM_ROCM_FP8_PADDING`: its row
-stride grows by 256 bytes where rows are a multiple of 512) enters the GEMM's key: the plan runs
-vLLM's own `create_weights` and `process_weights_after_loading` before `apply`, on meta tensors.
-
-Covered, per tensor-parallel rank: MLA's fused q_a + kv_a projection (or q_proj and kv_a without
-q_lora_rank), q_b_proj, kv_b_proj (prefill), o_proj; GQA's qkv_proj and o_proj; dense MLP
-gate_up/down; MoE shared experts. Not covered: the fused MoE experts (vLLM's or AITER's fused MoE
-kernels, another family), the MTP draft layers, sequence-parallel MoE (data parallel with expert
-parallel). Under torch.compile (vLLM's default), the quantization is traced into the model's graph
-and compiled by Inductor at startup, not through Triton's launch path: the plan compiles it only
-with --enforce-eager; the GEMM, a registered vLLM operator, launches through Triton at run time
-in both modes.
+The plan runs vLLM's own `create_weights`, `process_weights_after_loading` and `apply` on meta
+tensors for every quantized layer of the rank, at one M of each (tuned-table entry, integer class)
+pair up to max-num-batched-tokens. What vLLM runs per release, its tuned tables, the layers covered
+and those not: docs/engine-kernels.md, "Block-FP8 linear layers".
 """
 
 from __future__ import annotations

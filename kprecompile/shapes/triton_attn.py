@@ -1,51 +1,11 @@
 """vLLM's TRITON_ATTN backend: its own Triton kernels, traced from the installed vLLM.
 
-Each step, the backend's `forward` writes the step's keys and values into the paged cache with
-vLLM's Triton `reshape_and_cache_kernel_flash`, then calls vLLM's `unified_attention`, which
-runs `kernel_unified_attention_2d` for steps with a prefill and for decode batches whose query
-blocks times KV heads exceed a fixed threshold, else `kernel_unified_attention_3d` with
-`reduce_segments` (the choice and the segment count are the wrapper's, up to 0.18). The plan
-calls the backend's real `forward` on meta tensors.
-
-The kernels take the number of sequences as an integer Triton specializes (1, a multiple of
-16, other), on either side of the 2D/3D choice: the plan walks every decode batch size, steps
-with a prefill at one batch size per integer class, short and long contexts, both KV storage
-classes.
-
-In a line whose `tracing` is "engine_step" (vLLM 0.19 and newer, traced against 0.33.0) the
-step is the engine's: vLLM's `EngineArgs` build its `VllmConfig` from the model's config.json
-and the serving parameters; the backend's real
-metadata builder makes the step's metadata (its 3D threshold is 128 / KV heads moved to the
-nearest capture size, 16 softmax segments, scratch for that many sequences); the layer's KV
-cache is the view vLLM's runner binds (the KV-cache layout vLLM resolves, its planner's
-placement of all layers in one allocation, `create_kv_cache_views`); the impl writes it with
-`do_kv_cache_update` (the layer calls it before `forward`), then `forward` runs one
-`kernel_unified_attention` with `IS_3D` a constexpr (3D also for steps whose queries are at most
-8 tokens when they fit the threshold and the scratch) and `reduce_segments` after the 3D one. An
-FP8 KV cache takes an FP8 query (the attention layer quantizes it where the impl says it takes
-one). On ROCm vLLM bounds the key and value views by the layer's region, which decides Triton's
-2 GiB pointer class: the plan adds the layer whose keys cross 2 GiB and values do not, where whole
-blocks can end there. With speculative decoding the engine's configuration carries vLLM's
-speculative configuration (`engine_config`): the builder sizes its 3D scratch for 1 + k query
-tokens per sequence (up to the 3D kernel's 8), the capture sizes (and with them the 3D threshold)
-take the 1 + k factor, and the plan walks verify steps of every query length up to 1 + k at every
-batch size.
-
-AITER's fused rope-and-cache (`fused_qk_rope_reshape_and_cache`, through the impl's
-`do_rope_and_kv_cache_update`) is not planned: in 0.33.0 it runs only where vLLM's
-`RopeKVCacheFusionPass` runs, i.e. `pass_config.fuse_rope_kvcache`, which O2/O3 turn on only with
-AITER on, rotary embedding as a custom op and the KV-cache update left in the compiled graph
-(Inductor graph partition, or splitting ops without it), and then for steps of at most
-`rope_kvcache_fusion_max_token_num` (256) tokens. vLLM's defaults (custom ops "none", the update a
-splitting op) leave it off, with CUDA graphs and in eager mode (no pass runs): the step writes the
-cache with reshape-and-cache, as planned. Who turns it on names vLLM compilation options that
-kprecompile's serving parameters do not carry.
-
-vLLM runs the same backend on NVIDIA GPUs where it is named (`--attention-backend TRITON_ATTN`):
-there the kernels are traced under vLLM's CUDA platform (its FP8 range is e4m3fn's ±448, and the
-wrappers pick NVIDIA's launch options). Triton's AMD backend also specializes pointers on whether
-their tensor spans more than 2 GiB and NVIDIA's does not, so an NVIDIA target has about half the
-kernels of a ROCm one.
+The plan calls the backend's real `forward` on meta tensors (in a line whose `tracing` is
+"engine_step", the engine's own step: vLLM's config, metadata builder and per-layer KV-cache view)
+at every decode batch size and at steps with a prefill of each integer class, so that every integer
+and storage class the kernels specialize on is reached, on ROCm and NVIDIA targets. What vLLM runs,
+release by release, and why AITER's fused rope-and-cache is not planned: docs/engine-kernels.md,
+"TRITON_ATTN".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""vLLM's TRITON_MLA backend: its own Triton decode attention, and its merge of prefill results
-on steps with cached context, traced from the installed vLLM.
+"""vLLM's TRITON_MLA backend: its own Triton decode attention, and its merge of prefill results on
+steps with cached context, traced from the installed vLLM.
 
-MLA models run TRITON_MLA when AITER's MLA is off (vLLM's defaults on ROCm). Each decode step
-runs vLLM's `decode_attention_fwd` over the latent KV cache: the grouped stage-1 kernel
-(`_fwd_grouped_kernel_stage1`) and the stage-2 reduce (`_fwd_kernel_stage2`), both with the
-number of KV splits as a constexpr. The line's `triton_mla_decode` says the entry point: up to
-0.18 the impl's `_forward_decode` with 4 splits; from 0.19 its `forward_mqa`, which derives them
-from the step's longest context (the power of 2 of context / 512, capped at twice the compute
-units) and takes an FP8 KV cache (`triton_mla_fp8_kv_cache`). The plan builds the
-backend's impl as vLLM does (it reads the engine's `VllmConfig`, built here by vLLM's
-`EngineArgs` from the model's config.json and the serving parameters) and calls it on meta
-tensors. The kernels specialize on the model, the split count and the KV cache's type and
-storage class, not on the batch size. The prefill runs flash attention (ROCm's flash-attn
-build, prebuilt); a prefill with cached context merges partial results as the line's
-`mla_merge` says: with vLLM's Triton `merge_attn_states` up to 0.18 (`_vllm_mla.py`: the impl's
-real `_forward_prefill`, with V padded to the QK head size as the impl pads it for flash-attn),
-with vLLM's compiled operator on CDNA3 and newer from 0.19.
-
-On NVIDIA GPUs TRITON_MLA is what vLLM selects for MLA on sm80 and sm89 (and runs where named):
-the decode is traced under vLLM's CUDA platform. A prefill step's merges go there to vLLM's
-compiled CUDA merge (its dispatcher takes it for the model dtypes and head sizes), so the prefill
-steps, traced through the same impl, compile nothing.
+The plan builds the backend's impl as vLLM does (from the engine's `VllmConfig`) and calls it on
+meta tensors through the line's decode entry point (`triton_mla_decode`) and merge (`mla_merge`).
+The kernels specialize on the model, the split count and the KV cache's type and storage class,
+not on the batch size. What runs, release by release and on NVIDIA: docs/engine-kernels.md,
+"TRITON_MLA".
 """
 
 from __future__ import annotations
