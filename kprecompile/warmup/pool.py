@@ -171,13 +171,19 @@ class CompilePool:
         for future in as_completed(futures):
             job = futures[future]
             try:
-                yield future.result()
+                outcome = future.result()
             except FutureTimeoutError:
                 yield JobOutcome(job, "failed", timeout, f"timed out after {timeout:g} s")
             except ProcessExpired as error:
                 yield JobOutcome(job, "failed", 0.0, f"worker died: {_describe_exit(error.exitcode)}")
             except Exception as error:  # the worker could not even run compile_job
                 yield JobOutcome(job, "failed", 0.0, f"{type(error).__name__}: {error}")
+            else:
+                # pebble enforces the timeout from its own threads, which a loaded machine can run
+                # late: a job that ran past its timeout fails all the same.
+                if outcome.status != "failed" and outcome.seconds > timeout:
+                    outcome = JobOutcome(job, "failed", outcome.seconds, f"timed out after {timeout:g} s")
+                yield outcome
 
 
 def _check_cache(
