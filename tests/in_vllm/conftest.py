@@ -138,6 +138,9 @@ class InnerRuns:
             self.slots.release()
 
     def _start(self) -> dict[tuple[str, str], Future]:
+        # The session's temporary directory, made here before any run thread asks for it: made
+        # lazily by two threads at once, it was two directories, and a run read another's files.
+        self.basetemp = self.config._tmp_path_factory.getbasetemp()
         futures = {key: Future() for key in self.wanted}
         # A process that others read after runs first in their chain; the longest chains start first.
         first = {(release, AFTER[process]) for release, process in self.wanted if process in AFTER}
@@ -164,7 +167,7 @@ class InnerRuns:
     def _run(self, release: str, process: str) -> InnerRun:
         path = release_path(release)
         # The session's temporary directory (pytest's own factory: kept and cleaned as it is).
-        base = self.config._tmp_path_factory.getbasetemp() / f"vllm-{release}"
+        base = self.basetemp / f"vllm-{release}"
         work = base / process
         work.mkdir(parents=True, exist_ok=True)
         (base / "shared").mkdir(exist_ok=True)
