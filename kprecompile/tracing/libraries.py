@@ -22,6 +22,7 @@ import sys
 import types
 from collections.abc import Iterator
 from types import ModuleType
+from typing import Any
 
 from ..errors import LibraryUnavailableError
 
@@ -121,6 +122,53 @@ def aiter_hip_absent() -> Iterator[None]:
         yield
     finally:
         sys.meta_path.remove(finder)
+
+
+_OPERATORS_KEEP_FIRST = False
+
+
+def operators_keep_first_definition() -> None:
+    """From now on in this process, a torch operator defined again keeps its first definition.
+
+    Tracing imports a library's modules afresh per target, and some register torch operators at
+    import (vLLM 0.33's `rocm_aiter_mla_sparse`, pulled in by `vllm._aiter_ops` and DeepSeek's
+    model classes): a module imported again defines its operators again, which torch refuses, so
+    the second model or target of a process failed where each alone traced. Installed when
+    kprecompile first drops library modules, before anything can import one again; the operator
+    keeps the first import's implementation, the module's kernels are the fresh import's."""
+    global _OPERATORS_KEEP_FIRST
+    if _OPERATORS_KEEP_FIRST:
+        return
+    import torch.library
+    from torch._library.simple_registry import singleton
+
+    library = torch.library.Library
+    define, impl, register_fake = library.define, library.impl, library._register_fake
+
+    def qualified(self: Any, name: str) -> str:
+        return name if "::" in name else f"{self.ns}::{name}"
+
+    def define_once(self: Any, schema: str, *args: Any, **kwargs: Any) -> Any:
+        name = schema.split("(")[0]
+        if f"{self.ns}::{name}" in torch.library._defs:
+            return name
+        return define(self, schema, *args, **kwargs)
+
+    def impl_once(self: Any, op_name: Any, fn: Any, dispatch_key: str = "", *args: Any, **kwargs: Any) -> Any:
+        if isinstance(op_name, str):
+            key = f"{self.ns}/{op_name.split('::')[-1]}/{dispatch_key or self.dispatch_key}"
+            if key in torch.library._impls:
+                return None
+        return impl(self, op_name, fn, dispatch_key, *args, **kwargs)
+
+    def register_fake_once(self: Any, op_name: str, fn: Any, _stacklevel: int = 1, **kwargs: Any) -> Any:
+        if singleton.find(qualified(self, op_name)).fake_impl.kernel is not None:
+            return None
+        # The caller's frame, not this one, is the registration's source.
+        return register_fake(self, op_name, fn, _stacklevel + 1, **kwargs)
+
+    library.define, library.impl, library._register_fake = define_once, impl_once, register_fake_once
+    _OPERATORS_KEEP_FIRST = True
 
 
 def import_library_module(name: str) -> ModuleType:

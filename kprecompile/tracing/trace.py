@@ -24,6 +24,7 @@ from ..cache.jobs import CompileJob
 from ..errors import TracingError
 from ..inputs.targets import Target
 from ..platforms.triton_driver import active_target, device_model
+from .libraries import operators_keep_first_definition
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +166,9 @@ def _matching(prefixes: tuple[str, ...]) -> dict[str, Any]:
 def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dict[str, Any]:
     """Put `replacement` in place of the modules matching `prefixes`; return those it replaced."""
     current = _matching(prefixes)
+    if current:
+        # What is dropped may be imported again, its operators with it.
+        operators_keep_first_definition()
     for name in current:
         del sys.modules[name]
     sys.modules.update(replacement)
