@@ -8,7 +8,7 @@ from ..inputs import settings
 from ..warmup.bundling import bake
 from . import options
 from .output import ExitStatus, Output, human_size, plural
-from .warm import show_failures
+from .warm import show_failures, show_family_failures
 from .workers import check_worker_options, worker_options
 
 
@@ -41,8 +41,11 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, no_reco
     )
     output.document(report.as_dict())
     show_failures(output, report.failures)
-    if report.failed:
-        output.data(f"bundle {report.out} not written: {plural(report.failed, 'kernel')} failed to compile")
+    show_family_failures(report.family_failures)
+    if report.failed or report.family_failures:
+        failed = [plural(report.failed, "kernel")] if report.failed else []
+        failed += [plural(len(report.family_failures), "family", "families")] if report.family_failures else []
+        output.data(f"bundle {report.out} not written: {' and '.join(failed)} failed")
         raise SystemExit(ExitStatus.FAILURE)
     for configuration in report.configurations:
         kernels = plural(configuration["kernels"], "kernel")

@@ -9,14 +9,16 @@ import click
 from ..inputs import settings
 from ..warmup.planning import FamilyPlan, plan
 from . import options
-from .output import Output, plural
+from .output import ExitStatus, Output, plural
 
 
 def family_rows(families: Sequence[FamilyPlan]) -> list[tuple[str, ...]]:
     """The family table `plan` and `warm` print."""
     rows = [("family", "target", "calls", "kernels", "shape parameters")]
     for family in families:
-        if family.skip_reason is None:
+        if family.error is not None:
+            rows.append((family.family, family.target, str(family.calls), "-", f"failed: {family.error}"))
+        elif family.skip_reason is None:
             parameters = ", ".join(f"{name} {value}" for name, value in family.parameters.items())
             rows.append((family.family, family.target, str(family.calls), str(family.kernels), parameters))
         else:
@@ -29,6 +31,13 @@ def show_families(output: Output, families: Sequence[FamilyPlan]) -> None:
         output.table(family_rows(families))
     else:
         output.data("no kernel family applies to this model")
+
+
+def report_failed_families(model: str, families: Sequence[FamilyPlan]) -> None:
+    """One line on stderr per family whose planning failed (the command then exits 1)."""
+    for family in families:
+        if family.error is not None:
+            click.echo(f"kprecompile: {model}: {family.family} on {family.target} failed: {family.error}", err=True)
 
 
 @click.command(name="plan")
@@ -52,3 +61,6 @@ def command(json_output, cache_dir, **chosen) -> None:
         f"total: {plural(result.kernels, 'unique kernel')}, traced in {result.trace_seconds:.2f} s "
         f"(after {result.import_seconds:.2f} s importing torch and Triton)"
     )
+    report_failed_families(result.model, result.failed)
+    if result.failed:
+        raise SystemExit(ExitStatus.FAILURE)

@@ -8,7 +8,7 @@ import click
 
 from ..cache.trust import check_writable
 from ..inputs import settings
-from ..warmup.warming import KernelFailure, warm
+from ..warmup.warming import FamilyFailure, KernelFailure, warm
 from . import options
 from .output import ExitStatus, Output, plural
 from .plan import show_families
@@ -19,6 +19,16 @@ def show_failures(output: Output, failures: Sequence[KernelFailure]) -> None:
     for failure in failures:
         output.data(
             f"failed: {failure.model}: {failure.kernel} [{failure.specialization}] on {failure.target}: {failure.error}"
+        )
+
+
+def show_family_failures(failures: Sequence[FamilyFailure]) -> None:
+    """One line on stderr per family whose planning failed: its target is not warm."""
+    for failure in failures:
+        click.echo(
+            f"kprecompile: {failure.model}: {failure.family} on {failure.target} failed, "
+            f"{failure.target} is not warm: {failure.error}",
+            err=True,
         )
 
 
@@ -56,5 +66,6 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, no_recorde
         f"{report.failed} failed in {report.seconds:.1f} s"
     )
     output.data(f"cache: {report.cache_dir}")
-    if report.failed:
+    show_family_failures(report.family_failures)
+    if not report.ok:
         raise SystemExit(ExitStatus.FAILURE)

@@ -87,6 +87,13 @@ def prepare(
             logger.warning(
                 "kprecompile: %d kernels failed to compile; they will compile on first use", warm_report.failed
             )
+        for failure in warm_report.family_failures:
+            logger.warning(
+                "kprecompile: %s on %s failed; its kernels will compile on first use: %s",
+                failure.family,
+                failure.target,
+                failure.error,
+            )
     try:
         preload_report = preload(request, layout, target=target, launchers=launchers)
     except NotWarmError as error:

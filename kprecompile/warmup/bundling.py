@@ -35,14 +35,14 @@ from ..progress import Progress
 from ..selection.request import Request
 from .manifest_key import find_manifest
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS
-from .warming import KernelFailure, warm
+from .warming import FamilyFailure, KernelFailure, warm
 
 
 @dataclass(frozen=True)
 class BakeReport:
     out: str
     archive: str | None
-    # One row per configuration (model x target) in the bundle; empty when a kernel failed.
+    # One row per configuration (model x target) in the bundle; empty when a kernel or family failed.
     configurations: tuple[dict[str, Any], ...]
     files: int
     bytes: int
@@ -53,6 +53,8 @@ class BakeReport:
     failed: int
     failures: tuple[KernelFailure, ...]
     seconds: float
+    # Families whose planning failed (the rest was compiled into `out`).
+    family_failures: tuple[FamilyFailure, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,14 +117,16 @@ def bake(
     """Warm every request into `out` and describe it as a bundle (and an archive).
 
     `recorded_from`: a cache whose journals of these configurations are carried into the bundle
-    and compiled (None: only what `out` already records). When a kernel fails, no index or
-    archive is written: the report lists the failures.
+    and compiled (None: only what `out` already records). When a kernel or a family's planning
+    fails, the rest is still compiled but no index or archive is written: the report lists the
+    failures.
     """
     started = time.perf_counter()
     archive_path = check_archive_path(archive) if archive is not None else None
     layout = CacheLayout.of(out)
     keys: list[str] = []
     failures: list[KernelFailure] = []
+    family_failures: list[FamilyFailure] = []
     totals = {"kernels": 0, "compiled": 0, "cached": 0}
     for request in requests:
         if recorded_from is not None:
@@ -137,10 +141,11 @@ def bake(
         )
         keys += [Path(path).stem for path in report.manifests]
         failures += report.failures
+        family_failures += report.family_failures
         for name in totals:
             totals[name] += getattr(report, name)
     index, archive_bytes = None, None
-    if not failures:
+    if not failures and not family_failures:
         index = write_index(layout, keys)
         if archive_path is not None:
             write_archive(layout.root, archive_path)
@@ -155,6 +160,7 @@ def bake(
         failed=len(failures),
         failures=tuple(failures),
         seconds=time.perf_counter() - started,
+        family_failures=tuple(family_failures),
         **totals,
     )
 

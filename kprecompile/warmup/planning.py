@@ -2,7 +2,8 @@
 
 The engine's selection says which families run (and why the others are not compiled); each
 planned family's shapes are enumerated, the family says whether it runs on each target, and
-its real calls are traced into compile jobs. Nothing is compiled.
+its real calls are traced into compile jobs. Nothing is compiled. A family that cannot run here
+for a known reason is a skipped row; one whose trace raises is a failed row (`FamilyPlan.error`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
-from ..errors import TracingError
+from ..errors import InputError, LibraryUnavailableError, TracingError
 from ..inputs.environment import DEFAULT_ENGINE, engine_environment
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
@@ -43,10 +44,14 @@ class FamilyPlan:
     # Unique kernels those calls compile.
     kernels: int
     parameters: dict[str, Any]
-    # Why this family is not compiled for this target, or None.
+    # Why this family is not compiled for this target (a known reason: its limits, a library
+    # this builder lacks, a prebuilt kernel), or None.
     skip_reason: str | None = None
     # The engine backend (or flag) that runs this family.
     backend: str = ""
+    # Why planning this family failed (its trace raised), or None. A failed family makes the
+    # command fail, and its target is never recorded as warm.
+    error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,6 +76,11 @@ class Plan:
     def kernels(self) -> int:
         return len(self.jobs)
 
+    @property
+    def failed(self) -> tuple[FamilyPlan, ...]:
+        """The families whose planning failed: the plan lacks their kernels."""
+        return tuple(family for family in self.families if family.error is not None)
+
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of `kprecompile plan --json`."""
         return {
@@ -80,6 +90,7 @@ class Plan:
             "targets": list(self.targets),
             "families": [family.as_dict() for family in self.families],
             "kernels": self.kernels,
+            "failed": len(self.failed),
             "trace_seconds": self.trace_seconds,
             "import_seconds": self.import_seconds,
         }
@@ -131,13 +142,17 @@ def plan_family(
         with engine_environment(engine):
             result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
     except TracingError as error:
-        if family.library != VLLM_DISTRIBUTION:
-            raise
-        # vLLM moves fast: a release whose backend changed where the family does not follow loses
-        # that family only, said plainly, never the rest of the plan (or a server's warm).
-        reason = f"{error} (kprecompile is tested against vLLM {', '.join(TESTED_RELEASES)})"
-        logger.warning("kprecompile: %s on %s is not planned: %s", name, target.name, reason)
-        return FamilyPlan(name, target.name, len(shapes), 0, parameters, reason, backend), ()
+        cause = error.__cause__
+        if isinstance(cause, InputError):
+            raise cause from None
+        if isinstance(cause, LibraryUnavailableError):
+            return FamilyPlan(name, target.name, len(shapes), 0, parameters, str(cause), backend), ()
+        # A failed family fails the command, never the rest of the plan (or a server's warm).
+        reason = str(error)
+        if family.library == VLLM_DISTRIBUTION:
+            reason += f" (kprecompile is tested against vLLM {', '.join(TESTED_RELEASES)})"
+        logger.debug("%s on %s failed", name, target.name, exc_info=cause)
+        return FamilyPlan(name, target.name, len(shapes), 0, parameters, None, backend, reason), ()
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
 
 
@@ -145,7 +160,8 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
     """Trace every selected family's calls on every target of the request.
 
     `shapes` defaults to `planned_shapes`. Families the engine runs but kprecompile does not
-    compile are listed with the reason. `layout` is where Triton's toolchain key is remembered
+    compile are listed with the reason; a family whose trace failed, with its error (`Plan.failed`:
+    the plan lacks its kernels; the rest is planned). `layout` is where Triton's toolchain key is remembered
     between runs.
     """
     imports_started = time.perf_counter()

@@ -5,7 +5,8 @@ toolchain and environment, without importing torch or tracing: when its manifest
 kernel it lists is in the cache and it has considered every record of the configuration's
 journal, the target is warm and nothing else runs. Otherwise the target is planned (or, when
 only the journal is new, the manifest's plan reused), the journal's records replayed, the
-missing kernels compiled, and the manifest written last, only when every kernel compiled.
+missing kernels compiled, and the manifest written last, only when every family was planned
+and every kernel compiled: a target whose plan failed is never recorded as warm.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ class KernelFailure:
 
 
 @dataclass(frozen=True)
+class FamilyFailure:
+    """A family whose planning failed: its kernels are not warmed, its target not recorded warm."""
+
+    model: str
+    family: str
+    target: str
+    error: str
+
+
+@dataclass(frozen=True)
 class WarmReport:
     model: str
     targets: tuple[str, ...]
@@ -71,6 +82,13 @@ class WarmReport:
     failures: tuple[KernelFailure, ...]
     manifests: tuple[str, ...]
     cache_dir: str
+    # Families whose planning failed (the rest was warmed).
+    family_failures: tuple[FamilyFailure, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """Every family planned and every kernel compiled."""
+        return not self.failed and not self.family_failures
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -243,7 +261,8 @@ class _WarmRun:
             families.append(_recorded_row(target, lookup.journal_key, replayed))
         self.families += families
         self.outcomes += outcomes
-        if all(outcome.status != "failed" for outcome in outcomes):
+        planned = all(family.error is None for family in families)
+        if planned and all(outcome.status != "failed" for outcome in outcomes):
             self._write_manifest(target, lookup, jobs, families, replayed)
 
     def _already_warm(self, target: Target, lookup: ManifestLookup, manifest: Manifest) -> None:
@@ -336,6 +355,11 @@ class _WarmRun:
             for o in outcomes
             if o.status == "failed"
         )
+        family_failures = tuple(
+            FamilyFailure(model.name, family.family, family.target, family.error)
+            for family in self.families
+            if family.error is not None
+        )
         return WarmReport(
             model=model.name,
             targets=tuple(target.name for target in self.request.targets),
@@ -353,4 +377,5 @@ class _WarmRun:
             failures=failures,
             manifests=tuple(self.manifests),
             cache_dir=str(self.layout.root),
+            family_failures=family_failures,
         )

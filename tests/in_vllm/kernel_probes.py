@@ -884,9 +884,9 @@ def block_fp8_linear(seed: int = 12) -> dict[str, object]:
 
 
 def untraceable() -> dict[str, object]:
-    """A release whose ROCM_ATTN backend moved its metadata class: planning that family gives the
-    reason instead of raising, and the other family of the same plan (AITER's pa_prefill, put in
-    one selection with it here) is traced as before."""
+    """A release whose ROCM_ATTN backend moved its metadata class: planning that family is a failed
+    row with its error instead of raising, and the other family of the same plan (AITER's
+    pa_prefill, put in one selection with it here) is traced as before."""
     from kprecompile.selection.engines import FamilyChoice, Selection
     from kprecompile.shapes import rocm_attn
     from kprecompile.shapes._vllm_backend import backend_step
@@ -901,10 +901,12 @@ def untraceable() -> dict[str, object]:
         result = plan(Request(model, ServingParams(**SERVING), selection, (GFX942,)))
     finally:
         FAMILIES["rocm_attn"] = saved
-    reasons = {family.family: family.skip_reason for family in result.families}
+    rows = {family.family: family for family in result.families}
     return {
-        "reason": reasons["rocm_attn"],
-        "planned": [name for name, reason in reasons.items() if reason is None],
+        "error": rows["rocm_attn"].error,
+        "skip_reason": rows["rocm_attn"].skip_reason,
+        "failed": [row.family for row in result.failed],
+        "planned": [name for name, row in rows.items() if row.skip_reason is None and row.error is None],
         "kernels": len(result.jobs),
     }
 

@@ -279,9 +279,11 @@ def test_block_fp8_linear_keys_and_coverage(block_fp8_linear, release):
     assert coverage["gfx942"]["missing_untuned_only"] > 0
 
 
-def test_a_vllm_family_that_cannot_be_traced_is_not_planned_and_the_rest_stands(untraceable):
-    """A release whose backend moved (here: its metadata class renamed) loses that family only."""
+def test_a_vllm_family_that_cannot_be_traced_fails_and_the_rest_stands(untraceable):
+    """A release whose backend moved (here: its metadata class renamed) fails that family only: a
+    failed row (the command exits 1), not a skipped one."""
     document = untraceable
     assert document["planned"] == ["pa_prefill"] and document["kernels"] > 0
-    assert document["reason"].startswith("tracing rocm_attn failed at forward(")
-    assert "NoSuchMetadata" in document["reason"] and "tested against vLLM 0.11.2, 0.12.0, 0.33.0" in document["reason"]
+    assert document["failed"] == ["rocm_attn"] and document["skip_reason"] is None
+    assert document["error"].startswith("tracing rocm_attn failed at forward(")
+    assert "NoSuchMetadata" in document["error"] and "tested against vLLM 0.11.2, 0.12.0, 0.33.0" in document["error"]

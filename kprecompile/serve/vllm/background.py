@@ -107,7 +107,7 @@ def main(request_file: str) -> None:
         ranks=document["ranks"],
     )
     print(json.dumps(report.as_dict()))
-    sys.exit(1 if report.failed else 0)
+    sys.exit(0 if report.ok else 1)
 
 
 if __name__ == "__main__":

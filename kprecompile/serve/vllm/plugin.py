@@ -183,6 +183,8 @@ class LoaderHook:
         if report is None:
             raise KprecompileError(f"the background warm did not finish ({errors or 'no output'})")
         failed = f", {report['failed']} failed (they compile on first use)" if report["failed"] else ""
+        for failure in report.get("family_failures", ()):
+            failed += f"; {failure['family']} failed (its kernels compile on first use): {failure['error']}"
         self._say(
             f"background warm: {plural(report['kernels'], 'kernel')} ({report['compiled']} compiled, "
             f"{report['cached']} cached{failed}) in {report['seconds']:.1f} s; the load waited {waited:.1f} s for it"
