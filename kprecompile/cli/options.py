@@ -27,6 +27,7 @@ _SERVING_OPTIONS = (
     "dtype",
     "enforce_eager",
     "num_speculative_tokens",
+    "trust_remote_code",
 )
 _SELECTION_OPTIONS = (
     "speculative_config",
@@ -62,6 +63,12 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                 metavar="MODEL",
                 help="Preset name, path to a config.json or a directory holding one, or a Hugging Face id "
                 "(org/name) in the local Hugging Face cache" + ("; repeatable." if multiple_models else "."),
+            ),
+            click.option(
+                "--trust-remote-code",
+                is_flag=True,
+                help="Let vLLM run the model's own code for its config (its auto_map), as vllm serve "
+                "--trust-remote-code does.",
             ),
             click.option(
                 "--revision",

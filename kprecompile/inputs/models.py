@@ -55,6 +55,9 @@ class ModelConfig:
     # The config as read, for engine code that builds its own configuration from it (vLLM's
     # VllmConfig, for the families traced through vLLM's backends); not part of the digest.
     config_json: str = field(default="{}", compare=False, repr=False)
+    # The directory the config was read from, where a model's own code (`auto_map`) lives for
+    # vLLM's --trust-remote-code; None for a preset.
+    directory: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def attention(self) -> str:
@@ -89,9 +92,9 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 _GGUF_MAGIC = b"GGUF"
 
 
-def _locate(spec: str, revision: str | None = None) -> tuple[str, bytes, str]:
-    """Return (display name, file bytes, source) for a path, a preset name (any case) or a
-    Hugging Face model id resolved offline from the local Hugging Face cache."""
+def _locate(spec: str, revision: str | None = None) -> tuple[str, bytes, str, str | None]:
+    """Return (display name, file bytes, source, directory) for a path, a preset name (any case) or
+    a Hugging Face model id resolved offline from the local Hugging Face cache."""
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / CONFIG_FILENAME
@@ -109,17 +112,18 @@ def _locate(spec: str, revision: str | None = None) -> tuple[str, bytes, str]:
                 "a config.json: GGUF files are not supported (give the original "
                 "model's config.json or its Hugging Face id)",
             )
-        return spec, data, str(path)
+        return spec, data, str(path), str(path.resolve().parent)
     presets = {name.lower(): name for name in list_presets()}
     if spec.lower() in presets:
         preset = presets[spec.lower()]
-        return preset, (resources.files(_PRESETS_PACKAGE) / f"{preset}.json").read_bytes(), f"preset {preset}"
+        data = (resources.files(_PRESETS_PACKAGE) / f"{preset}.json").read_bytes()
+        return preset, data, f"preset {preset}", None
     if _REPO_ID.fullmatch(spec):
         return _from_hugging_face_cache(spec, revision)
     raise InputError("--model", spec, _expected_model())
 
 
-def _from_hugging_face_cache(repo_id: str, revision: str | None) -> tuple[str, bytes, str]:
+def _from_hugging_face_cache(repo_id: str, revision: str | None) -> tuple[str, bytes, str, str | None]:
     """The model's config.json from the local Hugging Face cache ($HF_HUB_CACHE, $HF_HOME), offline."""
     try:
         from huggingface_hub import constants, try_to_load_from_cache
@@ -140,13 +144,13 @@ def _from_hugging_face_cache(repo_id: str, revision: str | None) -> tuple[str, b
             f"({constants.HF_HUB_CACHE}); fetch it with `{fetch}`",
         )
     name = repo_id if not revision else f"{repo_id}@{revision}"
-    return name, Path(found).read_bytes(), f"huggingface {name} ({found})"
+    return name, Path(found).read_bytes(), f"huggingface {name} ({found})", str(Path(found).parent)
 
 
 def load_model(spec: str, revision: str | None = None) -> ModelConfig:
     """Read a model config from a preset name, a config.json path or a directory holding one, or
     a Hugging Face model id (`revision`: a branch, tag or commit) in the local Hugging Face cache."""
-    name, data, source = _locate(spec, revision)
+    name, data, source, directory = _locate(spec, revision)
     try:
         raw = json.loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as error:
@@ -160,11 +164,12 @@ def load_model(spec: str, revision: str | None = None) -> ModelConfig:
         raise ModelConfigError(CONFIG_FILENAME, f"<{len(data)} bytes>", f"valid JSON ({reason})", source) from None
     if not isinstance(raw, dict):
         raise ModelConfigError(CONFIG_FILENAME, type(raw).__name__, "a JSON object", source)
-    return model_from_dict(raw, name=name, source=source)
+    return model_from_dict(raw, name=name, source=source, directory=directory)
 
 
-def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConfig:
-    """A model from a config.json's fields (or an engine's parsed config as a dict)."""
+def model_from_dict(raw: dict[str, Any], *, name: str, source: str, directory: str | None = None) -> ModelConfig:
+    """A model from a config.json's fields (or an engine's parsed config as a dict); `directory`
+    holds its own code, if any."""
     if "num_attention_heads" not in raw and isinstance(raw.get("text_config"), dict):
         # A multimodal model: its language model's config, as transformers' get_text_config()
         # reads it (what the engine's attention kernels see).
@@ -224,6 +229,7 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str) -> ModelConf
         digest=hash_named_dict(parts),
         config_json=config_json,
         fp8_block_size=fp8_block_size,
+        directory=directory,
         **read,
     )
 

@@ -54,6 +54,9 @@ class ServingParams:
     enforce_eager: bool = False
     # Draft tokens per step (MTP / speculative decoding): decode queries are 1 + this long.
     num_speculative_tokens: int = 0
+    # vLLM's --trust-remote-code: the model's own code (its config's `auto_map`) may define its
+    # config. It decides no kernel, so it enters no key (`resolved`).
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         _require_positive_int("--tp", self.tensor_parallel_size, MAX_TENSOR_PARALLEL)
@@ -73,6 +76,8 @@ class ServingParams:
         _require_choice("--dtype", self.dtype, DTYPES)
         if not isinstance(self.enforce_eager, bool):
             raise InputError("--enforce-eager", self.enforce_eager, "true or false")
+        if not isinstance(self.trust_remote_code, bool):
+            raise InputError("--trust-remote-code", self.trust_remote_code, "true or false")
         if isinstance(self.num_speculative_tokens, bool) or not isinstance(self.num_speculative_tokens, int):
             raise InputError("--num-speculative-tokens", self.num_speculative_tokens, "a non-negative integer")
         if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:

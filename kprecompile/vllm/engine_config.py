@@ -14,17 +14,28 @@ import dataclasses
 import functools
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..inputs import settings
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 
 # Model directories live as long as the process: vLLM's config keeps their path.
 _MODEL_DIRS: list[tempfile.TemporaryDirectory] = []
+# Where each model keeps its own code, by its config's text (families hand on the text only).
+_CODE_DIRECTORIES: dict[str, str] = {}
+
+
+def remember_model_directory(config_json: str, directory: str | None) -> None:
+    """The directory of the model whose config is `config_json`: with --trust-remote-code, vLLM's
+    config is built from the model's own code there (its `auto_map` names the files)."""
+    if directory is not None:
+        _CODE_DIRECTORIES[config_json] = directory
 
 
 def engine_config(config_json: str, serving: ServingParams, target: Target) -> Any:
@@ -44,6 +55,11 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
     directory = tempfile.TemporaryDirectory(prefix="kprecompile-model-")
     _MODEL_DIRS.append(directory)
     Path(directory.name, "config.json").write_text(config_json)
+    code = _CODE_DIRECTORIES.get(config_json)
+    if serving.trust_remote_code and code is not None:
+        # transformers imports a local model's own code from beside its config.json.
+        for source in Path(code).glob("*.py"):
+            shutil.copyfile(source, Path(directory.name, source.name))
     arguments: dict[str, Any] = {
         "model": directory.name,
         "skip_tokenizer_init": True,
@@ -56,6 +72,7 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
         "kv_cache_dtype": serving.kv_cache_dtype,
         "dtype": serving.dtype,
         "enforce_eager": serving.enforce_eager,
+        "trust_remote_code": serving.trust_remote_code,
     }
     names = {field.name for field in dataclasses.fields(EngineArgs)}
     if serving.num_speculative_tokens:
@@ -82,9 +99,19 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
         # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
         with target_imports(target), aiter_hip_absent(), no_cutlass_gemms(target):
-            return EngineArgs(
-                **{name: value for name, value in arguments.items() if name in names}
-            ).create_engine_config()
+            engine_args = EngineArgs(**{name: value for name, value in arguments.items() if name in names})
+            try:
+                return engine_args.create_engine_config()
+            except Exception as error:
+                if serving.trust_remote_code or "trust_remote_code" not in str(error):
+                    raise
+                # As `vllm serve` without the flag: the model's own code is not run.
+                raise InputError(
+                    "--trust-remote-code",
+                    "not given",
+                    "the flag: the model's config names its own code (auto_map), which vLLM runs only "
+                    "with --trust-remote-code",
+                ) from error
     finally:
         transformers_logger.setLevel(level)
         if saved is None:

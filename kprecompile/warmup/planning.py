@@ -27,6 +27,7 @@ from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..tracing.trace import trace_calls
+from ..vllm.engine_config import remember_model_directory
 from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, ReleaseLine, release_line, serving_capture_sizes
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
     model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
     if shapes is None:
         shapes = planned_shapes(model, serving, selection)
+    remember_model_directory(model.config_json, model.directory)
     triton_key = None
     if any(shapes.values()):
         # Libraries first, timed apart: importing torch alone takes about a second.

@@ -161,3 +161,43 @@ def test_vllm_kernels_warm_for_real_and_verify_deep(tmp_path, release, backend, 
     )
     assert preload.returncode == 0, preload.stderr[-2000:]
     assert json.loads(preload.stdout.strip().splitlines()[-1]) == [kernels, kernels, 0, []]
+
+
+# A model whose type this release's transformers does not know: its config class is its own code
+# (auto_map), as Kimi-K2's is; the architecture is one vLLM has.
+REMOTE_CONFIG_CODE = """
+from transformers import DeepseekV2Config
+
+
+class KprecompileTestConfig(DeepseekV2Config):
+    model_type = "kprecompile_test"
+"""
+
+
+def test_trust_remote_code_reaches_vllms_config(tmp_path, release):
+    """Without the flag vLLM refuses the model's own code: one line, exit 2. With it the plan is the
+    one of the same config under a type transformers knows (the control: more than 0 kernels)."""
+    from importlib import resources
+
+    preset = json.loads((resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text())
+    remote = tmp_path / "remote"
+    remote.mkdir()
+    (remote / "configuration_kprecompile_test.py").write_text(REMOTE_CONFIG_CODE)
+    auto_map = {"AutoConfig": "configuration_kprecompile_test.KprecompileTestConfig"}
+    (remote / "config.json").write_text(json.dumps({**preset, "model_type": "kprecompile_test", "auto_map": auto_map}))
+    chosen = ["--engine", "vllm", "--attention-backend", "TRITON_MLA", "--family", "triton_mla", "--target", "gfx942"]
+    chosen += ["--max-num-seqs", "4", "--max-model-len", "4096", "--cache-dir", tmp_path / "cache", "--json"]
+    refused = kprecompile_cli("plan", "--model", remote, *chosen)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.splitlines()[-1] == (
+        "kprecompile: --trust-remote-code: got 'not given', expected the flag: the model's config names its own "
+        "code (auto_map), which vLLM runs only with --trust-remote-code"
+    )
+    trusted = kprecompile_cli("plan", "--model", remote, "--trust-remote-code", *chosen)
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    known = kprecompile_cli("plan", "--model", "deepseek-v2-lite", *chosen)
+    assert known.returncode == 0, known.stderr[-2000:]
+    [trusted_row] = json.loads(trusted.stdout)["families"]
+    [known_row] = json.loads(known.stdout)["families"]
+    assert trusted_row["error"] is None and known_row["kernels"] > 0
+    assert (trusted_row["calls"], trusted_row["kernels"]) == (known_row["calls"], known_row["kernels"])

@@ -58,6 +58,7 @@ def start(
     document = {
         "config": hf_config,
         "name": request.model.name,
+        "directory": request.model.directory,
         "serving": asdict(request.serving),
         "engine": request.selection.engine,
         "attention_backend": request.selection.attention_backend,
@@ -90,7 +91,12 @@ def main(request_file: str) -> None:
     from ...warmup.warming import warm
 
     document = json.loads(Path(request_file).read_text())
-    model = model_from_dict(document["config"], name=document["name"], source=f"vLLM's config of {document['name']}")
+    model = model_from_dict(
+        document["config"],
+        name=document["name"],
+        source=f"vLLM's config of {document['name']}",
+        directory=document["directory"],
+    )
     serving = document["serving"]
     if serving["cudagraph_capture_sizes"] is not None:
         serving["cudagraph_capture_sizes"] = tuple(serving["cudagraph_capture_sizes"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ...inputs.models import model_from_dict
@@ -62,6 +63,7 @@ def serving_from_vllm(vllm_config: Any) -> ServingParams:
         cudagraph_capture_sizes=None if enforce_eager else tuple(capture_sizes),
         enforce_eager=enforce_eager,
         num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative is not None else 0,
+        trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
     )
 
 
@@ -75,7 +77,11 @@ def from_vllm_config(
     CUDA rules on an NVIDIA GPU, its ROCm rules on an AMD one (and where no target is given)."""
     model_config = vllm_config.model_config
     name = str(model_config.model)
-    config = model_from_dict(hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}")
+    # A local model's own code (--trust-remote-code) is beside its config; a hub model's is not planned.
+    directory = name if Path(name).is_dir() else None
+    config = model_from_dict(
+        hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}", directory=directory
+    )
     backends = attention_backends(model) if model is not None else []
     backend = backends[0] if backends else _requested_backend(vllm_config)
     serving = serving_from_vllm(vllm_config)
