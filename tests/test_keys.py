@@ -67,8 +67,18 @@ SERVING_CHANGES = {
 }
 
 
+# Serving parameters that decide no kernel, with another value: the key stays.
+SERVING_OUTSIDE_THE_KEY = {"trust_remote_code": True}
+
+
 def test_the_table_covers_every_serving_parameter():
-    assert set(SERVING_CHANGES) == {field.name for field in dataclasses.fields(ServingParams)}
+    fields = {field.name for field in dataclasses.fields(ServingParams)}
+    assert set(SERVING_CHANGES) | set(SERVING_OUTSIDE_THE_KEY) == fields
+
+
+@pytest.mark.parametrize("field, value", SERVING_OUTSIDE_THE_KEY.items())
+def test_a_serving_parameter_that_decides_no_kernel_keeps_the_key(field, value):
+    assert key(DEEPSEEK, ServingParams(**{field: value})) == key(DEEPSEEK)
 
 
 @pytest.mark.parametrize("field, value", SERVING_CHANGES.items())
