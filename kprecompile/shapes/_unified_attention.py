@@ -43,6 +43,7 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
     contiguous = counts == list(range(1, counts[-1] + 1))
     return kv_cache_parameters(
         shapes[0],
+        shapes,
         num_seqs=f"1..{counts[-1]}" if contiguous and len(counts) > 2 else ",".join(map(str, counts)),
         max_query_len=",".join(str(q) for q in sorted({shape.max_query_len for shape in shapes})),
     )
