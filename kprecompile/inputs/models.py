@@ -11,10 +11,14 @@ import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..cache.keys import hash_named_dict
 from ..errors import InputError, ModelConfigError
+from .layers import FLOAT16_NOT_SUPPORTED, AttentionLayer, config_layers
+
+if TYPE_CHECKING:
+    from .serving import ServingParams
 
 CONFIG_FILENAME = "config.json"
 _PRESETS_PACKAGE = "kprecompile.inputs.presets"
@@ -58,6 +62,24 @@ class ModelConfig:
     # The directory the config was read from, where a model's own code (`auto_map`) lives for
     # vLLM's --trust-remote-code; None for a preset.
     directory: str | None = field(default=None, compare=False, repr=False)
+    # transformers' name for the architecture family (`gemma2`); decides vLLM's dtype rule.
+    model_type: str = ""
+    num_layers: int = 1
+    # Each layer's sliding window (None: full attention) where layers differ, else None: every
+    # layer takes `sliding_window`.
+    layer_windows: tuple[int | None, ...] | None = None
+    # tanh soft-cap of the attention logits (Gemma-2's attn_logit_softcapping).
+    logits_soft_cap: float | None = None
+    # dtype of the per-head attention sinks (gpt-oss), "" without.
+    sinks: str = ""
+    # The attention layers as the engine built them for the request's serving parameters and
+    # targets (`vllm/model_layers.py`), and who built them; empty: read from the config.
+    attention_layers: tuple[AttentionLayer, ...] = ()
+    layers_source: str = "kprecompile's reading of config.json"
+
+    def layer_kinds(self, serving: ServingParams) -> tuple[AttentionLayer, ...]:
+        """The distinct attention layers the kernels see: the engine's, else the config's."""
+        return self.attention_layers or config_layers(self, serving)
 
     @property
     def attention(self) -> str:
@@ -207,6 +229,7 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, directory: s
             head_dim = hidden // heads
     else:
         head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+    num_layers = fields.positive_int("num_hidden_layers", default=1)
     read = dict(
         architectures=fields.string_list("architectures"),
         num_attention_heads=heads,
@@ -218,10 +241,17 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, directory: s
         mla=mla,
     )
     parts = {**read, "mla": mla and asdict(mla)}
+    model_type = raw.get("model_type") if isinstance(raw.get("model_type"), str) else ""
+    layer_features: dict[str, Any] = {}
+    if mla is None:
+        layer_features = _layer_features(fields, raw, model_type, num_layers, read["sliding_window"])
     fp8_block_size = _fp8_block_size(raw, source)
+    # Only where present, so that the digests of other models stay as they were.
     if fp8_block_size is not None:
-        # Only where present, so that the digests of other models stay as they were.
         parts["fp8_block_size"] = list(fp8_block_size)
+    parts.update({name: value for name, value in layer_features.items() if value})
+    if model_type in FLOAT16_NOT_SUPPORTED and read["torch_dtype"] == "float16":
+        parts["model_type"] = model_type
     config_json = json.dumps(raw, sort_keys=True)
     return ModelConfig(
         name=name,
@@ -230,8 +260,51 @@ def model_from_dict(raw: dict[str, Any], *, name: str, source: str, directory: s
         config_json=config_json,
         fp8_block_size=fp8_block_size,
         directory=directory,
+        model_type=model_type,
+        num_layers=num_layers,
+        **layer_features,
         **read,
     )
+
+
+def _layer_features(
+    fields: FieldReader, raw: dict[str, Any], model_type: str, num_layers: int, window: int | None
+) -> dict[str, Any]:
+    """Per-layer windows, soft-cap and sinks as vLLM's model classes build them from the config
+    (and transformers fills the config's `layer_types` where it is absent)."""
+    types = raw.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and types and all(isinstance(kind, str) for kind in types)):
+            raise ModelConfigError("layer_types", types, "a list of layer type names", fields.source)
+        if len(types) > 1 << 16:
+            raise ModelConfigError("layer_types", f"{len(types)} entries", "at most 65,536", fields.source)
+    elif model_type == "gemma2":
+        types = ["sliding_attention" if (index + 1) % 2 else "full_attention" for index in range(num_layers)]
+    elif model_type in ("gemma3", "gemma3_text"):
+        pattern = fields.positive_int("sliding_window_pattern", default=6)
+        types = ["sliding_attention" if (index + 1) % pattern else "full_attention" for index in range(num_layers)]
+    if model_type == "gpt_oss":
+        # vLLM's gpt-oss windows the even layers, whatever the config's layer_types say.
+        types = ["sliding_attention" if index % 2 == 0 else "full_attention" for index in range(num_layers)]
+    windows = None
+    if types is not None and window is not None and model_type not in _MODEL_LEVEL_WINDOW:
+        windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+        if len(set(windows)) == 1:
+            windows = None
+    soft_cap = raw.get("attn_logit_softcapping")
+    if soft_cap is not None and (isinstance(soft_cap, bool) or not isinstance(soft_cap, (int, float)) or soft_cap <= 0):
+        raise ModelConfigError("attn_logit_softcapping", soft_cap, "a positive number or null", fields.source)
+    return {
+        "layer_windows": windows,
+        "logits_soft_cap": float(soft_cap) if soft_cap else None,
+        # vLLM's gpt-oss holds its sinks in bfloat16 whatever the model's dtype.
+        "sinks": "bfloat16" if model_type == "gpt_oss" else "",
+    }
+
+
+# Architectures whose vLLM model class applies the config's one window to every layer (Qwen2's
+# requires max_window_layers to cover all layers when layer types differ).
+_MODEL_LEVEL_WINDOW = ("qwen2", "qwen2_moe")
 
 
 def _fp8_block_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:

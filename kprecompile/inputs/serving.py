@@ -46,7 +46,7 @@ class ServingParams:
     block_size: int = DEFAULT_BLOCK_SIZE
     # "auto" stores the KV cache in the model dtype; "fp8" / "fp8_e4m3" in the target's FP8.
     kv_cache_dtype: str = "auto"
-    # "auto": bfloat16 for bfloat16 models, float16 for float16 and float32 ones (vLLM's rule).
+    # "auto": the config's dtype, float32 downcast to bfloat16 (vLLM's rule: `inputs/layers.py`).
     dtype: str = "auto"
     # Token counts the engine captures CUDA/HIP graphs for; None: vLLM's default rule.
     cudagraph_capture_sizes: tuple[int, ...] | None = None
@@ -156,9 +156,9 @@ class ServingParams:
 
     def activation_dtype(self, model: ModelConfig) -> str:
         """The dtype activations and (with kv-cache-dtype auto) the KV cache are held in."""
-        if self.dtype != "auto":
-            return self.dtype
-        return "bfloat16" if model.torch_dtype == "bfloat16" else "float16"
+        from .layers import resolved_dtype
+
+        return resolved_dtype(model, self)
 
     def resolved(self, model: ModelConfig, capture_sizes: tuple[int, ...]) -> dict[str, Any]:
         """The effective settings for `model`, the part of a cache key: settings spelled

@@ -4,8 +4,10 @@ and how `plan` shows it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 if TYPE_CHECKING:
     import torch
@@ -13,6 +15,7 @@ if TYPE_CHECKING:
     from ..inputs.models import ModelConfig
     from ..inputs.serving import ServingParams
     from ..inputs.targets import Target
+    from ..vllm.releases import ReleaseLine
 
 # On ROCm, Triton specializes a pointer on whether its tensor's storage fits in 2 GiB (buffer
 # ops). A KV cache is one tensor per layer whose size depends on free GPU memory, so either
@@ -43,24 +46,55 @@ class PagedAttentionShape:
     dtype: str
     kv_cache_fp8: bool
     kv_cache_storage: StorageClass
+    # tanh soft-cap of the logits (0.0: none) and the sinks' dtype ("": none), as the layer has them.
+    logits_soft_cap: float = 0.0
+    sinks: str = ""
+
+
+ShapeT = TypeVar("ShapeT")
+Enumerate = Callable[["ModelConfig", "ServingParams", "ReleaseLine | None"], tuple[ShapeT, ...]]
+
+
+def per_layer_kind(enumerate_shapes: Enumerate[ShapeT]) -> Enumerate[ShapeT]:
+    """A family's shapes for every distinct attention layer of the model (`inputs/layers.py`):
+    `enumerate_shapes` is written for one kind (`paged_kv_fields` reads it) and called once per kind."""
+
+    @functools.wraps(enumerate_shapes)
+    def each_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[ShapeT, ...]:
+        if model.mla is not None:
+            return enumerate_shapes(model, serving, line)
+        shapes: dict[ShapeT, None] = {}
+        for kind in model.layer_kinds(serving):
+            for shape in enumerate_shapes(replace(model, attention_layers=(kind,)), serving, line):
+                shapes.setdefault(shape, None)
+        return tuple(shapes)
+
+    return each_kind
 
 
 def paged_kv_fields(model: ModelConfig, serving: ServingParams) -> dict[str, Any]:
-    """The fields every paged-KV attention shape takes from the model and serving settings."""
+    """The fields every paged-KV attention shape takes from the model's one layer kind (see
+    `per_layer_kind`) and the serving settings."""
+    kinds = model.layer_kinds(serving)
+    if len(kinds) != 1:
+        raise ValueError(f"{model.name} has {len(kinds)} kinds of attention layers: enumerate with per_layer_kind")
+    [kind] = kinds
     model_len = serving.model_len(model)
     return {
-        "q_heads": serving.heads_per_rank(model),
-        "kv_heads": serving.kv_heads_per_rank(model),
-        "head_size": model.head_dim,
+        "q_heads": kind.num_heads,
+        "kv_heads": kind.num_kv_heads,
+        "head_size": kind.head_size,
         "block_size": serving.block_size,
         "max_blocks_per_seq": -(-model_len // serving.block_size),
-        "sliding_window": model.sliding_window or 0,
-        "dtype": serving.activation_dtype(model),
-        "kv_cache_fp8": serving.kv_cache_is_fp8,
+        "sliding_window": kind.sliding_window,
+        "dtype": kind.dtype,
+        "kv_cache_fp8": kind.kv_cache_dtype != "auto",
+        "logits_soft_cap": kind.logits_soft_cap,
+        "sinks": kind.sinks,
     }
 
 
-def kv_cache_parameters(first: Any, **varying: object) -> dict[str, object]:
+def kv_cache_parameters(first: Any, shapes: tuple[Any, ...] = (), **varying: object) -> dict[str, object]:
     """What `plan` shows for a paged-attention family: heads, head and block size, what varies,
     the KV cache's type and the sliding window."""
     parameters: dict[str, object] = {
@@ -70,8 +104,13 @@ def kv_cache_parameters(first: Any, **varying: object) -> dict[str, object]:
         **varying,
         "kv_cache": "fp8" if first.kv_cache_fp8 else first.dtype,
     }
-    if first.sliding_window:
-        parameters["sliding_window"] = first.sliding_window
+    windows = sorted({shape.sliding_window for shape in shapes}) if shapes else [first.sliding_window]
+    if any(windows):
+        parameters["sliding_window"] = ",".join(str(window or "full") for window in windows)
+    if getattr(first, "logits_soft_cap", 0.0):
+        parameters["logits_soft_cap"] = first.logits_soft_cap
+    if getattr(first, "sinks", ""):
+        parameters["sinks"] = first.sinks
     return parameters
 
 

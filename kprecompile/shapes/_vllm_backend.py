@@ -185,6 +185,31 @@ def kv_scales_layer() -> Any:
     )
 
 
+def layer_arguments(shape: Any) -> dict[str, Any]:
+    """The impl's arguments for the layer's soft-cap and sinks, as vLLM's `Attention` passes them
+    (`logits_soft_cap`, and `sinks` as the model's per-head parameter), where the layer has them:
+    an impl that takes neither is built as before."""
+    import torch
+
+    arguments: dict[str, Any] = {}
+    if shape.logits_soft_cap:
+        arguments["logits_soft_cap"] = shape.logits_soft_cap
+    if shape.sinks:
+        arguments["sinks"] = torch.empty(shape.q_heads, dtype=getattr(torch, shape.sinks), device="meta")
+    return arguments
+
+
+def query_type(impl: Any, shape: Any, target: Target) -> Any:
+    """The query's element type at the impl: vLLM's `Attention` quantizes it to the platform's FP8
+    first (`query_quant`) when the KV cache is FP8 and the impl takes an FP8 query (a method up to
+    0.18, an attribute from 0.19)."""
+    import torch
+
+    takes = getattr(impl, "supports_quant_query_input", False)
+    takes = takes() if callable(takes) else takes
+    return target.fp8_dtype if shape.kv_cache_fp8 and takes else getattr(torch, shape.dtype)
+
+
 def required_line(line: ReleaseLine | None, family: str) -> ReleaseLine:
     """The release line a family of vLLM's kernels is planned for: a vLLM engine always names one
     (`select` plans vLLM's families only under it); None is a caller's mistake."""
@@ -305,8 +330,10 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
         None,
         shape.sliding_window or None,
         "fp8" if shape.kv_cache_fp8 else "auto",
+        **layer_arguments(shape),
     )
-    query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    query_shape = (shape.tokens, shape.q_heads, shape.head_size)
+    query = torch.empty(query_shape, dtype=query_type(impl, shape, target), device=meta)
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
     layer = kv_scales_layer()
     metadata = vllm_record(

@@ -19,7 +19,14 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
 from ..vllm.releases import ReleaseLine
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count, kv_cache_parameters, paged_kv_fields
+from ._paged_kv import (
+    KV_CACHE_STORAGE_CLASSES,
+    StorageClass,
+    block_count,
+    kv_cache_parameters,
+    paged_kv_fields,
+    per_layer_kind,
+)
 from ._vllm_backend import (
     LAYER_NAME,
     VLLM_ATTENTION_OPS,
@@ -27,6 +34,7 @@ from ._vllm_backend import (
     compiled_ops_skipped,
     host_copies,
     kv_scales_layer,
+    layer_arguments,
     layer_kv_cache,
     prebuilt_ops_skipped,
     required_line,
@@ -57,6 +65,8 @@ class ExtendStep:
     context_lens: tuple[int, ...]
     config_json: str
     serving: ServingParams
+    logits_soft_cap: float = 0.0
+    sinks: str = ""
 
 
 def _context_mixes(model_len: int, max_extends: int, last_totals: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -117,6 +127,7 @@ _SHORT_CONTEXT = 512
 _TOTAL_CLASSES = (1, 16, 17, 16 * 37 + 1)
 
 
+@per_layer_kind
 def enumerate_extends(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[ExtendStep, ...]:
     line = required_line(line, "aiter_fa_context")
     if model.mla is not None:
@@ -188,7 +199,7 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple
 
 def describe_shapes(shapes: tuple[ExtendStep, ...]) -> dict[str, object]:
     return kv_cache_parameters(
-        shapes[0], steps="prefills with cached context", contexts=len({shape.context_lens for shape in shapes})
+        shapes[0], shapes, steps="prefills with cached context", contexts=len({shape.context_lens for shape in shapes})
     )
 
 
@@ -269,6 +280,7 @@ def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[
                 prefix=LAYER_NAME,
                 per_layer_sliding_window=shape.sliding_window or None,
                 attn_backend=backend,
+                **layer_arguments(shape),
             )
     finally:
         torch.set_default_dtype(default_dtype)
@@ -367,6 +379,7 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
             None,
             shape.sliding_window or None,
             kv_cache_dtype,
+            **layer_arguments(shape),
         )
     # The KV-cache write is vLLM's compiled operator: the impl's own switch for a layer that
     # shares an earlier layer's cache skips it.

@@ -26,6 +26,7 @@ from ._paged_kv import (
     cache_element,
     kv_cache_parameters,
     paged_kv_fields,
+    per_layer_kind,
 )
 from ._points import geometric_points, int_class_representatives
 from .family import KernelFamily
@@ -49,6 +50,7 @@ class PaPrefillShape:
     kv_cache_storage: StorageClass
 
 
+@per_layer_kind
 def enumerate_pa_prefill(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PaPrefillShape, ...]:
@@ -56,7 +58,12 @@ def enumerate_pa_prefill(
         return ()
     model_len = serving.model_len(model)
     budget = min(serving.max_num_batched_tokens, model_len)
-    base = paged_kv_fields(model, serving)
+    # AITER's context_attention_fwd takes neither a soft-cap nor sinks.
+    base = {
+        name: value
+        for name, value in paged_kv_fields(model, serving).items()
+        if name not in ("logits_soft_cap", "sinks")
+    }
     shapes = []
     for storage in KV_CACHE_STORAGE_CLASSES:
         for batch in int_class_representatives(min(serving.max_num_seqs, budget)):
@@ -72,6 +79,7 @@ def enumerate_pa_prefill(
 def describe_shapes(shapes: tuple[PaPrefillShape, ...]) -> dict[str, object]:
     return kv_cache_parameters(
         shapes[0],
+        shapes,
         batch=",".join(str(b) for b in sorted({shape.batch for shape in shapes})),
         max_query_len=f"1..{max(shape.max_query_len for shape in shapes)}",
     )

@@ -11,9 +11,10 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..vllm.releases import ReleaseLine
 from . import _unified_attention as unified
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields, per_layer_kind
 
 
+@per_layer_kind
 def enumerate_paged_decode(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PagedAttentionShape, ...]:

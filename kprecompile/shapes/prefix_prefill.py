@@ -11,7 +11,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..vllm.releases import ReleaseLine
 from . import _unified_attention as unified
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, paged_kv_fields, per_layer_kind
 from ._points import geometric_points, int_class_representatives
 
 # The wrapper switches prefill configs at 256 query tokens.
@@ -22,6 +22,7 @@ def _context_lens(model_len: int, shortest: int) -> tuple[int, ...]:
     return tuple(sorted({min(shortest, model_len), min(unified.SHORT_CONTEXT, model_len), model_len}))
 
 
+@per_layer_kind
 def enumerate_prefix_prefill(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PagedAttentionShape, ...]:

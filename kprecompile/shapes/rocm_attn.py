@@ -22,13 +22,20 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..vllm.releases import ReleaseLine
-from ._paged_kv import KV_CACHE_STORAGE_CLASSES, PagedAttentionShape, kv_cache_parameters, paged_kv_fields
+from ._paged_kv import (
+    KV_CACHE_STORAGE_CLASSES,
+    PagedAttentionShape,
+    kv_cache_parameters,
+    paged_kv_fields,
+    per_layer_kind,
+)
 from ._vllm_backend import VllmBackend, vllm_backend_family
 
 # vLLM's HIP paged attention takes contexts up to this many tokens.
 HIP_CONTEXT_LIMIT = 128 * 1024
 
 
+@per_layer_kind
 def enumerate_rocm_attn(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PagedAttentionShape, ...]:
@@ -60,6 +67,7 @@ def enumerate_rocm_attn(
 def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object]:
     return kv_cache_parameters(
         shapes[0],
+        shapes,
         steps="decode, prefill" if len({shape.max_query_len > 1 for shape in shapes}) == 2 else "decode",
         contexts=",".join(str(length) for length in sorted({shape.max_seq_len for shape in shapes})),
     )

@@ -26,6 +26,7 @@ from ._paged_kv import (
     StorageClass,
     kv_cache_parameters,
     paged_kv_fields,
+    per_layer_kind,
 )
 from ._points import int_class_representatives
 from ._vllm_backend import (
@@ -33,7 +34,9 @@ from ._vllm_backend import (
     VllmBackend,
     backend_step,
     kv_scales_layer,
+    layer_arguments,
     layer_kv_cache,
+    query_type,
     required_line,
     vllm_backend_family,
     vllm_record,
@@ -44,6 +47,7 @@ from ._vllm_backend import (
 _SHORT_CONTEXT = 512
 
 
+@per_layer_kind
 def enumerate_triton_attn(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PagedAttentionShape, ...]:
@@ -96,6 +100,7 @@ def describe_shapes(shapes: tuple[PagedAttentionShape, ...]) -> dict[str, object
     prefill = sorted({shape.num_seqs for shape in shapes if shape.max_query_len > decode})
     return kv_cache_parameters(
         shapes[0],
+        shapes,
         decode_num_seqs=f"1..{batches[-1]}" if batches else "-",
         prefill_num_seqs=",".join(map(str, prefill)) or "-",
     )
@@ -237,12 +242,18 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
         )
         metadata = builder.build(0, common)
         impl = backend.get_impl_cls()(
-            shape.q_heads, shape.head_size, shape.head_size**-0.5, shape.kv_heads, None, sliding_window, kv_cache_dtype
+            shape.q_heads,
+            shape.head_size,
+            shape.head_size**-0.5,
+            shape.kv_heads,
+            None,
+            sliding_window,
+            kv_cache_dtype,
+            **layer_arguments(shape),
         )
-    # vLLM's attention layer quantizes the query to the platform's FP8 before the backend when the
-    # KV cache is FP8 and the impl takes an FP8 query (`Attention.__init__`: `query_quant`).
-    query_type = target.fp8_dtype if shape.kv_cache_fp8 and impl.supports_quant_query_input else dtype
-    query = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=query_type, device=meta)
+    query = torch.empty(
+        (shape.tokens, shape.q_heads, shape.head_size), dtype=query_type(impl, shape, target), device=meta
+    )
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
     layer = kv_scales_layer()
     output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)

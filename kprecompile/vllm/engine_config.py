@@ -38,15 +38,21 @@ def remember_model_directory(config_json: str, directory: str | None) -> None:
         _CODE_DIRECTORIES[config_json] = directory
 
 
-def engine_config(config_json: str, serving: ServingParams, target: Target) -> Any:
+def engine_config(
+    config_json: str, serving: ServingParams, target: Target, attention_backend: str | None = None
+) -> Any:
     """vLLM's `VllmConfig` for this model and these serving parameters under the process's vLLM
-    flags (vLLM imported under the target's platform: `libraries.import_library_module`)."""
+    flags (vLLM imported under the target's platform: `libraries.import_library_module`), with
+    `attention_backend` as `vllm serve --attention-backend` takes it (up to 0.18 the caller sets
+    VLLM_ATTENTION_BACKEND instead)."""
     flags = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("VLLM_")))
-    return _engine_config(config_json, serving, target, flags)
+    return _engine_config(config_json, serving, target, flags, attention_backend)
 
 
 @functools.cache
-def _engine_config(config_json: str, serving: ServingParams, target: Target, flags: tuple) -> Any:
+def _engine_config(
+    config_json: str, serving: ServingParams, target: Target, flags: tuple, attention_backend: str | None
+) -> Any:
     from ..platforms.vllm_platform import target_imports
     from ..tracing.libraries import aiter_hip_absent, import_library_module
 
@@ -75,6 +81,8 @@ def _engine_config(config_json: str, serving: ServingParams, target: Target, fla
         "trust_remote_code": serving.trust_remote_code,
     }
     names = {field.name for field in dataclasses.fields(EngineArgs)}
+    if attention_backend is not None and "attention_backend" in names:
+        arguments["attention_backend"] = attention_backend
     if serving.num_speculative_tokens:
         # The lightest method vLLM accepts without a draft model (see the module doc).
         arguments["speculative_config"] = {"method": "ngram", "num_speculative_tokens": serving.num_speculative_tokens}
