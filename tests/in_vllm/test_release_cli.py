@@ -165,14 +165,15 @@ def test_vllm_kernels_warm_for_real_and_verify_deep(tmp_path, release, backend, 
     assert json.loads(preload.stdout.strip().splitlines()[-1]) == [kernels, kernels, 0, []]
 
 
-# A model whose type this release's transformers does not know: its config class is its own code
-# (auto_map), as Kimi-K2's is; the architecture is one vLLM has.
+# Kimi-K2's case: a model type the release's transformers does not know, its config class its own
+# code (auto_map); the architecture is one vLLM has. Up to 0.12 vLLM takes a model for MLA by its
+# type's name, and kimi_k2 is one (0.33 knows kimi_k2 itself, and reads MLA from the config).
 REMOTE_CONFIG_CODE = """
 from transformers import DeepseekV2Config
 
 
 class KprecompileTestConfig(DeepseekV2Config):
-    model_type = "kprecompile_test"
+    model_type = "{model_type}"
 """
 
 
@@ -184,9 +185,10 @@ def test_trust_remote_code_reaches_vllms_config(tmp_path, release):
     preset = json.loads((resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text())
     remote = tmp_path / "remote"
     remote.mkdir()
-    (remote / "configuration_kprecompile_test.py").write_text(REMOTE_CONFIG_CODE)
+    model_type = "kprecompile_test" if release.startswith("0.33") else "kimi_k2"
+    (remote / "configuration_kprecompile_test.py").write_text(REMOTE_CONFIG_CODE.format(model_type=model_type))
     auto_map = {"AutoConfig": "configuration_kprecompile_test.KprecompileTestConfig"}
-    (remote / "config.json").write_text(json.dumps({**preset, "model_type": "kprecompile_test", "auto_map": auto_map}))
+    (remote / "config.json").write_text(json.dumps({**preset, "model_type": model_type, "auto_map": auto_map}))
     chosen = ["--engine", "vllm", "--attention-backend", "TRITON_MLA", "--family", "triton_mla", "--target", "gfx942"]
     chosen += ["--max-num-seqs", "4", "--max-model-len", "4096", "--cache-dir", tmp_path / "cache", "--json"]
     refused = kprecompile_cli("plan", "--model", remote, *chosen)
