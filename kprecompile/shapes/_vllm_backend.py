@@ -22,7 +22,7 @@ from typing import Any
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..tracing.libraries import AITER_PACKAGE, VLLM_DISTRIBUTION, import_library_module
+from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
 from ..vllm.releases import ReleaseLine
 from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
@@ -67,65 +67,6 @@ def prebuilt_ops_skipped(names: tuple[str, ...]) -> Iterator[None]:
     finally:
         for name, op in saved.items():
             setattr(ops, name, op)
-
-
-def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: object) -> Any:
-    """The varlen flash attention vLLM's MLA prefill calls on ROCm (AITER's `flash_attn_varlen_func`
-    or flash-attn's), on meta tensors: the output as (tokens, heads, V's head size) in the query's
-    dtype and, when asked for, the log-sum-exp as (heads, tokens) float32, as both libraries
-    return them (AITER: `gen_mha_varlen_fwd_fake_tensor`)."""
-    import torch
-
-    out = kwargs.get("out")
-    if out is None:
-        out = torch.empty((q.shape[0], q.shape[1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    if any(kwargs.get(flag) for flag in ("return_lse", "return_softmax_lse", "return_attn_probs")):
-        return out, torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    return out
-
-
-def _prebuilt(*args: object, **kwargs: object) -> None:
-    """A prebuilt (HIP, CK, assembly) kernel's entry point while tracing: it compiles nothing."""
-
-
-@contextlib.contextmanager
-def aiter_attention_prebuilt() -> Iterator[None]:
-    """AITER's prebuilt attention where the real `aiter` package is not initialized (a builder
-    without ROCm: `tracing/libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
-    import it when built), `paged_attention_common` and the `torch.ops.aiter` paged attention
-    vLLM's ROCM_AITER_FA decodes with from 0.19."""
-    package = import_library_module(AITER_PACKAGE)
-    entries = {"flash_attn_varlen_func": prebuilt_varlen_attention, "paged_attention_common": _prebuilt}
-    missing = [name for name in entries if not hasattr(package, name)]
-    for name in missing:
-        setattr(package, name, entries[name])
-    try:
-        with compiled_ops_skipped("aiter.paged_attention_v1"):
-            yield
-    finally:
-        for name in missing:
-            delattr(package, name)
-
-
-@contextlib.contextmanager
-def compiled_ops_skipped(*names: str) -> Iterator[None]:
-    """Compiled torch operators (`namespace.name` under `torch.ops`) that vLLM's backends call
-    directly do nothing while tracing where no library registered them (a builder without
-    vLLM's or AITER's extensions); registered ones are left as they are."""
-    import torch
-
-    added = []
-    for qualified in names:
-        namespace, _, name = qualified.partition(".")
-        space = getattr(torch.ops, namespace)
-        if not hasattr(space, name):
-            setattr(space, name, _prebuilt)
-            added.append((space, name))
-    try:
-        yield
-    finally:
-        for space, name in added:
-            delattr(space, name)
 
 
 @contextlib.contextmanager

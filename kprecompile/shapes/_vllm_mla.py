@@ -6,7 +6,7 @@ the model length and the sequence limit): the impl is built under a `VllmConfig`
 `EngineArgs` make from the model's config.json and the serving parameters
 (`vllm/engine_config.py`). What the step calls besides vLLM's Triton kernels is
 prebuilt and does nothing while tracing: the prefill attention itself (AITER's CK flash
-attention or ROCm's flash-attn build: `_vllm_backend.prebuilt_varlen_attention`), the cache
+attention or ROCm's flash-attn build: `tracing/prebuilt.py`), the cache
 gather (a vLLM operator), and the model's `kv_b_proj` linear layer.
 """
 
@@ -21,7 +21,8 @@ from typing import Any
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import import_library_module
-from ._vllm_backend import aiter_attention_prebuilt, prebuilt_ops_skipped, prebuilt_varlen_attention, vllm_record
+from ..tracing.prebuilt import aiter_attention_prebuilt, prebuilt_varlen_attention
+from ._vllm_backend import prebuilt_ops_skipped, vllm_record
 
 COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
 

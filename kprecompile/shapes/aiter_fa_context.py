@@ -18,6 +18,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
+from ..tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped
 from ..vllm.releases import ReleaseLine
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
@@ -30,8 +31,6 @@ from ._paged_kv import (
 from ._vllm_backend import (
     LAYER_NAME,
     VLLM_ATTENTION_OPS,
-    aiter_attention_prebuilt,
-    compiled_ops_skipped,
     host_copies,
     kv_scales_layer,
     layer_arguments,

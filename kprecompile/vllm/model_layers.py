@@ -276,6 +276,7 @@ def build(question: Question) -> dict[str, Any]:
     from ..platforms.triton_driver import active_target, meta_allocations
     from ..platforms.vllm_platform import target_imports, use_target_platform
     from ..tracing.libraries import aiter_hip_absent, import_library_module
+    from ..tracing.prebuilt import aiter_attention_prebuilt
     from .engine_config import engine_config, no_cutlass_gemms, remember_model_directory
 
     remember_model_directory(question.config_json, question.directory)
@@ -295,7 +296,15 @@ def build(question: Question) -> dict[str, Any]:
         config = engine_config(question.config_json, serving, target, requested)
         import_library_module("vllm.distributed.parallel_state")
         _rank_groups(serving.tensor_parallel_size)
-        with target_imports(target), aiter_hip_absent(), no_cutlass_gemms(target), _prebuilt_operators():
+        # AITER's prebuilt attention, which its backends' impls import when built (ROCm).
+        aiter_prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
+        with (
+            target_imports(target),
+            aiter_hip_absent(),
+            no_cutlass_gemms(target),
+            aiter_prebuilt,
+            _prebuilt_operators(),
+        ):
             loader = import_library_module("vllm.model_executor.model_loader.utils")
             try:
                 set_default_dtype = import_library_module("vllm.utils.torch_utils").set_default_torch_dtype
