@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import click
 
 from ..inputs import settings
+from ..inputs.layers import AttentionLayer
 from ..warmup.planning import FamilyPlan, plan
 from . import options
 from .output import Output, plural
@@ -22,6 +23,17 @@ def family_rows(families: Sequence[FamilyPlan]) -> list[tuple[str, ...]]:
         else:
             rows.append((family.family, family.target, str(family.calls), "-", f"not compiled: {family.skip_reason}"))
     return rows
+
+
+def describe_layer(layer: AttentionLayer) -> str:
+    """One kind of attention layer in a few words: `13 x window 4096, soft-cap 50.0 (ROCM_ATTN)`."""
+    parts = [f"window {layer.sliding_window}" if layer.sliding_window else "full"]
+    if layer.logits_soft_cap:
+        parts.append(f"soft-cap {layer.logits_soft_cap:g}")
+    if layer.sinks:
+        parts.append(f"sinks {layer.sinks}")
+    backend = f" ({layer.backend})" if layer.backend else ""
+    return f"{layer.count} x " + ", ".join(parts) + f", {layer.dtype}{backend}"
 
 
 def show_families(output: Output, families: Sequence[FamilyPlan]) -> None:
@@ -47,6 +59,9 @@ def command(json_output, cache_dir, **chosen) -> None:
         f"max-num-batched-tokens {serving.max_num_batched_tokens}, max-model-len {serving.model_len(model)}; "
         f"engine {selection.engine}, attention backend {selection.attention_backend} ({selection.selected_by})"
     )
+    if result.layers and not model.mla:
+        kinds = "; ".join(describe_layer(layer) for layer in result.layers)
+        output.data(f"attention layers ({result.layers_source}): {kinds}")
     show_families(output, result.families)
     output.data(
         f"total: {plural(result.kernels, 'unique kernel')}, traced in {result.trace_seconds:.2f} s "

@@ -68,6 +68,12 @@ def resolved_dtype(model: ModelConfig, serving: ServingParams) -> str:
     """The activation dtype vLLM resolves (`_resolve_auto_dtype`): --dtype when given; else the
     config's, with a float32 checkpoint downcast to the platform's first supported dtype, which is
     bfloat16 on every target kprecompile plans for (MI300 and later, sm80 and later)."""
+    if serving.dtype == "float16" and model.model_type in FLOAT16_NOT_SUPPORTED:
+        from ..errors import InputError
+
+        raise InputError(
+            "--dtype", "float16", f"bfloat16 for {model.name} (vLLM refuses float16 for {model.model_type})"
+        )
     if serving.dtype != "auto":
         return serving.dtype
     if model.torch_dtype == "float16" and model.model_type not in FLOAT16_NOT_SUPPORTED:

@@ -175,28 +175,43 @@ def select(
     field, requested = "--attention-backend", attention_backend
     if not requested and line.backend_variable:
         field, requested = BACKEND_VARIABLE, environ.get(BACKEND_VARIABLE) or None
+    # The backends vLLM's own model gave its layers (`vllm/model_layers.py`), asked per layer.
+    layer_backends = tuple(dict.fromkeys(layer.backend for layer in model.attention_layers if layer.backend))
+    by_layers = f"vLLM {release}'s own model, per layer"
     if targets and not any(target.is_rocm for target in targets):
-        choices = _cuda_choices(model, field, requested, line, release, targets, flags)
+        choices = _cuda_choices(model, field, requested, line, release, targets, flags, layer_backends)
         backend = next(choice.backend for choice in choices if choice.family in ("triton_attn", "triton_mla"))
-        return Selection(engine, backend, flags, _filtered(model, choices, families), release)
+        selected_by = by_layers if layer_backends else Selection.selected_by
+        return Selection(engine, backend, flags, _filtered(model, choices, families), release, selected_by)
     backends = line.rocm_mla_backends if model.attention == "mla" else line.rocm_gqa_backends
     if requested is not None and requested not in backends:
         kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
         raise InputError(field, requested, f"one of {', '.join(backends)} for {model.name}'s {kind} in vLLM {release}")
-    backend = selector(release, field, requested, registered_values(environ, engine)) if selector else None
-    selected_by = selector.description if backend else Selection.selected_by
-    if backend is None:
-        if model.attention == "mla":
-            backend = requested or _default_mla_backend(flags, line, block_size)
-        else:
-            backend = _gqa_backend(requested, flags, line)
-    if backend not in backends:
-        # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
-        raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
+    chosen: tuple[str, ...] = layer_backends
+    selected_by = by_layers
+    if not chosen:
+        backend = selector(release, field, requested, registered_values(environ, engine)) if selector else None
+        selected_by = selector.description if backend else Selection.selected_by
+        if backend is None:
+            if model.attention == "mla":
+                backend = requested or _default_mla_backend(flags, line, block_size)
+            else:
+                backend = _gqa_backend(requested, flags, line)
+        chosen = (backend,)
+    for backend in chosen:
+        if backend not in backends:
+            # vLLM chose a backend kprecompile has no rules for: say so rather than plan nothing.
+            raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
+    backend = ", ".join(chosen)
     if model.attention == "mla":
-        choices = _mla_choices(backend, flags, line, release)
+        choices = _mla_choices(chosen[0], flags, line, release)
     else:
-        choices = _gqa_choices(backend, release)
+        # A model whose layers take different backends plans each backend's families.
+        planned: dict[FamilyName, FamilyChoice] = {}
+        for layer_backend in chosen:
+            for choice in _gqa_choices(layer_backend, release):
+                planned.setdefault(choice.family, choice)
+        choices = tuple(planned.values())
     if model.fp8_block_size is not None:
         choices += (_block_fp8_linear(flags, line, release),)
     nvidia = tuple(target.name for target in targets if not target.is_rocm)
@@ -242,10 +257,15 @@ def _cuda_choices(
     release: str,
     targets: Sequence[Target],
     flags: dict[str, bool],
+    layer_backends: tuple[str, ...] = (),
 ) -> tuple[FamilyChoice, ...]:
-    """The families vLLM runs for `model` on these NVIDIA targets (module doc)."""
+    """The families vLLM runs for `model` on these NVIDIA targets (module doc); `layer_backends`:
+    what vLLM's own model chose for its layers, where it was built."""
     kind = "multi-head latent attention" if model.attention == "mla" else "grouped-query attention"
-    if requested is not None:
+    triton = "TRITON_MLA" if model.attention == "mla" else "TRITON_ATTN"
+    if layer_backends:
+        backend = triton if triton in layer_backends else layer_backends[0]
+    elif requested is not None:
         for target in targets:
             valid = [backend for backend in _cuda_priorities(model, line, target) if _cuda_takes(backend, target)]
             if requested not in valid:
@@ -259,10 +279,9 @@ def _cuda_choices(
             raise InputError("--target", ",".join(chosen), f"targets vLLM gives one backend; it selects {answer}")
         backend = next(iter(chosen.values()))
     family: FamilyName = "triton_mla" if model.attention == "mla" else "triton_attn"
-    triton = "TRITON_MLA" if model.attention == "mla" else "TRITON_ATTN"
     if backend != triton:
         reason = (
-            f"{backend} runs {_CUDA_RUNS[backend]}, not Triton: kprecompile plans Triton kernels "
+            f"{backend} runs {_CUDA_RUNS.get(backend, 'other kernels')}, not Triton: kprecompile plans Triton kernels "
             f"(--attention-backend {triton} runs vLLM's own)"
         )
         choice = FamilyChoice(family, backend, reason)

@@ -61,13 +61,19 @@ def resolve_requests(
     Where vLLM is installed, its own selector chooses the attention backend for the ROCm targets
     (remembered in `layout`'s cache); elsewhere, and for NVIDIA targets, kprecompile's mirror of
     it does."""
+    from ..vllm.model_layers import with_engine_layers
     from ..vllm.selector import installed_selector
 
     targets = resolve_targets(target_names)
     requests = []
     for spec in dict.fromkeys(model_specs):
         model = load_model(spec, revision)
-        selector = installed_selector(model, serving, targets, layout) if engine != "aiter" else None
+        selector = None
+        if engine != "aiter":
+            # A combination the engine would refuse fails before vLLM builds anything.
+            serving.check(model)
+            model = with_engine_layers(model, serving, targets, engine, attention_backend, vllm_release, layout)
+            selector = installed_selector(model, serving, targets, layout)
         selection = select(
             model,
             engine,

@@ -77,6 +77,8 @@ def launch(shape: PagedAttentionShape, target: Target) -> None:
     seq_lens = torch.empty(shape.num_seqs, dtype=torch.int32, device=meta)
     scale = torch.empty((), dtype=torch.float32, device=meta)
     window = (shape.sliding_window - 1, 0) if shape.sliding_window else (-1, -1)
+    # vLLM's ROCM_AITER_UNIFIED_ATTN passes the layer's sinks (gpt-oss) where it has them.
+    sinks = {"sinks": torch.empty(shape.q_heads, dtype=getattr(torch, shape.sinks), device=meta)} if shape.sinks else {}
     wrapper.unified_attention(
         q=query,
         k=key_cache,
@@ -90,10 +92,11 @@ def launch(shape: PagedAttentionShape, target: Target) -> None:
         causal=True,
         window_size=window,
         block_table=block_table,
-        softcap=0,
+        softcap=shape.logits_soft_cap,
         q_descale=None,
         k_descale=scale,
         v_descale=scale,
+        **sinks,
     )
 
 

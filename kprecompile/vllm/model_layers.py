@@ -35,6 +35,7 @@ from typing import Any
 
 from ..cache.files import write_atomic
 from ..cache.layout import CacheLayout
+from ..errors import InputError
 from ..inputs.layers import AttentionLayer, distinct
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
@@ -94,7 +95,9 @@ def vllm_layers(
     memo = _memo_path(question, layout)
     if memo is not None:
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            return _parse(json.loads(memo.read_text()))
+            remembered = _parse(json.loads(memo.read_text()))
+            logger.debug("vLLM's layers, remembered at %s", memo)
+            return remembered
     answer = _ask(question, model.name)
     if answer is not None and memo is not None:
         try:
@@ -194,16 +197,18 @@ def _prebuilt_operators() -> Iterator[None]:
     for name in names:
         setattr(torch.ops, name, Namespace(getattr(torch.ops, name), name))
 
-    class Stream:  # the MoE layers take an auxiliary CUDA stream when built
+    class Handle:  # MoE layers take an auxiliary CUDA stream and events when built
         def __init__(self, *args: object, **kwargs: object) -> None:
             pass
 
-    stream = torch.cuda.Stream
-    torch.cuda.Stream = Stream
+    handles = {name: getattr(torch.cuda, name) for name in ("Stream", "Event")}
+    for name in handles:
+        setattr(torch.cuda, name, Handle)
     try:
         yield
     finally:
-        torch.cuda.Stream = stream
+        for name, handle in handles.items():
+            setattr(torch.cuda, name, handle)
         for name, namespace in saved.items():
             if namespace is None:
                 delattr(torch.ops, name)
@@ -310,3 +315,44 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def with_engine_layers(
+    model: ModelConfig,
+    serving: ServingParams,
+    targets: tuple[Target, ...],
+    engine: str,
+    requested: str | None,
+    release: str | None,
+    layout: CacheLayout | None,
+) -> ModelConfig:
+    """`model` with the attention layers the installed vLLM builds for these targets, where it is
+    the release planned for; else `model` as it is (its config's reading decides). vLLM's kernels
+    for NVIDIA and ROCm targets are planned in requests of their own: the ROCm targets decide."""
+    from dataclasses import replace
+
+    from ..inputs.environment import registered_values
+    from .releases import installed_release, resolve_release
+
+    installed = installed_release()
+    if installed is None or _vllm_dir() is None or resolve_release(release) != installed or not targets:
+        return model
+    rocm = tuple(target for target in targets if target.is_rocm)
+    flags = registered_values(os.environ, engine)
+    if requested is None and release_line(installed).backend_variable:
+        requested = flags.get("VLLM_ATTENTION_BACKEND") or None
+    flags = {name: value for name, value in flags.items() if name != "VLLM_ATTENTION_BACKEND"}
+    answers = {}
+    for target in rocm or targets:
+        built = vllm_layers(model, serving, target, installed, requested, flags, layout)
+        if built is None:
+            return model
+        answers[target.name] = built
+    if len({built.layers for built in answers.values()}) > 1:
+        chosen = ", ".join(
+            f"{', '.join(layer.backend for layer in built.layers)} on {name}" for name, built in answers.items()
+        )
+        raise InputError("--target", ",".join(answers), f"targets vLLM builds alike; it builds {chosen}")
+    built = next(iter(answers.values()))
+    source = f"vLLM {installed}'s {built.architecture}"
+    return replace(model, attention_layers=built.layers, layers_source=source)

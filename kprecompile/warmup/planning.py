@@ -10,13 +10,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..errors import TracingError
 from ..inputs.environment import DEFAULT_ENGINE, engine_environment
+from ..inputs.layers import AttentionLayer
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
@@ -66,6 +67,9 @@ class Plan:
     # The serving parameters as the engine resolves them for this model (`dtype` "auto" and an
     # unset `max_model_len` replaced by their values): what the cache keys and the JSON shows.
     resolved_serving: dict[str, Any] = field(default_factory=dict, repr=False)
+    # The model's distinct attention layers the families were planned for, and who built them.
+    layers: tuple[AttentionLayer, ...] = ()
+    layers_source: str = ""
 
     @property
     def kernels(self) -> int:
@@ -78,6 +82,7 @@ class Plan:
             "serving": {**self.resolved_serving, "enforce_eager": self.serving.enforce_eager},
             "engine": self.selection.as_dict(),
             "targets": list(self.targets),
+            "layers": {"source": self.layers_source, "kinds": [layer.as_dict() for layer in self.layers]},
             "families": [family.as_dict() for family in self.families],
             "kernels": self.kernels,
             "trace_seconds": self.trace_seconds,
@@ -96,8 +101,20 @@ def planned_shapes(model: ModelConfig, serving: ServingParams, selection: Select
     with nothing to do for this model are left out."""
     serving.check(model)
     line = planned_line(selection)
-    shapes = {name: FAMILIES[name].enumerate_shapes(model, serving, line) for name in selection.planned}
+    shapes = {
+        choice.family: FAMILIES[choice.family].enumerate_shapes(_layers_of(model, choice.backend), serving, line)
+        for choice in selection.choices
+        if choice.skip_reason is None
+    }
     return {name: found for name, found in shapes.items() if found}
+
+
+def _layers_of(model: ModelConfig, backend: str) -> ModelConfig:
+    """`model` with only the attention layers vLLM gave `backend`, where its own model chose them
+    per layer (families of other backends see none of them); else `model` as it is."""
+    if not any(layer.backend == backend for layer in model.attention_layers):
+        return model
+    return replace(model, attention_layers=tuple(layer for layer in model.attention_layers if layer.backend == backend))
 
 
 def compiled_families(
@@ -195,6 +212,8 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
         jobs=tuple(jobs.values()),
         trace_seconds=time.perf_counter() - started,
         import_seconds=import_seconds,
+        layers=model.layer_kinds(serving),
+        layers_source=model.attention_layers and model.layers_source or ModelConfig.layers_source,
         resolved_serving=serving.resolved(
             model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE)
         ),

@@ -54,8 +54,9 @@ def cli_plans(tmp_path_factory):
 
 
 def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, release):
-    """Where vLLM is installed, plan (warm, verify, export) take the backend from vLLM's own ROCm
-    selector, remembered in the cache; its answer is the mirror's (which builders without vLLM use)."""
+    """Where vLLM is installed, plan (warm, verify, export) take the backend from vLLM's own model
+    (each layer asks vLLM's selector), remembered in the cache; its answer is the mirror's (which
+    builders without vLLM use)."""
     from kprecompile.inputs.models import load_model
     from kprecompile.selection.engines import select
 
@@ -66,7 +67,8 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, release)
             returncode, out, err = cli_plans[case, attempt]
             assert returncode == 0, err[-2000:]
             selection = json.loads(out)["engine"]
-            assert selection["selected_by"] == f"vLLM {release}'s own selector"
+            # vLLM's own model chose each layer's backend (its selector, asked with the layer's features).
+            assert selection["selected_by"] == f"vLLM {release}'s own model, per layer"
             assert selection["vllm_release"] == release
             requested = extra[extra.index("--attention-backend") + 1] if "--attention-backend" in extra else None
             block_size = int(extra[extra.index("--block-size") + 1]) if "--block-size" in extra else 16
@@ -75,7 +77,7 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, release)
             )
             assert selection["attention_backend"] == mirror.attention_backend, (case, attempt)
             # The second command found vLLM's answer in the cache and did not ask vLLM again.
-            assert ("vLLM's selector, remembered at" in err) == (attempt == "again"), (case, attempt)
+            assert ("vLLM's layers, remembered at" in err) == (attempt == "again"), (case, attempt)
             # vLLM's warnings about the GPU extensions a builder lacks stay out of kprecompile's output.
             assert not re.findall(r"^[A-Z]+ vllm\S*: ", err, re.MULTILINE), err[-2000:]
 

@@ -20,6 +20,8 @@ import pytest
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.request import resolve_requests
+from kprecompile.warmup.planning import plan
 
 MODELS = Path(__file__).parent.parent / "models"
 SERVING = ServingParams(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=2048)
@@ -71,15 +73,18 @@ def coverage(target_name: str, case, release: str, shared_dir: Path) -> dict[str
     directory for the table."""
     spec, backend, features = case
     target = TARGETS[target_name]
-    model = load_model(spec)
-    built = engine_steps.built_layers(model, SERVING, target, backend)
+    # The request as `kprecompile plan` makes it: with the layers vLLM's own model build gives.
+    [request] = resolve_requests(
+        [spec], SERVING, [target_name], engine="vllm", attention_backend=backend, families=[backend.lower()]
+    )
+    model = request.model
     row: dict[str, object] = {"model": Path(spec).stem, "release": release, "backend": backend, "target": target_name}
-    if built is None:
-        row["built"] = None
-    else:
-        row["built"] = built.architecture
-        layers = list(built.layers)
-        plan_keys, family = engine_steps.planned(model, SERVING, backend, target, layers)
+    row["built"] = model.layers_source if model.attention_layers else None
+    if model.attention_layers:
+        layers = list(model.attention_layers)
+        result = plan(request)
+        [family] = [family for family in result.families if family.family == backend.lower()]
+        plan_keys = {job.key for job in result.jobs if job.family == family.family}
         row["skip_reason"] = family.skip_reason
         if family.skip_reason is None:
             swept = engine_steps.sweep(model, SERVING, layers, backend, target, seed=23, count=STEPS)
@@ -143,14 +148,8 @@ def test_random_engine_steps_on_sm90_are_planned(case, release, shared_dir):
 @pytest.mark.slow
 @pytest.mark.vllm_process("layers-rocm")
 def test_mla_layers_are_the_ones_vllm_builds(release):
-    """DeepSeek-V2-Lite's public config (the preset lacks its router fields, which vLLM needs to
-    build the model): vLLM's own build gives the MLA layer kind the config's reading gives. Under
-    0.33 the build fails on this builder (its MoE layer makes a `torch.cuda.Event`, a dummy class
-    in a CPU build of torch), and the config's reading decides: pinned, to be seen when fixed."""
-    model = load_model(str(MODELS / "deepseek-v2-lite.json"))
+    """DeepSeek-V2-Lite: vLLM's own build gives the MLA layer kind the config's reading gives."""
+    model = load_model("deepseek-v2-lite")
     built = engine_steps.built_layers(model, SERVING, TARGETS["gfx942"], "TRITON_MLA")
-    if release.startswith("0.33"):
-        assert built is None
-        return
     assert built is not None, "vLLM did not build DeepSeek-V2-Lite's layers"
     assert [replace(layer, backend="") for layer in built.layers] == list(model.layer_kinds(SERVING))

@@ -1,0 +1,99 @@
+"""The attention layers vLLM's own model classes build, in each release, against kprecompile's
+reading of the same config (`inputs/layers.py`): per-layer windows (Gemma-2's alternation, Gemma-3's
+five-to-one, gpt-oss's alternate layers), Gemma-2's soft-cap, gpt-oss's sinks, the dtype vLLM
+resolves for a float32 checkpoint, uniform windows, explicit head sizes, GQA and MLA, per rank.
+
+And what the plan does with them: the CLI plans with vLLM's layers (the selection asked with the
+layers' features, each kind planned), and a layer feature reaches the kernels (a plan without it
+misses kernels the plan with it has).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from helpers import kprecompile_cli
+
+from kprecompile.inputs.environment import registered_values
+from kprecompile.inputs.layers import config_layers
+from kprecompile.inputs.models import load_model
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import resolve_target
+from kprecompile.vllm.model_layers import vllm_layers
+from kprecompile.vllm.releases import installed_release
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+GEMMA2, GEMMA3, GPT_OSS = (
+    str(MODELS / name) for name in ("gemma-2-2b-it.json", "gemma-3-1b-it.json", "gpt-oss-20b-bf16.json")
+)
+SERVING = {"max_model_len": 4096, "max_num_seqs": 8}
+
+# (model, target, tensor parallel size, KV-cache dtype): every feature on ROCm, the per-layer ones on NVIDIA too.
+CASES = [
+    (GEMMA2, "gfx942", 1, "auto"),
+    (GEMMA2, "sm90", 2, "fp8"),
+    (GEMMA3, "gfx942", 1, "auto"),
+    (GPT_OSS, "gfx942", 2, "auto"),
+    (GPT_OSS, "sm90", 1, "auto"),
+    ("mistral-7b-v0.1", "gfx942", 1, "fp8"),
+    ("qwen3-8b", "gfx942", 1, "auto"),
+    ("llama-3.1-8b-instruct", "gfx942", 8, "auto"),
+    ("deepseek-v2-lite", "gfx942", 2, "auto"),
+]
+
+
+def built(model, serving: ServingParams, target: str):
+    flags = registered_values({}, "vllm")
+    answer = vllm_layers(model, serving, resolve_target(target), installed_release(), None, flags, None)
+    assert answer is not None, f"vLLM {installed_release()} could not build {model.name} (see the WARNING)"
+    return answer
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.vllm_process("layers")
+@pytest.mark.parametrize("spec, target, tp, kv_cache_dtype", CASES)
+def test_the_configs_reading_equals_the_layers_vllm_builds(release, spec, target, tp, kv_cache_dtype):
+    model = load_model(spec)
+    serving = ServingParams(**SERVING, tensor_parallel_size=tp, kv_cache_dtype=kv_cache_dtype)
+    answer = built(model, serving, target)
+    from_vllm = tuple(replace(layer, backend="") for layer in answer.layers)
+    assert from_vllm == config_layers(model, serving), answer.source
+    assert all(layer.backend for layer in answer.layers)
+    # The features are really there (the reading could not be equal to an empty build).
+    if spec == GEMMA2:
+        assert {(layer.sliding_window, layer.logits_soft_cap, layer.dtype) for layer in from_vllm} == {
+            (4096, 50.0, "bfloat16"),
+            (0, 50.0, "bfloat16"),
+        }
+        # Negative control: one window for every layer (what kprecompile read before) differs.
+        assert from_vllm != config_layers(replace(model, layer_windows=None), serving)
+    if spec == GPT_OSS:
+        assert {layer.sinks for layer in from_vllm} == {"bfloat16"}
+        assert {layer.sliding_window for layer in from_vllm} == {128, 0}
+        assert from_vllm != config_layers(replace(model, sinks=""), serving)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.vllm_process("layers")
+def test_plan_takes_vllms_layers_and_each_feature_reaches_the_kernels(release, tmp_path):
+    """Gemma-2 under TRITON_ATTN on gfx942: the plan says vLLM built the layers, shows both kinds,
+    and has kernels that a plan without the soft-cap, or with one window for all layers, lacks."""
+    arguments = ["--model", GEMMA2, "--engine", "vllm", "--target", "gfx942", "--max-model-len", "2048"]
+    arguments += ["--max-num-seqs", "4", "--attention-backend", "TRITON_ATTN", "--json"]
+    if release.startswith("0.1"):
+        arguments = [*arguments[:-3], "--json"]  # TRITON_ATTN is 0.11 and 0.12's default
+    result = kprecompile_cli("plan", *arguments, env={"KPRECOMPILE_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["layers"]["source"] == f"vLLM {release}'s Gemma2ForCausalLM"
+    assert len(document["layers"]["kinds"]) == 2
+    assert document["engine"]["selected_by"] == f"vLLM {release}'s own model, per layer"
+    [family] = [family for family in document["families"] if family["family"] == "triton_attn"]
+    assert family["parameters"]["logits_soft_cap"] == 50.0
+    assert family["parameters"]["sliding_window"] == "full,4096"
+    assert document["kernels"] > 0
