@@ -65,7 +65,7 @@ CASES = {
 
 
 def _case_id(case) -> str:
-    return f"{Path(case[0]).stem}-{case[1]}"
+    return f"{case[0].removesuffix('.json').rpartition('/')[2]}-{case[1]}"
 
 
 def coverage(target_name: str, case, release: str, shared_dir: Path) -> dict[str, object]:
@@ -78,7 +78,8 @@ def coverage(target_name: str, case, release: str, shared_dir: Path) -> dict[str
         [spec], SERVING, [target_name], engine="vllm", attention_backend=backend, families=[backend.lower()]
     )
     model = request.model
-    row: dict[str, object] = {"model": Path(spec).stem, "release": release, "backend": backend, "target": target_name}
+    name = _case_id(case).removesuffix(f"-{backend}")
+    row: dict[str, object] = {"model": name, "release": release, "backend": backend, "target": target_name}
     row["built"] = model.layers_source if model.attention_layers else None
     if model.attention_layers:
         layers = list(model.attention_layers)
