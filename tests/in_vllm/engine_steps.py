@@ -1,0 +1,329 @@
+"""Inside a real vLLM release: random engine steps of the tests' own, run through the release's own
+attention layer, metadata builder and impl, to check a plan against what serving would compile.
+
+The plan enumerates steps through kprecompile's families; this drives vLLM's code independently:
+vLLM's `Attention` built with a layer kind's features (window, soft-cap, sinks, dtype; vLLM picks
+its backend and impl), registered in the engine configuration so the builder reads it, the
+backend's own metadata builder given the common metadata the runner makes for the step (padded
+as the runner pads), the KV cache in the backend's shape, then the impl's KV update and
+`forward`, all on meta tensors under kprecompile's capture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+from typing import Any
+
+from release_support import environment
+
+from kprecompile.inputs.layers import AttentionLayer
+from kprecompile.inputs.models import ModelConfig
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import Target
+from kprecompile.selection.engines import select
+from kprecompile.selection.request import Request
+from kprecompile.shapes._paged_kv import TWO_GIB
+from kprecompile.shapes._vllm_backend import (
+    VLLM_ATTENTION_OPS,
+    compiled_ops_skipped,
+    host_copies,
+    prebuilt_ops_skipped,
+    unpinned_host_memory,
+    vllm_record,
+)
+from kprecompile.tracing.libraries import import_library_module
+from kprecompile.tracing.trace import capturing
+from kprecompile.vllm.engine_config import engine_config
+from kprecompile.vllm.model_layers import vllm_layers
+from kprecompile.vllm.releases import installed_release, release_line
+from kprecompile.warmup.planning import plan
+
+# vLLM's attention layer class: moved in 0.19.
+ATTENTION_MODULES = ("vllm.model_executor.layers.attention.attention", "vllm.attention.layer")
+BACKEND_MODULES = {
+    "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn",
+    "ROCM_ATTN": "vllm.v1.attention.backends.rocm_attn",
+}
+# vLLM's compiled operators the impls call besides Triton's kernels (nothing to compile).
+PREBUILT_OPS = ("paged_attention_rocm", "reshape_and_cache", "reshape_and_cache_flash")
+# Releases whose runner pads a full graph's requests (`num_reqs_padded` in gpu_model_runner.py).
+RELEASES_PADDING_REQUESTS = ("0.12.0", "0.33.0")
+_names = itertools.count()
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One scheduler step: each request's new tokens and the tokens it had cached before."""
+
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    # Blocks in the layer's KV cache (vLLM sizes it from free memory): 0 as few as the step needs,
+    # -1 just past 2 GiB (ROCm's buffer-ops class of a pointer).
+    kv_cache_blocks: int
+
+
+def random_steps(rng: random.Random, serving: ServingParams, model_len: int, count: int) -> list[EngineStep]:
+    """Decode batches, prefills of new prompts, prefills over cached context (prefix hits and
+    chunked prefills) and mixes of them, within max_num_seqs, the token budget and the model length."""
+    budget = serving.max_num_batched_tokens
+    steps = []
+    while len(steps) < count:
+        kind = rng.choice(["decode", "decode", "prefill", "cached", "mixed"])
+        num_seqs = rng.randint(1, serving.max_num_seqs)
+        queries, contexts = [], []
+        for index in range(num_seqs):
+            decode = kind == "decode" or (kind == "mixed" and index > 0 and rng.random() < 0.7)
+            query = 1 if decode else rng.choice([2, rng.randint(2, 64), rng.randint(2, budget)])
+            query = min(query, budget - sum(queries) - (num_seqs - index - 1), model_len)
+            if query < 1:
+                break
+            if decode:
+                context = rng.choice([rng.randint(1, 64), rng.randint(1, model_len - 1), model_len - 1])
+            elif kind == "prefill":
+                context = 0
+            else:
+                context = rng.choice([0, rng.randint(1, 32), rng.randint(1, model_len), model_len])
+            queries.append(query)
+            contexts.append(max(0, min(context, model_len - query)))
+        if not queries:
+            continue
+        blocks = rng.choice([0, 0, -1, rng.randint(1, 200_000)])
+        steps.append(EngineStep(tuple(queries), tuple(contexts), blocks))
+    return steps
+
+
+def built_layers(model: ModelConfig, serving: ServingParams, target: Target, backend: str) -> Any:
+    """vLLM's own build of the model's attention layers (`vllm_layers`), None where vLLM cannot."""
+    return vllm_layers(model, serving, target, installed_release(), backend, {}, None)
+
+
+def planned(model: ModelConfig, serving: ServingParams, backend: str, target: Target, layers) -> tuple[set[str], Any]:
+    """The plan's keys for `model` with `layers`, and the backend family's row of the plan."""
+    model = replace(model, attention_layers=tuple(layers))
+    name = backend.lower()
+    selection = select(
+        model, "vllm", backend, environ={}, families=[name], vllm_release=installed_release(), targets=[target]
+    )
+    result = plan(Request(model, serving, selection, (target,)))
+    [family] = [family for family in result.families if family.family == name]
+    return {job.key for job in result.jobs if job.family == family.family}, family
+
+
+def _attention_class() -> Any:
+    for name in ATTENTION_MODULES:
+        with contextlib.suppress(ImportError):
+            return import_library_module(name).Attention
+    raise ImportError(f"none of {ATTENTION_MODULES}")
+
+
+def _capture_sizes(config: Any) -> list[int]:
+    if config.model_config.enforce_eager:
+        return []
+    return sorted(config.compilation_config.cudagraph_capture_sizes or [])
+
+
+def _padded(step: EngineStep, config: Any, builder: Any) -> tuple[int, int]:
+    """Tokens and requests as the runner hands them to attention: tokens padded to the next
+    capture size (piecewise graphs, every release); a uniform decode batch replayed from a full
+    graph also has its requests padded (0.12 and later: `num_reqs_padded`)."""
+    tokens, requests = sum(step.query_lens), len(step.query_lens)
+    sizes = [size for size in _capture_sizes(config) if size >= tokens]
+    if not sizes:
+        return tokens, requests
+    padded = sizes[0]
+    support = getattr(type(builder), "_cudagraph_support", None) or getattr(builder, "cudagraph_support", None)
+    full = support is not None and support.name in ("ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE")
+    pads_requests = installed_release() in RELEASES_PADDING_REQUESTS
+    if full and pads_requests and max(step.query_lens) == 1 and padded <= config.scheduler_config.max_num_seqs:
+        return padded, padded
+    return padded, requests
+
+
+def _selector_forgets() -> None:
+    """vLLM's selector remembers its answer per layer's features, not per backend named (up to
+    0.18 the backend is a variable it reads inside): each layer asks afresh."""
+    for name in ("vllm.v1.attention.selector", "vllm.attention.selector"):
+        with contextlib.suppress(ImportError):
+            cached = getattr(import_library_module(name), "_cached_get_attn_backend", None)
+            if cached is not None:
+                cached.cache_clear()
+
+
+class LayerDriver:
+    """One attention layer of a kind, built by vLLM in the engine configuration, with its
+    backend's metadata builder: runs engine steps through them."""
+
+    def __init__(self, model: ModelConfig, serving: ServingParams, kind: AttentionLayer, target: Target, backend: str):
+        import torch
+
+        self.target, self.kind, self.serving = target, kind, serving
+        named = release_line(installed_release()).backend_variable
+        self.config = config = engine_config(model.config_json, serving, target, None if named else backend)
+        self.name = f"model.layers.{next(_names)}.self_attn.attn"
+        extra: dict[str, Any] = {}
+        if kind.sinks:
+            extra["sinks"] = torch.empty(kind.num_heads, dtype=getattr(torch, kind.sinks), device="meta")
+        with (
+            environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})),
+            import_library_module("vllm.config").set_current_vllm_config(config),
+            torch.device("meta"),
+        ):
+            _selector_forgets()
+            self.layer = _attention_class()(
+                kind.num_heads,
+                kind.head_size,
+                kind.head_size**-0.5,
+                num_kv_heads=kind.num_kv_heads,
+                cache_config=config.cache_config,
+                logits_soft_cap=kind.logits_soft_cap or None,
+                per_layer_sliding_window=kind.sliding_window or None,
+                prefix=self.name,
+                **extra,
+            )
+            self.spec = self.layer.get_kv_cache_spec(config)
+            self.backend = self.layer.attn_backend
+            self.builder = self.backend.get_builder_cls()(self.spec, [self.name], config, torch.device("meta"))
+
+    @property
+    def backend_name(self) -> str:
+        return self.backend.get_name()
+
+    def _kv_cache(self, step: EngineStep, requests: int) -> tuple[Any, int]:
+        """The layer's KV cache as the runner binds it, and its block table's width."""
+
+        seq_len = max(q + c for q, c in zip(step.query_lens, step.context_lens, strict=True))
+        block_size = self.spec.block_size
+        needed = -(-seq_len // block_size) * requests
+        if hasattr(self.backend, "get_kv_cache_shape"):
+            with contextlib.suppress(NotImplementedError):
+                return self._declared_kv_cache(step, needed)
+        from kprecompile.shapes._vllm_backend import layer_kv_cache
+
+        storage = "over_2gib" if step.kv_cache_blocks == -1 else "under_2gib"
+        shape = SimpleNamespace(
+            num_seqs=requests,
+            max_seq_len=seq_len,
+            kv_cache_storage=storage,
+            kv_cache_blocks=max(0, step.kv_cache_blocks),
+        )
+        return layer_kv_cache(self.config, self.backend, self.spec, shape, self.target)
+
+    def _declared_kv_cache(self, step: EngineStep, needed: int) -> tuple[Any, int]:
+        """Up to 0.18: the backend's declared shape and stride order over an allocation of the
+        spec's element type, as the runner views its raw buffer."""
+        import torch
+
+        page = self.spec.page_size_bytes
+        if step.kv_cache_blocks == -1:
+            blocks = max(needed, TWO_GIB // page + 1)
+        else:
+            blocks = max(needed, step.kv_cache_blocks, 1)
+        dims = self.backend.get_kv_cache_shape(
+            blocks,
+            self.spec.block_size,
+            self.spec.num_kv_heads,
+            self.spec.head_size,
+            cache_dtype_str=self.layer.kv_cache_dtype,
+        )
+        try:
+            order = self.backend.get_kv_cache_stride_order()
+        except (AttributeError, NotImplementedError):
+            order = tuple(range(len(dims)))
+        tensor = torch.empty([dims[index] for index in order], dtype=self.spec.dtype, device="meta")
+        inverse = [order.index(index) for index in range(len(order))]
+        width = -(-self.config.model_config.max_model_len // self.spec.block_size)
+        return tensor.permute(*inverse), width
+
+    def run(self, step: EngineStep) -> None:
+        import torch
+
+        from kprecompile.platforms.vllm_platform import refresh_switches
+
+        meta = torch.device("meta")
+        tokens, requests = _padded(step, self.config, self.builder)
+        query_lens = list(step.query_lens) + [0] * (requests - len(step.query_lens))
+        context_lens = list(step.context_lens) + [0] * (requests - len(step.context_lens))
+        seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
+        starts = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
+        padded_attention = requests != len(step.query_lens)
+        slots = tokens if padded_attention else sum(step.query_lens)
+        kv_cache, width = self._kv_cache(step, requests)
+        device = {
+            "query_start_loc": torch.empty(requests + 1, dtype=torch.int32, device=meta),
+            "seq_lens": torch.empty(requests, dtype=torch.int32, device=meta),
+        }
+        host = {
+            "query_start_loc_cpu": starts,
+            "seq_lens_cpu": torch.tensor(seq_lens, dtype=torch.int32),
+            "num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
+        }
+        api = None
+        for name in ("vllm.v1.attention.backend", "vllm.v1.attention.backends.utils"):  # moved in 0.19
+            with contextlib.suppress(ImportError):
+                api = import_library_module(name)
+                break
+        common = vllm_record(
+            api.CommonAttentionMetadata,
+            {
+                **device,
+                **host,
+                "seq_lens_cpu_upper_bound": host["seq_lens_cpu"],
+                "num_reqs": requests,
+                "num_actual_tokens": sum(step.query_lens),
+                "max_query_len": max(step.query_lens),
+                "max_seq_len": max(seq_lens),
+                "block_table_tensor": torch.empty((requests, width), dtype=torch.int32, device=meta),
+                "slot_mapping": torch.empty(slots, dtype=torch.int64, device=meta),
+                "causal": True,
+            },
+        )
+        values = {id(device["query_start_loc"]): starts, id(device["seq_lens"]): host["seq_lens_cpu"]}
+        refresh_switches()
+        dtype = getattr(torch, self.kind.dtype)
+        query_dtype = self.target.fp8_dtype if getattr(self.layer, "query_quant", None) is not None else dtype
+        query = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=query_dtype, device=meta)
+        key = torch.empty((tokens, self.kind.num_kv_heads, self.kind.head_size), dtype=dtype, device=meta)
+        output = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=dtype, device=meta)
+        config_module = import_library_module("vllm.config")
+        with (
+            config_module.set_current_vllm_config(self.config),
+            host_copies(values),
+            unpinned_host_memory(),
+            prebuilt_ops_skipped(PREBUILT_OPS),
+            compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash", "_C_cache_ops.reshape_and_cache"),
+        ):
+            metadata = self.builder.build(0, common)
+            impl = self.layer.impl
+            if hasattr(impl, "do_kv_cache_update") and not getattr(
+                self.backend, "forward_includes_kv_cache_update", True
+            ):
+                impl.do_kv_cache_update(self.layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+            impl.forward(self.layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+
+
+@dataclass(frozen=True)
+class Swept:
+    steps: int
+    keys: frozenset[str]
+    backends: tuple[str, ...]
+
+
+def sweep(
+    model: ModelConfig, serving: ServingParams, layers, backend: str, target: Target, seed: int, count: int
+) -> Swept:
+    """`count` random engine steps through each layer kind of `layers`, captured under `target`."""
+    rng = random.Random(seed)
+    model_len = serving.model_len(model)
+    fresh = (BACKEND_MODULES[backend], *VLLM_ATTENTION_OPS)
+    backends = []
+    with capturing(target, fresh) as capture:
+        for kind in layers:
+            driver = LayerDriver(model, serving, kind, target, backend)
+            backends.append(driver.backend_name)
+            for step in random_steps(rng, serving, model_len, count):
+                driver.run(step)
+    return Swept(count * len(layers), frozenset(key for _, key in capture.captured.values()), tuple(backends))
