@@ -72,8 +72,8 @@ class Question:
     block_size: int
     sliding_window: bool
     requested: str | None
-    has_sink: bool = False
     flags: dict[str, str]
+    has_sink: bool = False
 
 
 class VllmSelector:
