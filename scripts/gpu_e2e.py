@@ -18,10 +18,14 @@ against steady state (goal: at most 2x + 5 ms), and the cold and disk-only first
 `--part vllm` (or `all`, the default) also proves vLLM's own Triton kernels (`vllm_e2e.py`):
 bake for the local target with no visible GPU through `kprecompile warm --engine vllm` with
 vLLM's TRITON_ATTN (Llama-3.1-8B) and TRITON_MLA (DeepSeek-V2-Lite), then a new process with
-the GPU calls vLLM's real backend code over steps that are not the plan's representatives; and
-preloads at scale (64 serving configurations of four models, hundreds of kernels).
+the GPU calls vLLM's real backend code over steps that are not the plan's representatives;
+preloads at scale (64 serving configurations of four models, hundreds of kernels); and bakes,
+with no visible GPU, models whose attention layers differ per layer (small gpt-oss and Gemma-2
+configs: sinks, soft-cap, alternating windows) from vLLM's own model build, then runs each layer
+kind through vLLM's own attention layer, metadata builder and impl `forward` with the GPU
+(`--part vllm-layers` runs that alone).
 
-    python scripts/gpu_e2e.py [--cache-dir DIR] [--part aiter|vllm|all]
+    python scripts/gpu_e2e.py [--cache-dir DIR] [--part aiter|vllm|vllm-layers|all]
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ def run_json(argv: list[str], env: dict[str, str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache-dir", type=Path, default=None)
-    parser.add_argument("--part", choices=["aiter", "vllm", "all"], default="all")
+    parser.add_argument("--part", choices=["aiter", "vllm", "vllm-layers", "all"], default="all")
     parser.add_argument("--serve", choices=["preload", "cold", "disk", "layer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -80,11 +84,13 @@ def main() -> None:
     failed = False
     if args.part in ("aiter", "all"):
         failed |= aiter_part(args.cache_dir)
-    if args.part in ("vllm", "all"):
+    if args.part in ("vllm", "vllm-layers", "all"):
         sys.path.insert(0, str(Path(__file__).parent))
-        from vllm_e2e import vllm_part
+        from vllm_e2e import layers_part, vllm_part
 
-        failed |= vllm_part(args.cache_dir, _local_target_name())
+        if args.part != "vllm-layers":
+            failed |= vllm_part(args.cache_dir, _local_target_name())
+        failed |= layers_part(args.cache_dir, _local_target_name())
     if failed:
         sys.exit(1)
 

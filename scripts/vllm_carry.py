@@ -10,10 +10,11 @@ Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's
   Triton kernels need no extension, and RECORD names the extensions that are absent.
 - `wheels/`: CPython 3.12 manylinux wheels of the packages vLLM's modules import, at the versions
   installed beside the release, and kprecompile's pebble and platformdirs.
-- `vllm-cache/modelinfos/`: vLLM's model-info cache for DeepSeek-V2, written by the release
-  itself here. vLLM inspects a model's class in a child process that imports vLLM's platform;
-  on a GPU host with vLLM's Python files only, its CUDA platform cannot load the compiled
-  extension there, while on this builder (no GPU) the child runs.
+- `vllm-cache/modelinfos/`: vLLM's model-info cache for DeepSeek-V2, gpt-oss and Gemma-2 (the
+  architectures `vllm_e2e.py` builds), written by the release itself here. vLLM inspects a
+  model's class in a child process that imports vLLM's platform; on a GPU host with vLLM's
+  Python files only, its CUDA platform cannot load the compiled extension there, while on this
+  builder (no GPU) the child runs.
 - `setup.sh`: sourced on the host from the repository root, it unpacks vLLM, installs the
   wheels the host lacks (transformers, tokenizers and huggingface_hub always: vLLM up to 0.18
   takes transformers 4), and sets PYTHONPATH and VLLM_CACHE_ROOT.
@@ -151,41 +152,49 @@ def main() -> None:
         check=True,
     )
 
-    # vLLM's own model-info cache, written while it builds DeepSeek-V2-Lite's engine configuration.
+    # vLLM's own model-info cache, written while it builds each model's engine configuration:
+    # DeepSeek-V2-Lite, and the small gpt-oss and Gemma-2 configs of `vllm_e2e.py`'s layers part.
     environment = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(release_dir)]),
         "CUDA_VISIBLE_DEVICES": "",
         "VLLM_CACHE_ROOT": str(out / "vllm-cache"),
     }
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from vllm_e2e import layer_model_configs
+
     with tempfile.TemporaryDirectory() as cache:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "kprecompile",
-                "plan",
-                "--model",
-                "deepseek-v2-lite",
-                "--engine",
-                "vllm",
-                "--attention-backend",
-                "TRITON_MLA",
-                "--target",
-                "sm90",
-                "--max-model-len",
-                "4096",
-                "--max-num-seqs",
-                "64",
-                "--cache-dir",
-                cache,
-            ],
-            env=environment,
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-    if not list((out / "vllm-cache" / "modelinfos").glob("*DeepseekV2*.json")):
-        sys.exit("vLLM wrote no model-info cache for DeepSeek-V2")
+        models = [("deepseek-v2-lite", "TRITON_MLA")]
+        models += [(str(path), "TRITON_ATTN") for path in layer_model_configs(Path(cache) / "models").values()]
+        for model, backend in models:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "kprecompile",
+                    "plan",
+                    "--model",
+                    model,
+                    "--engine",
+                    "vllm",
+                    "--attention-backend",
+                    backend,
+                    "--target",
+                    "sm90",
+                    "--max-model-len",
+                    "4096",
+                    "--max-num-seqs",
+                    "64",
+                    "--cache-dir",
+                    cache,
+                ],
+                env=environment,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+    for architecture in ("DeepseekV2ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM"):
+        if not list((out / "vllm-cache" / "modelinfos").glob(f"*{architecture}.json")):
+            sys.exit(f"vLLM wrote no model-info cache for {architecture}")
 
     (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(FORCED)))
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())

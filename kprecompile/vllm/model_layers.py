@@ -139,10 +139,14 @@ def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
     return layout.toolchain_dir / f"vllm-layers-{digest.hexdigest()[:32]}.json"
 
 
+# vLLM variables that are no engine flag and pass to the build: its logging, and where it keeps its
+# model-info cache (without the cached answer vLLM inspects the model's class in a child process
+# that imports its platform, which a GPU host with vLLM's Python files only cannot load).
+_PASSED = ("VLLM_LOGGING_LEVEL", "VLLM_CACHE_ROOT")
+
+
 def _ask(question: Question, name: str) -> dict[str, Any] | None:
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith("VLLM_") or key == "VLLM_LOGGING_LEVEL"
-    }
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_") or key in _PASSED}
     environment.update(question.flags, CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     environment.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if question.requested and release_line(question.release).backend_variable:
