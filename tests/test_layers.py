@@ -67,3 +67,19 @@ def test_every_layer_kind_is_enumerated(family):
     assert {shape.logits_soft_cap for shape in shapes} == {50.0}
     collapsed = FAMILIES[family].enumerate_shapes(replace(model, layer_windows=None), SERVING, line)
     assert {shape.sliding_window for shape in collapsed} == {4096}
+
+
+def test_the_mirror_selects_with_the_layers_sinks():
+    """vLLM 0.33's ROCm priority list skips ROCM_ATTN for layers with sinks (tests/in_vllm holds
+    this equal to vLLM's own per-layer choice); a model without sinks keeps ROCM_ATTN."""
+    from kprecompile.inputs.targets import resolve_target
+    from kprecompile.selection.engines import select
+
+    gfx942 = resolve_target("gfx942")
+
+    def backend(spec, engine: str) -> str:
+        return select(load_model(str(spec)), engine, None, environ={}, vllm_release="0.33.0", targets=[gfx942])
+
+    assert backend(GPT_OSS, "vllm").attention_backend == "ROCM_AITER_UNIFIED_ATTN"
+    assert backend(GPT_OSS, "vllm-aiter").attention_backend == "ROCM_AITER_FA"
+    assert backend(GEMMA2, "vllm").attention_backend == "ROCM_ATTN"

@@ -196,7 +196,7 @@ def select(
             if model.attention == "mla":
                 backend = requested or _default_mla_backend(flags, line, block_size)
             else:
-                backend = _gqa_backend(requested, flags, line)
+                backend = _gqa_backend(requested, flags, line, has_sinks=bool(model.sinks))
         chosen = (backend,)
     for backend in chosen:
         if backend not in backends:
@@ -350,8 +350,9 @@ def _default_mla_backend(flags: dict[str, bool], line: ReleaseLine, block_size: 
     return "TRITON_MLA"
 
 
-def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLine) -> str:
-    """vLLM's ROCm selector for multi-head / grouped-query attention, by the line's `gqa_rule`."""
+def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLine, has_sinks: bool = False) -> str:
+    """vLLM's ROCm selector for multi-head / grouped-query attention, by the line's `gqa_rule`;
+    `has_sinks`: the layers carry attention sinks (vLLM asks with `has_sink`)."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     mha, unified = aiter and flags["VLLM_ROCM_USE_AITER_MHA"], aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]
     prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]
@@ -367,8 +368,12 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLin
     if requested:
         return requested
     if line.gqa_rule == "priority_list":
-        # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes.
-        return "ROCM_ATTN"
+        # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes. It takes
+        # no sinks: then AITER's FA with its MHA flag, else AITER's unified attention (where AITER is
+        # installed, as in vLLM's ROCm images).
+        if not has_sinks:
+            return "ROCM_ATTN"
+        return "ROCM_AITER_FA" if mha else "ROCM_AITER_UNIFIED_ATTN"
     if unified:
         return "ROCM_AITER_UNIFIED_ATTN"
     if mha:

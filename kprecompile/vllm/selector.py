@@ -73,6 +73,7 @@ class Question:
     sliding_window: bool
     requested: str | None
     flags: dict[str, str]
+    has_sink: bool = False
 
 
 class VllmSelector:
@@ -131,6 +132,7 @@ class VllmSelector:
             block_size=serving.block_size,
             sliding_window=model.sliding_window is not None,
             requested=requested,
+            has_sink=bool(model.sinks),
             flags={name: value for name, value in sorted(flags.items()) if value is not None},
         )
 
@@ -242,7 +244,7 @@ def _select(question: Question) -> str:
                 question.kv_cache_dtype,
                 question.block_size,
                 question.use_mla,
-                False,
+                question.has_sink,
                 False,
             )
             keywords: dict = {}
@@ -254,6 +256,7 @@ def _select(question: Question) -> str:
                 block_size=question.block_size,
                 use_mla=question.use_mla,
                 has_sliding_window=question.sliding_window,
+                has_sink=question.has_sink,
             )
             arguments, keywords = (selected, config), {"num_heads": question.num_heads}
         try:

@@ -29,14 +29,13 @@ from kprecompile.selection.request import Request
 from kprecompile.shapes._paged_kv import TWO_GIB
 from kprecompile.shapes._vllm_backend import (
     VLLM_ATTENTION_OPS,
-    compiled_ops_skipped,
     host_copies,
     prebuilt_ops_skipped,
     unpinned_host_memory,
     vllm_record,
 )
 from kprecompile.tracing.libraries import import_library_module
-from kprecompile.tracing.prebuilt import aiter_attention_prebuilt
+from kprecompile.tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped
 from kprecompile.tracing.trace import capturing
 from kprecompile.vllm.engine_config import engine_config
 from kprecompile.vllm.model_layers import vllm_layers

@@ -97,3 +97,26 @@ def test_plan_takes_vllms_layers_and_each_feature_reaches_the_kernels(release, t
     assert family["parameters"]["logits_soft_cap"] == 50.0
     assert family["parameters"]["sliding_window"] == "full,4096"
     assert document["kernels"] > 0
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.vllm_process("layers")
+@pytest.mark.parametrize("spec", [GEMMA2, GPT_OSS, "llama-3.1-8b-instruct"])
+@pytest.mark.parametrize("engine", ["vllm", "vllm-aiter"])
+def test_the_mirrors_selection_is_the_backend_vllm_gives_each_layer(release, spec, engine):
+    """Without vLLM, the mirror selects from the config's layer features (sinks skip ROCM_ATTN in
+    0.33): the backend it names is the one vLLM's own model gives every layer, on gfx942."""
+    from kprecompile.selection.engines import select
+
+    model = load_model(spec)
+    serving = ServingParams(**SERVING)
+    flags = registered_values({}, engine)
+    target = resolve_target("gfx942")
+    answer = vllm_layers(model, serving, target, installed_release(), None, flags, None)
+    if answer is None:
+        # vLLM 0.11 and 0.12 cannot build gpt-oss with AITER's MHA on: their ROCM_AITER_FA takes no sinks.
+        assert (spec, engine) == (GPT_OSS, "vllm-aiter") and not release.startswith("0.33"), release
+        return
+    mirror = select(model, engine, None, environ={}, vllm_release=release, targets=[target])
+    assert {layer.backend for layer in answer.layers} == {mirror.attention_backend}, answer.source
