@@ -174,13 +174,13 @@ def _enumerate_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLin
 def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
     the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
-    16 or 32 tokens this backend takes); with speculative decoding, decode steps (which then
-    run AITER's Triton unified attention) at every batch size, each longest query from 2 to 1 + k
-    tokens, over keys up to 512 (its 2D kernel), just past, and the longest. Decodes of one token
-    run AITER's prebuilt paged attention. Each in both storage classes: unlike TRITON_ATTN's, this
-    backend's key and value views are not bounded by the layer's region, so Triton reads the whole
-    KV allocation's size, which is under 2 GiB only where the step's own blocks fit ("under_2gib":
-    as few blocks as the step needs, in every layer)."""
+    16 or 32 tokens this backend takes); with speculative decoding or sinks, decode steps (which
+    then run AITER's Triton unified attention) at every batch size, each longest query from 2 (1
+    with sinks) to 1 + k tokens, over keys up to 512 (its 2D kernel), just past, and the longest.
+    Other decodes of one token run AITER's prebuilt paged attention. Each in both storage classes:
+    unlike TRITON_ATTN's, this backend's key and value views are not bounded by the layer's region,
+    so Triton reads the whole KV allocation's size, which is under 2 GiB only where the step's own
+    blocks fit ("under_2gib": as few blocks as the step needs, in every layer)."""
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
@@ -194,7 +194,9 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple
     ]
     # Keys up to the 2D bound, just past it, and the longest.
     spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
-    for longest in range(2, serving.decode_query_len + 1):
+    # A layer with sinks decodes one token through unified attention too (the paged kernels take none).
+    shortest = 1 if base["sinks"] else 2
+    for longest in range(shortest, serving.decode_query_len + 1):
         for context in sorted({max(1, span - longest) for span in spans}):
             steps += [
                 ((longest,) * batch, (context,) * batch)

@@ -146,6 +146,20 @@ def _padded(step: EngineStep, config: Any, builder: Any) -> tuple[int, int]:
     return padded, requests
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: Any) -> Any:
+    """The model's dtype as torch's default while its layers are built, as vLLM's model loader
+    sets it (0.33's selector checks a backend against it)."""
+    import torch
+
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
 def _prebuilt_aiter(backend: str) -> Any:
     """AITER's prebuilt attention for a backend that calls it (its module imports `aiter`)."""
     return aiter_attention_prebuilt() if backend in BACKEND_LIBRARIES else contextlib.nullcontext()
@@ -179,6 +193,7 @@ class LayerDriver:
             environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})),
             import_library_module("vllm.config").set_current_vllm_config(config),
             torch.device("meta"),
+            _default_dtype(getattr(torch, kind.dtype)),
         ):
             _selector_forgets()
             self.layer = _attention_class()(
