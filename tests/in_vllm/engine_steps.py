@@ -49,6 +49,8 @@ BACKEND_MODULES = {
     "ROCM_ATTN": "vllm.v1.attention.backends.rocm_attn",
     "ROCM_AITER_FA": "vllm.v1.attention.backends.rocm_aiter_fa",
 }
+# The family of a backend not named after it.
+FAMILIES = {"ROCM_AITER_FA": "aiter_fa_context"}
 # Libraries a backend's kernels come from besides vLLM's, imported afresh for the target.
 BACKEND_LIBRARIES = {"ROCM_AITER_FA": ("aiter.ops.triton",)}
 # vLLM's compiled operators the impls call besides Triton's kernels (nothing to compile).
@@ -107,7 +109,7 @@ def built_layers(model: ModelConfig, serving: ServingParams, target: Target, bac
 def planned(model: ModelConfig, serving: ServingParams, backend: str, target: Target, layers) -> tuple[set[str], Any]:
     """The plan's keys for `model` with `layers`, and the backend family's row of the plan."""
     model = replace(model, attention_layers=tuple(layers))
-    name = backend.lower()
+    name = FAMILIES.get(backend, backend.lower())
     selection = select(
         model, "vllm", backend, environ={}, families=[name], vllm_release=installed_release(), targets=[target]
     )
