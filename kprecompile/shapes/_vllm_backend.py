@@ -113,6 +113,16 @@ def unpinned_host_memory() -> Iterator[None]:
 
 # The attention layer a step is traced for (layer 0 of vLLM's model), by the name vLLM registers it under.
 LAYER_NAME = "model.layers.0.self_attn.attn"
+# vLLM's `Attention` layer class, by module: moved in 0.19.
+ATTENTION_MODULES = ("vllm.model_executor.layers.attention.attention", "vllm.attention.layer")
+
+
+def attention_class() -> type:
+    """vLLM's `Attention` layer class, wherever the installed release keeps it."""
+    for name in ATTENTION_MODULES:
+        with contextlib.suppress(ImportError):
+            return import_library_module(name).Attention
+    raise ImportError(f"vLLM's Attention layer is in none of {', '.join(ATTENTION_MODULES)}")
 
 
 def kv_scales_layer() -> Any:

@@ -1,17 +1,19 @@
 """vLLM's own Triton kernels around ROCM_AITER_FA's prefill with cached context (the gather of the
-context from the paged KV cache, the merge of partial results), traced from the installed vLLM.
+context from the paged KV cache, the merge of partial results), and AITER's Triton unified
+attention where the backend decodes with it, traced from the installed vLLM.
 
-AITER's attention itself is prebuilt. The plan runs the backend's real metadata builder on each
-step's request mix, so that the chunking and the token counts are vLLM's own, and the impl's real
-`forward` on meta tensors (in a line whose `tracing` is "engine_step", through the engine's own
-step). What runs, release by release: docs/engine-kernels.md, "ROCM_AITER_FA".
+AITER's other attention is prebuilt. The plan runs vLLM's own `Attention` layer, the backend's real
+metadata builder on each step's request mix (so that the chunking and the token counts are vLLM's
+own) and the impl's real `forward` on meta tensors (in a line whose `tracing` is "engine_step",
+through the engine's own step). What runs, release by release: docs/engine-kernels.md,
+"ROCM_AITER_FA".
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..inputs.models import ModelConfig
@@ -28,11 +30,12 @@ from ._paged_kv import (
     paged_kv_fields,
     per_layer_kind,
 )
+from ._points import int_class_representatives
 from ._vllm_backend import (
     LAYER_NAME,
     VLLM_ATTENTION_OPS,
+    attention_class,
     host_copies,
-    kv_scales_layer,
     layer_arguments,
     layer_kv_cache,
     prebuilt_ops_skipped,
@@ -49,7 +52,8 @@ CONTEXT_TOKENS_PER_CHUNK = 32 * 1024
 
 @dataclass(frozen=True)
 class ExtendStep:
-    """A step of prefills with cached context ("extends"): each request's new and cached tokens."""
+    """A step of prefills with cached context ("extends"), or of decodes: each request's new and
+    cached tokens."""
 
     q_heads: int
     kv_heads: int
@@ -66,6 +70,9 @@ class ExtendStep:
     serving: ServingParams
     logits_soft_cap: float = 0.0
     sinks: str = ""
+    # The sliding window of each kind of the model's attention layers (0: full): up to 0.18 the
+    # builder reads every layer of the model, not only its KV-cache group's.
+    model_windows: tuple[int, ...] = ()
 
 
 def _context_mixes(model_len: int, max_extends: int, last_totals: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -126,11 +133,17 @@ _SHORT_CONTEXT = 512
 _TOTAL_CLASSES = (1, 16, 17, 16 * 37 + 1)
 
 
-@per_layer_kind
 def enumerate_extends(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[ExtendStep, ...]:
-    line = required_line(line, "aiter_fa_context")
+    """Each layer kind's steps, each carrying the windows of all the model's layers."""
     if model.mla is not None:
         return ()
+    windows = tuple(sorted({kind.sliding_window for kind in model.layer_kinds(serving)}))
+    return tuple(replace(step, model_windows=windows) for step in _enumerate_kind(model, serving, line))
+
+
+@per_layer_kind
+def _enumerate_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLine | None) -> tuple[ExtendStep, ...]:
+    line = required_line(line, "aiter_fa_context")
     model_len = serving.model_len(model)
     if model_len < 3:
         return ()
@@ -138,30 +151,36 @@ def enumerate_extends(model: ModelConfig, serving: ServingParams, line: ReleaseL
         return _enumerate_engine_steps(model, serving)
     base = paged_kv_fields(model, serving)
     max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
+    steps = [((2,) * len(contexts), contexts) for contexts in _context_mixes(model_len, max_extends, _TOTAL_CLASSES)]
+    # Decodes: 0.12 runs a windowed layer's through AITER's Triton unified attention (always its 2D
+    # kernel, which takes the batch size as an integer), others' through prebuilt paged attention.
+    for batch in int_class_representatives(min(serving.max_num_seqs, serving.max_num_batched_tokens)):
+        for span in sorted({min(_SHORT_CONTEXT, model_len), model_len}):
+            steps.append(((1,) * batch, (span - 1,) * batch))
     return tuple(
         ExtendStep(
             **base,
             kv_cache_storage=storage,
-            query_lens=(2,) * len(contexts),
+            query_lens=queries,
             context_lens=contexts,
             config_json=model.config_json,
             serving=serving,
         )
         for storage in KV_CACHE_STORAGE_CLASSES
-        for contexts in _context_mixes(model_len, max_extends, _TOTAL_CLASSES)
+        for queries, contexts in steps
     )
 
 
 def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
     the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
-    16 or 32 tokens this backend takes); with speculative decoding, decode steps (which then
-    run AITER's Triton unified attention) at every batch size, each longest query from 2 to 1 + k
-    tokens, over keys up to 512 (its 2D kernel), just past, and the longest. Decodes of one token
-    run AITER's prebuilt paged attention. Each in both storage classes: unlike TRITON_ATTN's, this
-    backend's key and value views are not bounded by the layer's region, so Triton reads the whole
-    KV allocation's size, which is under 2 GiB only where the step's own blocks fit ("under_2gib":
-    as few blocks as the step needs, in every layer)."""
+    16 or 32 tokens this backend takes); with speculative decoding or sinks, decode steps (which
+    then run AITER's Triton unified attention) at every batch size, each longest query from 2 (1
+    with sinks) to 1 + k tokens, over keys up to 512 (its 2D kernel), just past, and the longest.
+    Other decodes of one token run AITER's prebuilt paged attention. Each in both storage classes:
+    unlike TRITON_ATTN's, this backend's key and value views are not bounded by the layer's region,
+    so Triton reads the whole KV allocation's size, which is under 2 GiB only where the step's own
+    blocks fit ("under_2gib": as few blocks as the step needs, in every layer)."""
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     budget = serving.max_num_batched_tokens
@@ -175,7 +194,9 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple
     ]
     # Keys up to the 2D bound, just past it, and the longest.
     spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
-    for longest in range(2, serving.decode_query_len + 1):
+    # A layer with sinks decodes one token through unified attention too (the paged kernels take none).
+    shortest = 1 if base["sinks"] else 2
+    for longest in range(shortest, serving.decode_query_len + 1):
         for context in sorted({max(1, span - longest) for span in spans}):
             steps += [
                 ((longest,) * batch, (context,) * batch)
@@ -197,16 +218,18 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple
 
 
 def describe_shapes(shapes: tuple[ExtendStep, ...]) -> dict[str, object]:
-    return kv_cache_parameters(
-        shapes[0], shapes, steps="prefills with cached context", contexts=len({shape.context_lens for shape in shapes})
-    )
+    decodes = {shape for shape in shapes if max(shape.query_lens) == 1}
+    steps = "prefills with cached context" + (", decodes" if decodes else "")
+    contexts = len({shape.context_lens for shape in shapes if shape not in decodes})
+    return kv_cache_parameters(shapes[0], shapes, steps=steps, contexts=contexts)
 
 
 def describe_call(shape: ExtendStep) -> str:
     contexts = (
         shape.context_lens if len(shape.context_lens) < 4 else f"{len(shape.context_lens)} × {shape.context_lens[0]}"
     )
-    return f"forward(extends with context {contexts}, kv_cache {shape.kv_cache_storage})"
+    requests = "decodes" if max(shape.query_lens) == 1 else "extends"
+    return f"forward({requests} with context {contexts}, kv_cache {shape.kv_cache_storage})"
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:
@@ -259,34 +282,44 @@ def launch(shape: ExtendStep, target: Target) -> None:
 
 
 @contextlib.contextmanager
-def _attention_layer(config: Any, shape: EngineStep, backend: type) -> Iterator[Any]:
+def _attention_layer(config: Any, shape: ExtendStep, backend: type) -> Iterator[Any]:
     """vLLM's `Attention` layer for the step, built as the model builds it (on meta, under the
     model's dtype) and registered in the engine configuration, whose builder reads its sliding
-    window there; unregistered after the block (the configuration is shared by the plan's steps)."""
+    window there; beside it one layer of each other window of the model (up to 0.18 the builder
+    reads every layer's). The configuration is shared by the plan's steps: while the block runs
+    its forward context holds these layers alone, as it holds the model's when vLLM serves."""
     import torch
 
-    attention = import_library_module("vllm.model_executor.layers.attention.attention")
+    attention = attention_class()
+    context = config.compilation_config.static_forward_context
+    saved = dict(context)
+    context.clear()
+    others = [window for window in shape.model_windows if window != shape.sliding_window]
     default_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(getattr(torch, shape.dtype))
     try:
-        with torch.device("meta"):
-            layer = attention.Attention(
-                shape.q_heads,
-                shape.head_size,
-                shape.head_size**-0.5,
-                shape.kv_heads,
-                cache_config=config.cache_config,
-                prefix=LAYER_NAME,
-                per_layer_sliding_window=shape.sliding_window or None,
-                attn_backend=backend,
-                **layer_arguments(shape),
-            )
+        torch.set_default_dtype(getattr(torch, shape.dtype))
+        try:
+            with torch.device("meta"):
+                layers = [
+                    attention(
+                        shape.q_heads,
+                        shape.head_size,
+                        shape.head_size**-0.5,
+                        shape.kv_heads,
+                        cache_config=config.cache_config,
+                        prefix=LAYER_NAME.replace(".0.", f".{index}."),
+                        per_layer_sliding_window=window or None,
+                        attn_backend=backend,
+                        **layer_arguments(shape),
+                    )
+                    for index, window in enumerate([shape.sliding_window, *others])
+                ]
+        finally:
+            torch.set_default_dtype(default_dtype)
+        yield layers[0]
     finally:
-        torch.set_default_dtype(default_dtype)
-    try:
-        yield layer
-    finally:
-        config.compilation_config.static_forward_context.pop(LAYER_NAME, None)
+        context.clear()
+        context.update(saved)
 
 
 def _engine_step(shape: EngineStep, target: Target) -> None:
@@ -342,47 +375,25 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
 
 
 def _extend_step(shape: ExtendStep, target: Target) -> None:
+    """One step as the backend's builder and impl see it up to 0.18: vLLM's own layer (whose
+    window the builder reads, 0.12), the builder's metadata, the impl's `forward`."""
     import torch
 
     from ..platforms.vllm_platform import refresh_switches
     from ..vllm.engine_config import engine_config
 
     module = import_library_module(BACKEND_MODULE)
-    interface = import_library_module("vllm.v1.kv_cache_interface")
     set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
     refresh_switches()
     vllm_config = engine_config(shape.config_json, shape.serving, target)
-    spec = vllm_record(
-        interface.FullAttentionSpec,
-        {
-            "block_size": shape.block_size,
-            "num_kv_heads": shape.kv_heads,
-            "head_size": shape.head_size,
-            "dtype": dtype,
-            "sliding_window": shape.sliding_window or None,
-        },
-    )
     backend = module.AiterFlashAttentionBackend
-    with set_current_vllm_config(vllm_config):
-        builder = backend.get_builder_cls()(spec, ["layer"], vllm_config, meta)
+    with set_current_vllm_config(vllm_config), _attention_layer(vllm_config, shape, backend) as layer:
+        spec = layer.get_kv_cache_spec(vllm_config)
+        builder = backend.get_builder_cls()(spec, [LAYER_NAME], vllm_config, meta)
         with unpinned_host_memory():
             metadata = builder.build(common_prefix_len=0, common_attn_metadata=_common_metadata(shape))
-        kv_cache_dtype = "fp8" if shape.kv_cache_fp8 else "auto"
-        impl = backend.get_impl_cls()(
-            shape.q_heads,
-            shape.head_size,
-            shape.head_size**-0.5,
-            shape.kv_heads,
-            None,
-            shape.sliding_window or None,
-            kv_cache_dtype,
-            **layer_arguments(shape),
-        )
-    # The KV-cache write is vLLM's compiled operator: the impl's own switch for a layer that
-    # shares an earlier layer's cache skips it.
-    impl.kv_sharing_target_layer_name = "prebuilt"
     element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
     element = torch.empty((), dtype=element_type, device=meta).element_size()
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
@@ -396,15 +407,19 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     tokens = sum(shape.query_lens)
     query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
-    layer = kv_scales_layer()
-    impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
+    # vLLM's compiled KV-cache write is prebuilt.
+    with compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"):
+        layer.impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
 
 
 FAMILY = KernelFamily(
     name="aiter_fa_context",
-    description="vLLM's cp_mha_gather_cache and merge_attn_states around ROCM_AITER_FA's prefill with cached context",
+    description=(
+        "vLLM's cp_mha_gather_cache and merge_attn_states around ROCM_AITER_FA's prefill with cached context, "
+        "AITER's Triton unified attention for its windowed, sink and speculative decodes"
+    ),
     library=VLLM_DISTRIBUTION,
-    # AITER's Triton unified attention (speculative decoding's decodes) reads the target at import.
+    # AITER's Triton unified attention (windowed, sink and speculative decodes) reads the target at import.
     traced_modules=(BACKEND_MODULE, *VLLM_ATTENTION_OPS, "aiter.ops.triton"),
     enumerate_shapes=enumerate_extends,
     describe_shapes=describe_shapes,

@@ -35,7 +35,7 @@ from kprecompile.shapes._vllm_backend import (
     vllm_record,
 )
 from kprecompile.tracing.libraries import import_library_module
-from kprecompile.tracing.prebuilt import compiled_ops_skipped
+from kprecompile.tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped
 from kprecompile.tracing.trace import capturing
 from kprecompile.vllm.engine_config import engine_config
 from kprecompile.vllm.model_layers import vllm_layers
@@ -47,9 +47,14 @@ ATTENTION_MODULES = ("vllm.model_executor.layers.attention.attention", "vllm.att
 BACKEND_MODULES = {
     "TRITON_ATTN": "vllm.v1.attention.backends.triton_attn",
     "ROCM_ATTN": "vllm.v1.attention.backends.rocm_attn",
+    "ROCM_AITER_FA": "vllm.v1.attention.backends.rocm_aiter_fa",
 }
+# The family of a backend not named after it.
+FAMILIES = {"ROCM_AITER_FA": "aiter_fa_context"}
+# Libraries a backend's kernels come from besides vLLM's, imported afresh for the target.
+BACKEND_LIBRARIES = {"ROCM_AITER_FA": ("aiter.ops.triton",)}
 # vLLM's compiled operators the impls call besides Triton's kernels (nothing to compile).
-PREBUILT_OPS = ("paged_attention_rocm", "reshape_and_cache", "reshape_and_cache_flash")
+PREBUILT_OPS = ("paged_attention_rocm", "reshape_and_cache", "reshape_and_cache_flash", "merge_attn_states")
 # Releases whose runner pads a full graph's requests (`num_reqs_padded` in gpu_model_runner.py).
 RELEASES_PADDING_REQUESTS = ("0.12.0", "0.33.0")
 _names = itertools.count()
@@ -104,7 +109,7 @@ def built_layers(model: ModelConfig, serving: ServingParams, target: Target, bac
 def planned(model: ModelConfig, serving: ServingParams, backend: str, target: Target, layers) -> tuple[set[str], Any]:
     """The plan's keys for `model` with `layers`, and the backend family's row of the plan."""
     model = replace(model, attention_layers=tuple(layers))
-    name = backend.lower()
+    name = FAMILIES.get(backend, backend.lower())
     selection = select(
         model, "vllm", backend, environ={}, families=[name], vllm_release=installed_release(), targets=[target]
     )
@@ -143,6 +148,25 @@ def _padded(step: EngineStep, config: Any, builder: Any) -> tuple[int, int]:
     return padded, requests
 
 
+@contextlib.contextmanager
+def _default_dtype(dtype: Any) -> Any:
+    """The model's dtype as torch's default while its layers are built, as vLLM's model loader
+    sets it (0.33's selector checks a backend against it)."""
+    import torch
+
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(saved)
+
+
+def _prebuilt_aiter(backend: str) -> Any:
+    """AITER's prebuilt attention for a backend that calls it (its module imports `aiter`)."""
+    return aiter_attention_prebuilt() if backend in BACKEND_LIBRARIES else contextlib.nullcontext()
+
+
 def _selector_forgets() -> None:
     """vLLM's selector remembers its answer per layer's features, not per backend named (up to
     0.18 the backend is a variable it reads inside): each layer asks afresh."""
@@ -160,7 +184,7 @@ class LayerDriver:
     def __init__(self, model: ModelConfig, serving: ServingParams, kind: AttentionLayer, target: Target, backend: str):
         import torch
 
-        self.target, self.kind, self.serving = target, kind, serving
+        self.target, self.kind, self.serving, self.requested = target, kind, serving, backend
         named = release_line(installed_release()).backend_variable
         self.config = config = engine_config(model.config_json, serving, target, None if named else backend)
         self.name = f"model.layers.{next(_names)}.self_attn.attn"
@@ -171,6 +195,7 @@ class LayerDriver:
             environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})),
             import_library_module("vllm.config").set_current_vllm_config(config),
             torch.device("meta"),
+            _default_dtype(getattr(torch, kind.dtype)),
         ):
             _selector_forgets()
             self.layer = _attention_class()(
@@ -295,6 +320,7 @@ class LayerDriver:
             unpinned_host_memory(),
             prebuilt_ops_skipped(PREBUILT_OPS),
             compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash", "_C_cache_ops.reshape_and_cache"),
+            _prebuilt_aiter(self.requested),
         ):
             metadata = self.builder.build(0, common)
             impl = self.layer.impl
@@ -315,15 +341,24 @@ class Swept:
 def sweep(
     model: ModelConfig, serving: ServingParams, layers, backend: str, target: Target, seed: int, count: int
 ) -> Swept:
-    """`count` random engine steps through each layer kind of `layers`, captured under `target`."""
+    """`count` random engine steps through each layer kind of `layers`, captured under `target`.
+    Each kind's layer stays registered while the next kinds' are built, as the model's all are
+    (up to 0.18 ROCM_AITER_FA's builder reads every layer's window), and none after."""
     rng = random.Random(seed)
     model_len = serving.model_len(model)
-    fresh = (BACKEND_MODULES[backend], *VLLM_ATTENTION_OPS)
+    fresh = (BACKEND_MODULES[backend], *VLLM_ATTENTION_OPS, *BACKEND_LIBRARIES.get(backend, ()))
     backends = []
-    with capturing(target, fresh) as capture:
-        for kind in layers:
-            driver = LayerDriver(model, serving, kind, target, backend)
-            backends.append(driver.backend_name)
-            for step in random_steps(rng, serving, model_len, count):
-                driver.run(step)
+    drivers: list[LayerDriver] = []
+    try:
+        with capturing(target, fresh) as capture:
+            for kind in layers:
+                with _prebuilt_aiter(backend):
+                    driver = LayerDriver(model, serving, kind, target, backend)
+                drivers.append(driver)
+                backends.append(driver.backend_name)
+                for step in random_steps(rng, serving, model_len, count):
+                    driver.run(step)
+    finally:
+        for driver in drivers:
+            driver.config.compilation_config.static_forward_context.pop(driver.name, None)
     return Swept(count * len(layers), frozenset(key for _, key in capture.captured.values()), tuple(backends))

@@ -1,0 +1,100 @@
+"""ROCM_AITER_FA with sliding windows, built as vLLM builds it: vLLM's own layers in the forward
+context its metadata builder reads (0.12 takes its window there), one builder per layer kind.
+
+0.12 decodes a windowed layer through AITER's Triton unified attention; 0.11 passes the window to
+AITER's prebuilt attention; from 0.19 a layer with sinks decodes through unified attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import engine_steps
+import pytest
+
+from kprecompile.inputs.serving import ServingParams
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.selection.request import resolve_requests
+from kprecompile.shapes import FAMILIES
+from kprecompile.tracing.trace import trace_calls
+from kprecompile.warmup.planning import plan, planned_shapes
+
+MODELS = Path(__file__).parent.parent / "models"
+GEMMA = str(MODELS / "gemma-2-2b-it.json")
+GPT_OSS = str(MODELS / "gpt-oss-20b-bf16.json")
+SERVING = ServingParams(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=2048)
+GFX942 = TARGETS["gfx942"]
+UNIFIED = "kernel_unified_attention_2d"
+STEPS = 40
+CONTEXT = FAMILIES["aiter_fa_context"]
+
+
+def _request(spec: str):
+    [request] = resolve_requests(
+        [spec], SERVING, ["gfx942"], engine="vllm", attention_backend="ROCM_AITER_FA", families=["aiter_fa_context"]
+    )
+    return request
+
+
+def _planned(spec: str) -> tuple[object, dict[str, str]]:
+    """The family's row and its kernels (key to name), with the layers vLLM's own model gives."""
+    result = plan(_request(spec))
+    [row] = [row for row in result.families if row.family == "aiter_fa_context"]
+    return row, {job.key: job.kernel_name for job in result.jobs if job.family == "aiter_fa_context"}
+
+
+@pytest.mark.vllm
+@pytest.mark.compiles
+@pytest.mark.slow
+@pytest.mark.vllm_process("aiter-fa")
+def test_sliding_window_models_plan_their_windowed_decodes(release):
+    """Mistral (one window) and Gemma-2 (windowed and full layers) plan without error; under 0.12
+    their plans hold AITER's unified attention for the windowed decodes, which Llama's (no window)
+    lacks; 0.11 and 0.33 run those decodes in prebuilt kernels."""
+    _, llama = _planned("llama-3.1-8b-instruct")
+    assert llama and UNIFIED not in llama.values()
+    for spec in ("mistral-7b-v0.1", GEMMA):
+        row, kernels = _planned(spec)
+        assert row.error is None and row.skip_reason is None and kernels, row
+        assert "cp_mha_gather_cache_kernel" in kernels.values()
+        assert (UNIFIED in kernels.values()) == release.startswith("0.12"), (spec, sorted(kernels.values()))
+
+
+def _keys(shapes) -> set[str]:
+    """The keys a plan of just these steps has."""
+    calls = CONTEXT.calls(tuple(shapes), GFX942)
+    return {job.key for job in trace_calls(calls, GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs}
+
+
+@pytest.mark.vllm
+@pytest.mark.compiles
+@pytest.mark.slow
+@pytest.mark.vllm_process("aiter-fa")
+@pytest.mark.parametrize("spec", ["mistral-7b-v0.1", GEMMA, GPT_OSS], ids=lambda spec: Path(spec).stem)
+def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, release):
+    """Random engine steps through vLLM's own layers, builder and impl compile nothing outside the
+    plan. Negative controls, from the plan's own steps: without its KV caches over 2 GiB it misses
+    (every release); without its decode steps it misses where decodes run Triton (0.12's windows,
+    0.33's sinks); Gemma-2's windows collapsed to one kind miss the other kind's gathers (0.12,
+    and 0.33's full group, whose gather takes int64 token-to-batch indices). vLLM up to 0.12
+    builds no gpt-oss layer with this backend (its impl takes no sinks)."""
+    request = _request(spec)
+    layers = list(request.model.attention_layers)
+    if spec == GPT_OSS and not release.startswith("0.33"):
+        assert not layers, "vLLM built gpt-oss's layers with a ROCM_AITER_FA that takes no sinks"
+        return
+    assert layers and all(layer.backend == "ROCM_AITER_FA" for layer in layers), layers
+    _, kernels = _planned(spec)
+    swept = engine_steps.sweep(request.model, SERVING, layers, "ROCM_AITER_FA", GFX942, seed=29, count=STEPS)
+    assert swept.steps == STEPS * len(layers) and swept.keys, swept
+    assert not swept.keys - set(kernels), sorted(swept.keys - set(kernels))
+    [shapes] = planned_shapes(request.model, SERVING, request.selection).values()
+    assert swept.keys - _keys(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
+    missed = swept.keys - _keys(shape for shape in shapes if max(shape.query_lens) > 1)
+    decodes_run_triton = release.startswith("0.12") or (release.startswith("0.33") and spec == GPT_OSS)
+    assert bool(missed) == decodes_run_triton, len(missed)
+    if spec == GEMMA:
+        collapsed = [replace(layer, sliding_window=layers[0].sliding_window) for layer in layers]
+        without, _ = engine_steps.planned(request.model, SERVING, "ROCM_AITER_FA", GFX942, collapsed)
+        assert bool(swept.keys - without) == (not release.startswith("0.11")), len(swept.keys - without)
