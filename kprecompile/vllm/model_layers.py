@@ -42,6 +42,7 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import TARGETS, Target
 from ..inputs.toolchain import stat_digest
 from .releases import release_line
+from .selector import installed_vllm_dir
 
 logger = logging.getLogger(__name__)
 
@@ -116,17 +117,8 @@ def _parse(answer: dict[str, Any]) -> BuiltLayers:
     return BuiltLayers(str(answer["architecture"]), layers)
 
 
-def _vllm_dir() -> Path | None:
-    import importlib.util
-
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
-    root = _vllm_dir()
+    root = installed_vllm_dir()
     if layout is None or root is None:
         return None
     digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
@@ -352,7 +344,7 @@ def with_engine_layers(
     from .releases import installed_release, resolve_release
 
     installed = installed_release()
-    if installed is None or _vllm_dir() is None or resolve_release(release) != installed or not targets:
+    if installed is None or installed_vllm_dir() is None or resolve_release(release) != installed or not targets:
         return model
     rocm = tuple(target for target in targets if target.is_rocm)
     flags = registered_values(os.environ, engine)

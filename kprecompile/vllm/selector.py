@@ -157,7 +157,7 @@ class VllmSelector:
     def _memo_path(self, question: Question) -> Path | None:
         if self.layout is None:
             return None
-        root = _vllm_dir()
+        root = installed_vllm_dir()
         digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
         # The answer is vLLM's, read through kprecompile's stand-in platform, with AITER's presence.
         for distribution in ("kprecompile", "amd-aiter"):
@@ -173,12 +173,13 @@ def installed_selector(
 ) -> VllmSelector | None:
     """vLLM's own selector where vLLM is installed, else None (the mirror decides)."""
     release = installed_release()
-    if release is None or _vllm_dir() is None:
+    if release is None or installed_vllm_dir() is None:
         return None
     return VllmSelector(release, model, serving, targets, layout)
 
 
-def _vllm_dir() -> Path | None:
+def installed_vllm_dir() -> Path | None:
+    """The installed vLLM package's directory, or None."""
     spec = importlib.util.find_spec("vllm")
     if spec is None or not spec.submodule_search_locations:
         return None
