@@ -69,22 +69,23 @@ def resolve_requests(
     for spec in dict.fromkeys(model_specs):
         model = load_model(spec, revision)
         selector = None
+        served = serving
         if engine != "aiter":
             # A combination the engine would refuse fails before vLLM builds anything.
             serving.check(model)
-            model = with_engine_layers(model, serving, targets, engine, attention_backend, vllm_release, layout)
-            selector = installed_selector(model, serving, targets, layout)
+            model, served = with_engine_layers(model, serving, targets, engine, attention_backend, vllm_release, layout)
+            selector = installed_selector(model, served, targets, layout)
         selection = select(
             model,
             engine,
             attention_backend,
             families=families,
             vllm_release=vllm_release,
-            block_size=serving.block_size,
+            block_size=served.block_size,
             selector=selector,
             targets=targets,
         )
         # A combination the engine would refuse fails here, before any work.
-        serving.check(model)
-        requests.append(Request(model, serving, selection, targets))
+        served.check(model)
+        requests.append(Request(model, served, selection, targets))
     return tuple(requests)

@@ -25,6 +25,7 @@ from ..inputs import settings
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 
+_TORCH_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 # Model directories live as long as the process: vLLM's config keeps their path.
 _MODEL_DIRS: list[tempfile.TemporaryDirectory] = []
 # Where each model keeps its own code, by its config's text (families hand on the text only).
@@ -47,6 +48,31 @@ def engine_config(
     VLLM_ATTENTION_BACKEND instead)."""
     flags = tuple(sorted((name, value) for name, value in os.environ.items() if name.startswith("VLLM_")))
     return _engine_config(config_json, serving, target, flags, attention_backend)
+
+
+def serving_from_vllm(vllm_config: Any) -> ServingParams:
+    """The serving parameters vLLM resolved in `vllm_config`: its defaults, its platform's and its
+    model class's rules (gpt-oss captures graphs up to 1024 tokens whatever --max-num-seqs says)
+    applied to the flags. Raises InputError where kprecompile cannot plan what vLLM resolved."""
+    model_config = vllm_config.model_config
+    dtype = _TORCH_DTYPES.get(str(model_config.dtype), str(model_config.dtype))
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    speculative = getattr(vllm_config, "speculative_config", None)
+    capture_sizes = getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or ()
+    enforce_eager = bool(model_config.enforce_eager) or not capture_sizes
+    return ServingParams(
+        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        max_model_len=model_config.max_model_len,
+        block_size=vllm_config.cache_config.block_size,
+        kv_cache_dtype="auto" if cache_dtype in ("auto", dtype) else cache_dtype,
+        dtype=dtype,
+        cudagraph_capture_sizes=None if enforce_eager else tuple(capture_sizes),
+        enforce_eager=enforce_eager,
+        num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative is not None else 0,
+        trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
+    )
 
 
 @functools.cache

@@ -64,13 +64,35 @@ class Question:
     # Where the model's own code is (--trust-remote-code), or None.
     directory: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        model: ModelConfig,
+        serving: ServingParams,
+        target: Target,
+        release: str,
+        requested: str | None,
+        flags: Mapping[str, str | None],
+    ) -> Question:
+        return cls(
+            config_json=model.config_json,
+            serving=serving.as_dict(),
+            target=target.name,
+            requested=requested,
+            flags={name: value for name, value in sorted(flags.items()) if value is not None},
+            release=release,
+            directory=model.directory,
+        )
+
 
 @dataclass(frozen=True)
 class BuiltLayers:
-    """vLLM's answer: the model class it built and its distinct attention layers."""
+    """vLLM's answer: the model class it built, its distinct attention layers, and the serving
+    parameters vLLM resolved for it (`engine_config.serving_from_vllm`, as a dict)."""
 
     architecture: str
     layers: tuple[AttentionLayer, ...]
+    serving: dict[str, Any]
 
     @property
     def source(self) -> str:
@@ -87,15 +109,7 @@ def vllm_layers(
     layout: CacheLayout | None,
 ) -> BuiltLayers | None:
     """The layers vLLM builds for `model` on `target`, or None (one WARNING) where it cannot."""
-    question = Question(
-        config_json=model.config_json,
-        serving=serving.as_dict(),
-        target=target.name,
-        requested=requested,
-        flags={name: value for name, value in sorted(flags.items()) if value is not None},
-        release=release,
-        directory=model.directory,
-    )
+    question = Question.of(model, serving, target, release, requested, flags)
     memo = _memo_path(question, layout)
     if memo is not None:
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
@@ -114,7 +128,7 @@ def vllm_layers(
 def _parse(answer: dict[str, Any]) -> BuiltLayers:
     names = {field.name for field in fields(AttentionLayer)}
     layers = tuple(AttentionLayer(**{key: layer[key] for key in names}) for layer in answer["layers"])
-    return BuiltLayers(str(answer["architecture"]), layers)
+    return BuiltLayers(str(answer["architecture"]), layers, dict(answer["serving"]))
 
 
 def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
@@ -137,19 +151,25 @@ def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
 _PASSED = ("VLLM_LOGGING_LEVEL", "VLLM_CACHE_ROOT")
 
 
-def _ask(question: Question, name: str) -> dict[str, Any] | None:
+def build_environment(question: Question) -> dict[str, str]:
+    """The environment of the process that builds the model: this one's, with vLLM's variables
+    exactly the question's flags, and no GPU."""
     environment = {key: value for key, value in os.environ.items() if not key.startswith("VLLM_") or key in _PASSED}
     environment.update(question.flags, CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
     environment.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     if question.requested and release_line(question.release).backend_variable:
         environment["VLLM_ATTENTION_BACKEND"] = question.requested
+    return environment
+
+
+def _ask(question: Question, name: str) -> dict[str, Any] | None:
     try:
         result = subprocess.run(
             [sys.executable, "-m", __name__],
             input=json.dumps(asdict(question)),
             capture_output=True,
             text=True,
-            env=environment,
+            env=build_environment(question),
             timeout=_TIMEOUT_SECONDS,
             check=False,
         )
@@ -265,8 +285,22 @@ def _layer(layer: Any, config: Any, spec: Any) -> AttentionLayer:
     )
 
 
-def build(question: Question) -> dict[str, Any]:
-    """Build the model in this process (a subprocess of the command: module doc)."""
+def built_layers(vllm_config: Any) -> tuple[AttentionLayer, ...]:
+    """The distinct attention layers of the model vLLM built for `vllm_config` (its forward
+    context's registered layers): what this module's subprocess reads, and what the plugin reads
+    in the server's own process."""
+    layers = []
+    for layer in vllm_config.compilation_config.static_forward_context.values():
+        if hasattr(layer, "attn_backend") and hasattr(layer, "get_kv_cache_spec"):
+            spec = layer.get_kv_cache_spec(vllm_config)
+            if spec is not None:
+                layers.append(_layer(layer, vllm_config, spec))
+    return distinct(layers)
+
+
+def build_model(question: Question) -> tuple[Any, Any]:
+    """(VllmConfig, model): the model vLLM builds for `question`, on meta, in this process (a
+    subprocess of the command: module doc)."""
     import torch
 
     from ..platforms.triton_driver import active_target, meta_allocations
@@ -308,13 +342,19 @@ def build(question: Question) -> dict[str, Any]:
                 set_default_dtype = loader.set_default_torch_dtype
             with set_default_dtype(config.model_config.dtype), torch.device("meta"), meta_allocations():
                 model = loader.initialize_model(vllm_config=config)
-            layers = []
-            for layer in config.compilation_config.static_forward_context.values():
-                if hasattr(layer, "attn_backend") and hasattr(layer, "get_kv_cache_spec"):
-                    spec = layer.get_kv_cache_spec(config)
-                    if spec is not None:
-                        layers.append(_layer(layer, config, spec))
-    return {"architecture": type(model).__name__, "layers": [layer.as_dict() for layer in distinct(layers)]}
+    return config, model
+
+
+def build(question: Question) -> dict[str, Any]:
+    """The answer to `question`, as the subprocess prints it."""
+    from .engine_config import serving_from_vllm
+
+    config, model = build_model(question)
+    return {
+        "architecture": type(model).__name__,
+        "layers": [layer.as_dict() for layer in built_layers(config)],
+        "serving": serving_from_vllm(config).as_dict(),
+    }
 
 
 def main() -> None:
@@ -334,10 +374,12 @@ def with_engine_layers(
     requested: str | None,
     release: str | None,
     layout: CacheLayout | None,
-) -> ModelConfig:
-    """`model` with the attention layers the installed vLLM builds for these targets, where it is
-    the release planned for; else `model` as it is (its config's reading decides). vLLM's kernels
-    for NVIDIA and ROCm targets are planned in requests of their own: the ROCm targets decide."""
+) -> tuple[ModelConfig, ServingParams]:
+    """`model` with the attention layers the installed vLLM builds for these targets, and the
+    serving parameters vLLM resolves for it (what the plugin reads in the server, so that both
+    compute one key), where it is the release planned for; else both as they are (the config's
+    reading and kprecompile's rules decide). vLLM's kernels for NVIDIA and ROCm targets are
+    planned in requests of their own: the ROCm targets decide."""
     from dataclasses import replace
 
     from ..inputs.environment import registered_values
@@ -345,7 +387,7 @@ def with_engine_layers(
 
     installed = installed_release()
     if installed is None or installed_vllm_dir() is None or resolve_release(release) != installed or not targets:
-        return model
+        return model, serving
     rocm = tuple(target for target in targets if target.is_rocm)
     flags = registered_values(os.environ, engine)
     if requested is None and release_line(installed).backend_variable:
@@ -355,13 +397,26 @@ def with_engine_layers(
     for target in rocm or targets:
         built = vllm_layers(model, serving, target, installed, requested, flags, layout)
         if built is None:
-            return model
+            return model, serving
         answers[target.name] = built
-    if len({built.layers for built in answers.values()}) > 1:
+    if len({(built.layers, json.dumps(built.serving, sort_keys=True)) for built in answers.values()}) > 1:
         chosen = ", ".join(
             f"{', '.join(layer.backend for layer in built.layers)} on {name}" for name, built in answers.items()
         )
         raise InputError("--target", ",".join(answers), f"targets vLLM builds alike; it builds {chosen}")
     built = next(iter(answers.values()))
     source = f"vLLM {installed}'s {built.architecture}"
-    return replace(model, attention_layers=built.layers, layers_source=source)
+    return replace(model, attention_layers=built.layers, layers_source=source), _resolved_serving(built, serving)
+
+
+def _resolved_serving(built: BuiltLayers, serving: ServingParams) -> ServingParams:
+    """The serving parameters vLLM resolved, where kprecompile can plan them (one WARNING and
+    the flags as given where it cannot)."""
+    resolved = dict(built.serving)
+    if resolved.get("cudagraph_capture_sizes") is not None:
+        resolved["cudagraph_capture_sizes"] = tuple(resolved["cudagraph_capture_sizes"])
+    try:
+        return ServingParams(**resolved)
+    except (InputError, TypeError) as error:
+        logger.warning("vLLM's %s resolved serving parameters kprecompile cannot plan (%s)", built.architecture, error)
+        return serving

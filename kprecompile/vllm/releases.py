@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from ..errors import InputError
 
 if TYPE_CHECKING:
+    from ..inputs.models import ModelConfig
     from ..inputs.serving import ServingParams
 
 # Tested against these (scripts/install_vllm.py installs them): 0.11.2 and 0.12.0 pair with the
@@ -227,15 +228,25 @@ def _standard_sizes(largest: int) -> list[int]:
     return sizes
 
 
+# Models whose vLLM config class raises the default capture ceiling when the user names neither
+# sizes nor a ceiling (vLLM's `model_executor/models/config.py`, every tested release).
+MODEL_CAPTURE_CEILINGS = {"GptOssForCausalLM": 1024}
+
+
 def capture_sizes(
-    release: str, max_num_seqs: int, max_num_batched_tokens: int, decode_query_len: int
+    release: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    decode_query_len: int,
+    ceiling: int | None = None,
 ) -> tuple[int, ...]:
-    """The CUDA-graph capture sizes `release` chooses when the user names none."""
+    """The CUDA-graph capture sizes `release` chooses when the user names none; `ceiling` is
+    the largest size a model's config class sets (decode sizes are then not added)."""
     line = release_line(release, "vllm")
     per_seq = decode_query_len if line.capture_scales_with_speculation else 1
-    largest = min(max_num_seqs * per_seq * 2, 512)
+    largest = min(max_num_seqs * per_seq * 2, 512) if ceiling is None else ceiling
     decode_sizes: list[int] = []
-    if line.capture_serving_limits:
+    if line.capture_serving_limits and ceiling is None:
         if decode_query_len > 1:
             requests = sorted({*_standard_sizes(min(max_num_seqs, 512)), min(max_num_seqs, 512)})
             decode_sizes = [n * decode_query_len for n in requests if n * decode_query_len <= largest]
@@ -250,11 +261,17 @@ def capture_sizes(
     return tuple(sorted(set(sizes)))
 
 
-def serving_capture_sizes(serving: ServingParams, release: str = DEFAULT_RELEASE) -> tuple[int, ...]:
+def serving_capture_sizes(
+    serving: ServingParams, release: str = DEFAULT_RELEASE, model: ModelConfig | None = None
+) -> tuple[int, ...]:
     """The token counts graphs are captured for under `serving` (empty when eager), as vLLM
-    `release` computes them when none are given."""
+    `release` computes them for `model` when none are given."""
     if serving.enforce_eager:
         return ()
     if serving.cudagraph_capture_sizes is None:
-        return capture_sizes(release, serving.max_num_seqs, serving.max_num_batched_tokens, serving.decode_query_len)
+        architectures = model.architectures if model is not None else ()
+        ceiling = next((MODEL_CAPTURE_CEILINGS[name] for name in architectures if name in MODEL_CAPTURE_CEILINGS), None)
+        return capture_sizes(
+            release, serving.max_num_seqs, serving.max_num_batched_tokens, serving.decode_query_len, ceiling
+        )
     return tuple(size for size in serving.cudagraph_capture_sizes if size <= serving.max_num_batched_tokens)

@@ -51,7 +51,9 @@ def configuration_parts(
         "schema": MANIFEST_SCHEMA,
         "kprecompile": __version__,
         "model_digest": model.digest,
-        "serving": serving.resolved(model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE)),
+        "serving": serving.resolved(
+            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE, model)
+        ),
         "engine": selection.key_part(),
         "target": target.name,
         "toolchain": toolchain.as_dict(),

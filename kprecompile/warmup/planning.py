@@ -233,6 +233,6 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
         layers=model.layer_kinds(serving),
         layers_source=model.attention_layers and model.layers_source or ModelConfig.layers_source,
         resolved_serving=serving.resolved(
-            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE)
+            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE, model)
         ),
     )

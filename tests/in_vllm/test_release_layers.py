@@ -23,7 +23,7 @@ from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import resolve_target
 from kprecompile.vllm.model_layers import vllm_layers
-from kprecompile.vllm.releases import installed_release
+from kprecompile.vllm.releases import installed_release, serving_capture_sizes
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 GEMMA2, GEMMA3, GPT_OSS = (
@@ -63,6 +63,14 @@ def test_the_configs_reading_equals_the_layers_vllm_builds(release, spec, target
     from_vllm = tuple(replace(layer, backend="") for layer in answer.layers)
     assert from_vllm == config_layers(model, serving), answer.source
     assert all(layer.backend for layer in answer.layers)
+    # The serving parameters vLLM resolved for the model (its model class's rules included) are
+    # the ones kprecompile's rules give, as they enter the key.
+    resolved = ServingParams(
+        **{**answer.serving, "cudagraph_capture_sizes": tuple(answer.serving["cudagraph_capture_sizes"])}
+    )
+    assert resolved.resolved(model, serving_capture_sizes(resolved, release, model)) == serving.resolved(
+        model, serving_capture_sizes(serving, release, model)
+    )
     # The features are really there (the reading could not be equal to an empty build).
     if spec == GEMMA2:
         assert {(layer.sliding_window, layer.logits_soft_cap, layer.dtype) for layer in from_vllm} == {
@@ -75,6 +83,8 @@ def test_the_configs_reading_equals_the_layers_vllm_builds(release, spec, target
         assert {layer.sinks for layer in from_vllm} == {"bfloat16"}
         assert {layer.sliding_window for layer in from_vllm} == {128, 0}
         assert from_vllm != config_layers(replace(model, sinks=""), serving)
+        # Negative control: without gpt-oss's capture ceiling, the rule gives fewer sizes than vLLM captures.
+        assert serving_capture_sizes(serving, release) != tuple(answer.serving["cudagraph_capture_sizes"])
 
 
 @pytest.mark.vllm
@@ -120,3 +130,70 @@ def test_the_mirrors_selection_is_the_backend_vllm_gives_each_layer(release, spe
         return
     mirror = select(model, engine, None, environ={}, vllm_release=release, targets=[target])
     assert {layer.backend for layer in answer.layers} == {mirror.attention_backend}, answer.source
+
+
+# What the plugin does in a server's process once vLLM built the model: read its layers there.
+PLUGIN_SIDE = """
+import json, sys
+from dataclasses import asdict
+from kprecompile.inputs.settings import cache_layout
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.serve.vllm.request import from_vllm_config
+from kprecompile.vllm.model_layers import Question, build_model
+from kprecompile.warmup.manifest_key import configuration_parts
+
+question = Question(**json.loads(sys.stdin.read()))
+config, model = build_model(question)
+request = from_vllm_config(config, model, TARGETS[question.target])
+print(json.dumps({
+    "layers": [layer.as_dict() for layer in request.model.attention_layers],
+    "source": request.model.layers_source,
+    "selection": request.selection.key_part(),
+    "selected_by": request.selection.selected_by,
+    "parts": configuration_parts(request, request.targets[0], cache_layout(sys.argv[1]), remember=False),
+}, default=str))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.vllm_process("layers")
+@pytest.mark.parametrize("spec, target", [(GEMMA2, "gfx942"), (GPT_OSS, "sm90")])
+def test_the_plugin_reads_the_layers_of_the_model_vllm_built_as_the_cli_does(release, spec, target, tmp_path):
+    """In the server's process the plugin reads the built model's layers (its forward context):
+    the same kinds, backend and manifest key as the CLI's plan for the same flags, which reads
+    them from vLLM's build in a subprocess."""
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from kprecompile.inputs.settings import cache_layout
+    from kprecompile.selection.request import resolve_requests
+    from kprecompile.vllm.model_layers import Question, build_environment
+    from kprecompile.warmup.manifest_key import configuration_parts
+
+    model = load_model(spec)
+    # vLLM's own defaults for what the CLI leaves unset (graphs captured, its batch limits).
+    serving = ServingParams(**SERVING, dtype="bfloat16")
+    layout = cache_layout(str(tmp_path / "cache"))
+    [cli] = resolve_requests([spec], serving, [target], engine="vllm", layout=layout)
+    question = Question.of(model, serving, resolve_target(target), release, None, registered_values({}, "vllm"))
+    result = subprocess.run(
+        [sys.executable, "-c", PLUGIN_SIDE, str(tmp_path / "cache")],
+        input=json.dumps(asdict(question)),
+        capture_output=True,
+        text=True,
+        env=build_environment(question),
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    plugin = json.loads(result.stdout.strip().splitlines()[-1])
+    assert plugin["layers"] == [layer.as_dict() for layer in cli.model.attention_layers]
+    assert len(plugin["layers"]) == 2, plugin["layers"]  # windowed and full layers: really read
+    assert plugin["source"] == cli.model.layers_source
+    assert plugin["selected_by"] == cli.selection.selected_by == f"vLLM {release}'s own model, per layer"
+    cli_parts = configuration_parts(cli, cli.targets[0], layout, remember=False)
+    cli_parts = json.loads(json.dumps(cli_parts, default=str))
+    assert plugin["parts"]["serving"] == cli_parts["serving"]
+    assert plugin["parts"] == cli_parts

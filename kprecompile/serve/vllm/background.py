@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,9 @@ def start(
         "serving": asdict(request.serving),
         "engine": request.selection.engine,
         "attention_backend": request.selection.attention_backend,
+        # The layers vLLM built in the serving process: they decide the backend and the kinds.
+        "attention_layers": [layer.as_dict() for layer in request.model.attention_layers],
+        "layers_source": request.model.layers_source,
         "target": target.name,
         "cache_dir": cache_dir,
         "layers": list(layers),
@@ -83,6 +86,7 @@ def start(
 
 
 def main(request_file: str) -> None:
+    from ...inputs.layers import AttentionLayer
     from ...inputs.models import model_from_dict
     from ...inputs.serving import ServingParams
     from ...inputs.settings import cache_layout
@@ -97,14 +101,16 @@ def main(request_file: str) -> None:
         source=f"vLLM's config of {document['name']}",
         directory=document["directory"],
     )
+    layers = tuple(AttentionLayer(**layer) for layer in document["attention_layers"])
+    if layers:
+        model = replace(model, attention_layers=layers, layers_source=document["layers_source"])
     serving = document["serving"]
     if serving["cudagraph_capture_sizes"] is not None:
         serving["cudagraph_capture_sizes"] = tuple(serving["cudagraph_capture_sizes"])
     # The same environment as the serving process: the flags select the same families.
     target = TARGETS[document["target"]]
-    selection = select(
-        model, document["engine"], document["attention_backend"], block_size=serving["block_size"], targets=[target]
-    )
+    backend = None if layers else document["attention_backend"]
+    selection = select(model, document["engine"], backend, block_size=serving["block_size"], targets=[target])
     report = warm(
         Request(model, ServingParams(**serving), selection, (target,)),
         cache_layout(document["cache_dir"], tuple(document["layers"])),

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ...inputs.models import model_from_dict
-from ...inputs.serving import ServingParams
 from ...inputs.targets import Target
 from ...selection.engines import select
 from ...selection.request import Request
+from ...vllm.engine_config import serving_from_vllm
+from ...vllm.model_layers import built_layers
 from ...vllm.releases import installed_release
-
-_MODEL_DTYPES = {"torch.bfloat16": "bfloat16", "torch.float16": "float16", "torch.float32": "float32"}
 
 
 def hf_config_dict(vllm_config: Any) -> dict[str, Any]:
@@ -45,28 +45,6 @@ def attention_backends(model: Any) -> list[str]:
     return list(names)
 
 
-def serving_from_vllm(vllm_config: Any) -> ServingParams:
-    model_config = vllm_config.model_config
-    dtype = _MODEL_DTYPES.get(str(model_config.dtype), str(model_config.dtype))
-    cache_dtype = str(vllm_config.cache_config.cache_dtype)
-    speculative = getattr(vllm_config, "speculative_config", None)
-    capture_sizes = getattr(vllm_config.compilation_config, "cudagraph_capture_sizes", None) or ()
-    enforce_eager = bool(model_config.enforce_eager) or not capture_sizes
-    return ServingParams(
-        tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-        max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
-        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-        max_model_len=model_config.max_model_len,
-        block_size=vllm_config.cache_config.block_size,
-        kv_cache_dtype="auto" if cache_dtype in ("auto", dtype) else cache_dtype,
-        dtype=dtype,
-        cudagraph_capture_sizes=None if enforce_eager else tuple(capture_sizes),
-        enforce_eager=enforce_eager,
-        num_speculative_tokens=(speculative.num_speculative_tokens or 0) if speculative is not None else 0,
-        trust_remote_code=bool(getattr(model_config, "trust_remote_code", False)),
-    )
-
-
 def from_vllm_config(
     vllm_config: Any, model: Any = None, target: Target | Callable[[], Target] | None = None
 ) -> Request:
@@ -82,15 +60,22 @@ def from_vllm_config(
     config = model_from_dict(
         hf_config_dict(vllm_config), name=name, source=f"vLLM's config of {name}", directory=directory
     )
+    release = installed_release()
+    if model is not None:
+        # The layers as this process built them, as the CLI reads them from vLLM's build.
+        layers = built_layers(vllm_config)
+        if layers:
+            source = f"vLLM {release}'s {type(model).__name__}"
+            config = replace(config, attention_layers=layers, layers_source=source)
     backends = attention_backends(model) if model is not None else []
     backend = backends[0] if backends else _requested_backend(vllm_config)
     serving = serving_from_vllm(vllm_config)
     if callable(target):
         target = target()
     targets = (target,) if target is not None else ()
-    selection = select(
-        config, "vllm", backend, vllm_release=installed_release(), block_size=serving.block_size, targets=targets
-    )
+    # Where the layers name their backends, they decide (`selection/engines.py`).
+    backend = None if config.attention_layers else backend
+    selection = select(config, "vllm", backend, vllm_release=release, block_size=serving.block_size, targets=targets)
     return Request(config, serving, selection, targets)
 
 
