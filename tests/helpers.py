@@ -7,6 +7,8 @@ import io
 import json
 import logging
 import os
+import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,3 +182,18 @@ def pack(path: Path, index, files: dict[str, bytes], extra=(), *, reindex=True, 
         for info, payload in extra:
             tar.addfile(info, io.BytesIO(payload) if payload is not None else None)
     return path
+
+
+def serving_process(cache_dir, *arguments, strict: str = "warn") -> tuple[dict, str]:
+    """Run tests/serving_process.py (a fresh serving process over `cache_dir`): its report and stderr."""
+    here = Path(__file__).parent
+    result = subprocess.run(
+        [sys.executable, str(here / "serving_process.py"), str(cache_dir), *map(str, arguments)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(here)},
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr

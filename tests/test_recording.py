@@ -12,8 +12,6 @@ import logging
 import multiprocessing
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from helpers import (
     run_cli,
     run_cli_json,
     sample_call,
+    serving_process,
     unpack,
 )
 
@@ -47,19 +46,6 @@ BAKED = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3", "--t
 UNPLANNED = ("1", "2", "3", "40", "add=1000")
 
 
-def serve(cache_dir, *arguments, strict="warn"):
-    env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
-    result = subprocess.run(
-        [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *arguments],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
-
-
 def journal_of(layout):
     return journal_sink(Request(BAKED_MODEL, BAKED_SERVING, select(BAKED_MODEL, environ={})), layout, GFX942).key
 
@@ -78,7 +64,7 @@ def remove_entries(layout, keys):
 def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_copy, capsys):
     layout = warm_copy
     planned = len(baked_manifest(layout, GFX942).manifest.jobs)
-    first, _ = serve(layout.root, *UNPLANNED)
+    first, _ = serving_process(layout.root, *UNPLANNED)
     assert first["compiles_per_call"] == [0] * 6 + [1, 1, 1]
     records = records_of(layout)
     assert len(records) == 3 and all(record.replayable for record in records.values())
@@ -118,7 +104,7 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
 
     assert run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # A new serving process loads them with the plan's and compiles nothing.
-    again, _ = serve(layout.root, *UNPLANNED)
+    again, _ = serving_process(layout.root, *UNPLANNED)
     assert again["preload"]["loaded"] == planned + 3 and again["compiles_per_call"] == [0] * 9
     # Warm again: nothing new in the journal, nothing to do.
     assert run_cli_json(capsys, "warm", *BAKED, "--cache-dir", str(layout.root))["compiled"] == 0
@@ -127,7 +113,7 @@ def test_what_compiles_while_serving_is_recorded_warmed_and_then_loaded(warm_cop
 def test_warm_no_recorded_leaves_the_journal_out(warm_copy, capsys):
     layout = warm_copy
     planned = len(baked_manifest(layout, GFX942).manifest.jobs)
-    serve(layout.root, *UNPLANNED)
+    serving_process(layout.root, *UNPLANNED)
     remove_entries(layout, records_of(layout))
     report = run_cli_json(capsys, "warm", *BAKED, "--no-recorded", "--cache-dir", str(layout.root))
     assert report["compiled"] == 0 and "recorded" not in {family["family"] for family in report["families"]}
@@ -136,7 +122,7 @@ def test_warm_no_recorded_leaves_the_journal_out(warm_copy, capsys):
 
 def test_strict_mode_still_records_the_compile_it_stops(warm_copy):
     layout = warm_copy
-    result, _ = serve(layout.root, "40", strict="error")
+    result, _ = serving_process(layout.root, "40", strict="error")
     assert all(outcome.startswith("strict: ") for outcome in result["outcomes"])
     assert len(records_of(layout)) == 2 and all(record.replayable for record in records_of(layout).values())
 
@@ -150,7 +136,7 @@ def _rewrite(layout, records):
 @pytest.mark.slow
 def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(warm_copy, capsys, caplog):
     layout = warm_copy
-    serve(layout.root, "add=1000")
+    serving_process(layout.root, "add=1000")
     [real] = records_of(layout).values()
     key = iter(hashlib.sha256(str(n).encode()).hexdigest() for n in range(100))
     gone = dataclasses.replace(real, triton_key=next(key), kernel="no_such_module_here:kernel")
@@ -351,7 +337,7 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
     """A GPU host records and exports; a builder imports (merging the journal into its cache) and
     bakes an image that compiles what the host recorded."""
     layout = warm_copy
-    serve(layout.root, "40", "add=1000")
+    serving_process(layout.root, "40", "add=1000")
     archive = tmp_path / "host.tgz"
     run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(archive))
     builder = tmp_path / "builder"
@@ -384,7 +370,7 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
 
 def test_an_imported_journal_with_damaged_lines_is_merged_without_them(warm_copy, capsys, tmp_path, caplog):
     layout = warm_copy
-    serve(layout.root, "add=1000")
+    serving_process(layout.root, "add=1000")
     exported = tmp_path / "host.tgz"
     run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(exported))
     index, files = unpack(exported)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import BAKED_MODEL as MODEL
 from helpers import BAKED_SERVING as SERVING
-from helpers import SAMPLE_MODULE, baked_manifest
+from helpers import SAMPLE_MODULE, baked_manifest, serving_process
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.errors import NotWarmError
@@ -32,19 +32,6 @@ def cache_copy(warm_copy):
     return warm_copy.root, len(baked_manifest(warm_copy, TARGETS["gfx942"]).manifest.jobs)
 
 
-def serve(cache_dir, *m_values, strict="warn"):
-    env = {**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(HERE)}
-    result = subprocess.run(
-        [sys.executable, str(HERE / "serving_process.py"), str(cache_dir), *map(str, m_values)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
-
-
 def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_path, monkeypatch):
     from triton import knobs
 
@@ -59,7 +46,7 @@ def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_pat
 
 def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_does(cache_copy):
     cache_dir, kernels = cache_copy
-    result, stderr = serve(cache_dir, 1, 2, 3, 40, strict="error")
+    result, stderr = serving_process(cache_dir, 1, 2, 3, 40, strict="error")
     assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
     assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
     # The engine's own calls find the preloaded kernels in memory: straight to launch.
@@ -89,11 +76,11 @@ def test_a_binary_altered_in_place_is_not_loaded_but_compiled_again(cache_copy):
     data = bytearray(binary.read_bytes())
     data[len(data) // 2] ^= 0xFF
     binary.write_bytes(bytes(data))
-    result, stderr = serve(cache_dir)
+    result, stderr = serving_process(cache_dir)
     assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
     assert "not serving cache entry" in stderr and "checksums are not the ones recorded" in stderr
     # The kernel compiled again replaced the altered file: the next process loads everything.
-    again, _ = serve(cache_dir)
+    again, _ = serving_process(cache_dir)
     assert again["preload"]["loaded"] == kernels and again["preload"]["compiled"] == 0
 
 
@@ -105,7 +92,7 @@ def test_a_binary_replaced_by_a_link_is_not_loaded(cache_copy, tmp_path):
     outside.write_bytes(binary.read_bytes())
     binary.unlink()
     binary.symlink_to(outside)
-    result, stderr = serve(cache_dir)
+    result, stderr = serving_process(cache_dir)
     assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
 
 
@@ -120,7 +107,7 @@ def test_a_moved_cache_serves_from_itself(cache_copy, tmp_path):
         document = json.loads(group.read_text())
         document["child_paths"] = {name: f"/gone/{Path(path).name}" for name, path in document["child_paths"].items()}
         group.write_text(json.dumps(document))
-    result, _ = serve(moved)
+    result, _ = serving_process(moved)
     assert result["preload"]["loaded"] == kernels and result["preload"]["compiled"] == 0
 
 

@@ -116,9 +116,12 @@ def triton_key_digest(layout: CacheLayout | None = None, remember: bool = True) 
 
 def ptxas_release(arch: int) -> str:
     """The release line of the ptxas Triton uses for `arch` (Triton hashes its whole banner)."""
+    import inspect
+
     from triton.backends.nvidia.compiler import get_ptxas_version
 
-    banner = get_ptxas_version(arch)
+    # Triton 3.5 has one ptxas for every arch; 3.6 added Blackwell's own.
+    banner = get_ptxas_version(arch) if inspect.signature(get_ptxas_version).parameters else get_ptxas_version()
     lines = [line for line in banner.splitlines() if "release" in line]
     return lines[-1].strip() if lines else hashlib.sha256(banner.encode()).hexdigest()
 

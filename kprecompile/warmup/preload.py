@@ -98,12 +98,16 @@ def preload(
 def _initialize_specializer() -> None:
     """Pay the one-time set-up of Triton's argument specializer now rather than in the first call.
 
-    Its native implementation imports Triton's tensor-descriptor types on first use: 0.11 s of
-    the first real call on the H200 host, after every kernel was already in memory.
+    Its native implementation (Triton 3.6 on) imports Triton's tensor-descriptor types on first
+    use: 0.11 s of the first real call on the H200 host, after every kernel was already in memory.
+    Triton 3.5's specializer is Python and has no such set-up.
     """
     from triton.backends.compiler import BaseBackend
-    from triton.runtime.jit import native_specialize_impl
 
+    try:
+        from triton.runtime.jit import native_specialize_impl
+    except ImportError:
+        return
     native_specialize_impl(BaseBackend, 0, False, True, True)
 
 
