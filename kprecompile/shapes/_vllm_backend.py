@@ -302,8 +302,11 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
     )
     # vLLM's rules read its switches (environment flags) at import: read them for this step.
     refresh_switches()
+    # In the model's dtype, not the query's: vLLM's `Attention.forward` allocates it before it
+    # quantizes the query to FP8 (`output_dtype = query.dtype`, 0.11 and 0.12).
+    output = torch.empty(query_shape, dtype=dtype, device=meta)
     with prebuilt_ops_skipped(spec.prebuilt_ops):
-        impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=torch.empty_like(query))
+        impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
 
 def vllm_backend_family(

@@ -26,6 +26,7 @@ from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import Target
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
+from kprecompile.shapes import FAMILIES as KERNEL_FAMILIES
 from kprecompile.shapes._paged_kv import TWO_GIB
 from kprecompile.shapes._vllm_backend import (
     VLLM_ATTENTION_OPS,
@@ -35,7 +36,7 @@ from kprecompile.shapes._vllm_backend import (
     vllm_record,
 )
 from kprecompile.tracing.libraries import import_library_module
-from kprecompile.tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped
+from kprecompile.tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped, prebuilt_varlen_attention
 from kprecompile.tracing.trace import capturing
 from kprecompile.vllm.engine_config import engine_config
 from kprecompile.vllm.model_layers import vllm_layers
@@ -57,6 +58,19 @@ BACKEND_LIBRARIES = {"ROCM_AITER_FA": ("aiter.ops.triton",)}
 PREBUILT_OPS = ("paged_attention_rocm", "reshape_and_cache", "reshape_and_cache_flash", "merge_attn_states")
 # Releases whose runner pads a full graph's requests (`num_reqs_padded` in gpu_model_runner.py).
 RELEASES_PADDING_REQUESTS = ("0.12.0", "0.33.0")
+# MLA's: the latent cache write, the context's gather from it, the merge's compiled operator.
+MLA_PREBUILT_OPS = (
+    "concat_and_cache_mla",
+    "gather_and_maybe_dequant_cache",
+    "gather_cache",
+    "cp_gather_cache",
+    "merge_attn_states",
+)
+MLA_COMPILED_OPS = (
+    "_C_cache_ops.concat_and_cache_mla",
+    "_C_cache_ops.gather_and_maybe_dequant_cache",
+    "_C_cache_ops.cp_gather_cache",
+)
 _names = itertools.count()
 
 
@@ -275,6 +289,8 @@ class LayerDriver:
         seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
         starts = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
         padded_attention = requests != len(step.query_lens)
+        # A full graph's padded tokens are the step's actual tokens to attention (0.12's runner:
+        # `num_actual_tokens=num_tokens_padded`); MLA's builders count the padding as decodes.
         slots = tokens if padded_attention else sum(step.query_lens)
         kv_cache, width = self._kv_cache(step, requests)
         device = {
@@ -298,7 +314,7 @@ class LayerDriver:
                 **host,
                 "seq_lens_cpu_upper_bound": host["seq_lens_cpu"],
                 "num_reqs": requests,
-                "num_actual_tokens": sum(step.query_lens),
+                "num_actual_tokens": slots,
                 "max_query_len": max(step.query_lens),
                 "max_seq_len": max(seq_lens),
                 "block_table_tensor": torch.empty((requests, width), dtype=torch.int32, device=meta),
@@ -308,27 +324,144 @@ class LayerDriver:
         )
         values = {id(device["query_start_loc"]): starts, id(device["seq_lens"]): host["seq_lens_cpu"]}
         refresh_switches()
-        dtype = getattr(torch, self.kind.dtype)
-        query_dtype = self.target.fp8_dtype if getattr(self.layer, "query_quant", None) is not None else dtype
-        query = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=query_dtype, device=meta)
-        key = torch.empty((tokens, self.kind.num_kv_heads, self.kind.head_size), dtype=dtype, device=meta)
-        output = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=dtype, device=meta)
         config_module = import_library_module("vllm.config")
         with (
             config_module.set_current_vllm_config(self.config),
             host_copies(values),
             unpinned_host_memory(),
-            prebuilt_ops_skipped(PREBUILT_OPS),
+            prebuilt_ops_skipped(self.prebuilt_ops),
             compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash", "_C_cache_ops.reshape_and_cache"),
             _prebuilt_aiter(self.requested),
         ):
             metadata = self.builder.build(0, common)
-            impl = self.layer.impl
-            if hasattr(impl, "do_kv_cache_update") and not getattr(
-                self.backend, "forward_includes_kv_cache_update", True
-            ):
-                impl.do_kv_cache_update(self.layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
-            impl.forward(self.layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+            self._attend(tokens, kv_cache, metadata)
+
+    prebuilt_ops = PREBUILT_OPS
+
+    def _attend(self, tokens: int, kv_cache: Any, metadata: Any) -> None:
+        """The impl's KV update and `forward` for the step's (padded) tokens."""
+        import torch
+
+        meta = torch.device("meta")
+        dtype = getattr(torch, self.kind.dtype)
+        query_dtype = self.target.fp8_dtype if getattr(self.layer, "query_quant", None) is not None else dtype
+        query = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=query_dtype, device=meta)
+        key = torch.empty((tokens, self.kind.num_kv_heads, self.kind.head_size), dtype=dtype, device=meta)
+        output = torch.empty((tokens, self.kind.num_heads, self.kind.head_size), dtype=dtype, device=meta)
+        impl = self.layer.impl
+        if hasattr(impl, "do_kv_cache_update") and not getattr(self.backend, "forward_includes_kv_cache_update", True):
+            impl.do_kv_cache_update(self.layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+        impl.forward(self.layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+
+
+class MlaLayerDriver(LayerDriver):
+    """One MLA layer of the model vLLM builds (`model_layers.build_model`: its first registered
+    layer, with its own `kv_b_proj`), its weights processed as after loading, and its backend's
+    metadata builder: runs engine steps through the release's MLA entry point."""
+
+    prebuilt_ops = MLA_PREBUILT_OPS
+
+    def __init__(self, model: ModelConfig, serving: ServingParams, target: Target, backend: str):
+        import torch
+
+        from kprecompile.vllm.model_layers import Question, build_model
+
+        self.target, self.serving, self.requested = target, serving, backend
+        release = installed_release()
+        named = release_line(release).backend_variable
+        with environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})):
+            _selector_forgets()
+            self.config, _ = build_model(Question.of(model, serving, target, release, backend, {}))
+        layers = self.config.compilation_config.static_forward_context
+        self.name, self.layer = next((name, layer) for name, layer in layers.items() if hasattr(layer, "kv_lora_rank"))
+        self.dtype = self.config.model_config.dtype
+        with import_library_module("vllm.config").set_current_vllm_config(self.config), torch.device("meta"):
+            # W_UK_T and W_UV from the layer's kv_b_proj, as the model loader makes them.
+            self.layer.process_weights_after_loading(self.dtype)
+            self.spec = self.layer.get_kv_cache_spec(self.config)
+            self.backend = self.layer.attn_backend
+            self.builder = self.backend.get_builder_cls()(self.spec, [self.name], self.config, torch.device("meta"))
+        impl = self.layer.impl
+        if hasattr(impl, "flash_attn_varlen_func"):  # up to 0.18: the prefill's flash attention, prebuilt
+            impl.flash_attn_varlen_func = prebuilt_varlen_attention
+        # Set from the decode-context-parallel group, which has one rank here.
+        impl.dcp_world_size = 1
+
+    def run(self, step: EngineStep) -> None:
+        """The step with its decodes first, as vLLM's runner reorders a batch for MLA's builders."""
+        threshold = getattr(self.builder, "reorder_batch_threshold", None) or 1
+        order = sorted(range(len(step.query_lens)), key=lambda index: step.query_lens[index] > threshold)
+        super().run(
+            replace(
+                step,
+                query_lens=tuple(step.query_lens[index] for index in order),
+                context_lens=tuple(step.context_lens[index] for index in order),
+            )
+        )
+
+    def _attend(self, tokens: int, kv_cache: Any, metadata: Any) -> None:
+        import torch
+
+        meta = torch.device("meta")
+        layer = self.layer
+        heads, nope, rope = layer.num_heads, layer.qk_nope_head_dim, layer.qk_rope_head_dim
+        query = torch.empty((tokens, heads, nope + rope), dtype=self.dtype, device=meta)
+        latent = torch.empty((tokens, layer.kv_lora_rank), dtype=self.dtype, device=meta)
+        k_pe = torch.empty((tokens, 1, rope), dtype=self.dtype, device=meta)
+        output = torch.empty((tokens, heads * layer.v_head_dim), dtype=self.dtype, device=meta)
+        if hasattr(layer, "bind_kv_cache"):  # 0.19 and newer: the runner's view, as the layer keeps it
+            layer.bind_kv_cache(kv_cache)
+            kv_cache = layer.kv_cache
+        with _prebuilt_mla_prefill(metadata), compiled_ops_skipped(*MLA_COMPILED_OPS):
+            if hasattr(layer, "forward_impl"):  # 0.19 and newer: the layer's own MLA forward
+                if hasattr(layer, "update_kv_cache"):
+                    layer.update_kv_cache(
+                        latent, k_pe, kv_cache, metadata.slot_mapping, metadata, layer.kv_cache_dtype, layer._k_scale
+                    )
+                layer.forward_impl(query, latent, k_pe, kv_cache, metadata, output=output)
+            else:
+                layer.impl.forward(layer, query, latent, k_pe, kv_cache, metadata, output=output)
+
+
+@contextlib.contextmanager
+def _prebuilt_mla_prefill(metadata: Any) -> Any:
+    """From 0.19 MLA's prefill attention is a prefill backend the builder puts in the metadata: its
+    flash attention (prebuilt) as a stand-in of the same outputs."""
+    backend = getattr(getattr(metadata, "prefill", None), "prefill_backend", None)
+    if backend is None:
+        yield
+        return
+    saved = {name: getattr(backend, name) for name in ("run_prefill_new_tokens", "run_prefill_context_chunk")}
+
+    def new_tokens(q: Any, k: Any, v: Any, return_softmax_lse: bool, out: Any = None, output_scale: Any = None) -> Any:
+        return prebuilt_varlen_attention(q, k, v, out=out, return_lse=return_softmax_lse)
+
+    def context_chunk(chunk: Any, q: Any, k: Any, v: Any, out: Any = None) -> Any:
+        return prebuilt_varlen_attention(q, k, v, out=out, return_lse=True)
+
+    backend.run_prefill_new_tokens, backend.run_prefill_context_chunk = new_tokens, context_chunk
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(backend, name, method)
+
+
+def mla_sweep(model: ModelConfig, serving: ServingParams, backend: str, target: Target, seed: int, count: int) -> Swept:
+    """`count` random engine steps through one MLA layer of the model vLLM builds, captured under
+    `target`."""
+    rng = random.Random(seed)
+    steps = random_steps(rng, serving, serving.model_len(model), count)
+    with capturing(target, KERNEL_FAMILIES[backend.lower()].traced_modules) as capture:
+        driver = MlaLayerDriver(model, serving, target, backend)
+        for step in steps:
+            driver.run(step)
+    kinds = {"decode": 0, "prefill": 0, "prefill with context": 0}
+    for step in steps:
+        for query, context in zip(step.query_lens, step.context_lens, strict=True):
+            kind = "decode" if query == 1 else "prefill with context" if context else "prefill"
+            kinds[kind] += 1
+    return replace(_swept(count, capture, (driver.backend_name,)), step_kinds=kinds)
 
 
 @dataclass(frozen=True)
@@ -336,6 +469,10 @@ class Swept:
     steps: int
     keys: frozenset[str]
     backends: tuple[str, ...]
+    # The kernel each key compiles.
+    kernels: dict[str, str]
+    # Requests of each kind over the steps (MLA's sweep).
+    step_kinds: dict[str, int] | None = None
 
 
 def sweep(
@@ -361,4 +498,9 @@ def sweep(
     finally:
         for driver in drivers:
             driver.config.compilation_config.static_forward_context.pop(driver.name, None)
-    return Swept(count * len(layers), frozenset(key for _, key in capture.captured.values()), tuple(backends))
+    return _swept(count * len(layers), capture, tuple(backends))
+
+
+def _swept(steps: int, capture: Any, backends: tuple[str, ...]) -> Swept:
+    names = {key: jit_function.fn.__name__ for jit_function, key in capture.captured.values()}
+    return Swept(steps, frozenset(names), backends, names)
