@@ -2,6 +2,10 @@
 
     python scripts/install_vllm.py [--dest .vllm] [--list] [VERSION ...]   (default: every tested release)
 
+Each release gets the Triton its torch pins in its directory too (read from the metadata of both),
+so that its tests run on its own toolchain; without VERSION, each of `TEST_TRITONS` is also
+installed alone into `.tritons/<version>/`, for the suite's runs under each supported Triton.
+
 Each release goes into its own directory, `<dest>/<version>/`, with `pip install --target`: the
 release's wheel with `--no-deps` (its dependencies would replace this environment's CPU build of
 torch with a multi-GB CUDA build, and Triton with another release), and its light dependencies,
@@ -37,6 +41,10 @@ from kprecompile.vllm.releases import TESTED_RELEASES, release_line
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DEST = ROOT / ".vllm"
+DEFAULT_TRITON_DEST = ROOT / ".tritons"
+# The supported Tritons the suite also runs under, beside the test extra's 3.6.0: the oldest a
+# supported vLLM release pins, each later series, the newest.
+TEST_TRITONS = ("3.5.0", "3.7.1", "3.8.0", "3.9.0")
 
 # What the release's light dependencies leave out (canonical names, shell patterns). vLLM's modules
 # the tests use import none of them at import time, or take this environment's.
@@ -144,10 +152,40 @@ def light_dependencies(version: str) -> Dependencies:
     )
 
 
+def pinned_triton(version: str) -> str:
+    """The Triton vLLM `version` runs with: the newest its torch pin admits on this platform (torch
+    2.9 says `triton==3.5.0`, 2.14 `triton~=3.8.0`), read from the packages' metadata only."""
+    [release] = _resolved("--no-deps", f"vllm=={version}").values()
+    [torch] = [requirement for requirement in _requires(release) if canonicalize_name(requirement.name) == "torch"]
+    [torch_entry] = _resolved("--no-deps", _spelled(torch)).values()
+    tritons = [requirement for requirement in _requires(torch_entry) if canonicalize_name(requirement.name) == "triton"]
+    if len(tritons) != 1 or not tritons[0].specifier:
+        raise SystemExit(f"torch {torch_entry['metadata']['version']} (vLLM {version}'s) pins no Triton here")
+    [triton] = _resolved("--no-deps", _spelled(tritons[0])).values()
+    return str(triton["metadata"]["version"])
+
+
+def _with_triton(version: str, final: Path) -> None:
+    """Put the release's own Triton into its directory (staged beside it, then moved in)."""
+    staging = final.parent / f".{version}.triton.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _pip("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
+        for entry in sorted(staging.iterdir(), key=lambda path: path.name != "triton"):
+            shutil.rmtree(final / entry.name, ignore_errors=True)
+            os.replace(entry, final / entry.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def install(version: str, dest: Path = DEFAULT_DEST) -> Path:
-    """Install one release into `<dest>/<version>` (nothing to do when it is there)."""
+    """Install one release, with the Triton its torch pins, into `<dest>/<version>` (nothing to do
+    when it is there; a release installed without its Triton gets it)."""
     final = release_dir(version, dest)
     if installed(version, dest):
+        if not (final / "triton" / "__init__.py").is_file():
+            _with_triton(version, final)
         return final
     dependencies = light_dependencies(version)
     staging = dest / f".{version}.partial"
@@ -159,6 +197,29 @@ def install(version: str, dest: Path = DEFAULT_DEST) -> Path:
         if pulled:
             raise SystemExit(f"the light packages of vLLM {version} pulled in {', '.join(pulled)}; refusing")
         _pip("--target", str(staging), "--no-deps", f"vllm=={version}", *dependencies.without_deps)
+        _pip("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(staging, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def triton_dir(version: str, dest: Path = DEFAULT_TRITON_DEST) -> Path:
+    return dest / version
+
+
+def install_triton(version: str, dest: Path = DEFAULT_TRITON_DEST) -> Path:
+    """Install Triton `version` alone into `<dest>/<version>` (nothing to do when it is there), for
+    the suite's run under each supported Triton (tests/test_tritons.py)."""
+    final = triton_dir(version, dest)
+    if (final / "triton" / "__init__.py").is_file():
+        return final
+    staging = dest / f".{version}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _pip("--target", str(staging), "--no-deps", f"triton=={version}")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     finally:
@@ -172,6 +233,9 @@ def main() -> None:
     parser.add_argument("--dest", type=Path, default=DEFAULT_DEST)
     parser.add_argument("--list", action="store_true", help="print each release's light dependencies, install nothing")
     args = parser.parse_args()
+    if not args.list and args.versions == list(TESTED_RELEASES):
+        for version in TEST_TRITONS:
+            print(f"Triton {version}: {install_triton(version)}", flush=True)
     for version in args.versions:
         try:
             release_line(version, "VERSION")

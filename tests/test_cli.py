@@ -387,7 +387,10 @@ def test_doctor_reports_each_part_and_what_works(capsys, tmp_path):
     checks = {check["name"]: check for check in document["checks"]}
     assert status == 0 and document["ok"] is True
     assert list(checks) == ["python", "torch", "triton", "amd-aiter", "gpu", "vllm", "cache"]
-    assert checks["triton"]["verdict"] == "ok" and checks["triton"]["value"] == "3.6.0"
+    import triton
+
+    # Every supported Triton is a tested one (the suite runs on each: tests/test_packaging.py's list).
+    assert checks["triton"]["verdict"] == "ok" and checks["triton"]["value"] == triton.__version__
     assert checks["amd-aiter"]["verdict"] == "ok" and checks["gpu"]["value"] == "none visible"
     assert checks["cache"]["value"] == str(tmp_path)
 

@@ -267,36 +267,27 @@ def test_capture_sizes_follow_the_release(release, max_num_seqs, tokens, decode_
     assert capture_sizes(release, max_num_seqs, tokens, decode_query_len) == sizes
 
 
-def test_an_installed_release_kprecompile_was_not_tested_against_is_planned_only_when_named(tmp_path, monkeypatch):
-    """vLLM 0.13.5 installed (its distribution metadata, as pip leaves it): plans only with
-    --vllm-version; unasked, one line naming the tested releases, exit 2, nothing written."""
+def test_an_installed_release_kprecompile_was_not_tested_against_is_followed_with_one_warning(tmp_path, monkeypatch):
+    """vLLM 0.13.5 installed (its distribution metadata, as pip leaves it): planned for 0.13.5 by
+    its line's rules, one WARNING naming the nearest tested release; --vllm-version still names
+    another."""
     info = tmp_path / "site" / "vllm-0.13.5.dist-info"
     info.mkdir(parents=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.13.5\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     environment = {"KPRECOMPILE_CACHE_DIR": str(tmp_path / "c")}
-    command = [
-        "plan",
-        "--model",
-        "deepseek-v2-lite",
-        "--target",
-        "gfx942",
-        "--family",
-        "fp8_bmm",
-        "--max-num-seqs",
-        "4",
-        "--json",
-    ]
+    command = ["plan", "--model", "deepseek-v2-lite", "--target", "gfx942", "--family", "fp8_bmm"]
+    command += ["--max-num-seqs", "4", "--json"]
     unasked = kprecompile_cli(*command, env=environment)
-    assert unasked.returncode == 2 and unasked.stdout == ""
-    assert unasked.stderr.strip().splitlines() == [
-        "kprecompile: installed vllm: got '0.13.5', expected a tested release (0.11.2, 0.12.0, 0.33.0); to plan "
-        "for 0.13.5 by its release line's rules, name it: --vllm-version 0.13.5"
-    ]
-    assert not (tmp_path / "c").exists()
-    named = kprecompile_cli(*command, "--vllm-version", "0.13.5", env=environment)
+    assert unasked.returncode == 0, unasked.stderr
+    assert json.loads(unasked.stdout)["engine"]["vllm_release"] == "0.13.5"
+    warnings = [line for line in unasked.stderr.splitlines() if "not tested against" in line]
+    assert len(warnings) == 1 and "the rules of its line (0.13)" in warnings[0], unasked.stderr
+    assert "nearest tested release, 0.12.0" in warnings[0]
+    named = kprecompile_cli(*command, "--vllm-version", "0.12.0", env=environment)
     assert named.returncode == 0, named.stderr
-    assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.13.5"
+    assert json.loads(named.stdout)["engine"]["vllm_release"] == "0.12.0"
+    assert "not tested against" not in named.stderr
 
 
 NVIDIA = {name: TARGETS[name] for name in ("sm80", "sm89", "sm90", "sm100")}

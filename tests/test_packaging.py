@@ -1,9 +1,11 @@
-"""Installing next to a serving image keeps the image's torch, Triton and AITER."""
+"""Installing next to a serving image keeps the image's torch, Triton and AITER; a CPU builder's
+`builder` extra admits every Triton a supported vLLM release pins."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import venv
 from pathlib import Path
 
@@ -12,29 +14,49 @@ import tomllib
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
-# What a ROCm serving image may hold: other releases than the ones the tests pin.
-IMAGE = {"torch": "2.9.0+rocm6.4", "triton": "3.5.1", "amd-aiter": "0.1.5"}
+# What serving images hold (their metadata, as pip sees installed packages): each vLLM line's
+# torch with the Triton it pins, packaged for CUDA or for ROCm, and AITER under either name.
+IMAGES = {
+    "vLLM 0.12 on CUDA": {"torch": "2.9.0", "triton": "3.5.0"},
+    "vLLM 0.19 on CUDA": {"torch": "2.10.0", "triton": "3.6.0"},
+    "vLLM 0.33 on CUDA": {"torch": "2.14.0", "triton": "3.8.0"},
+    "vLLM 0.12 on ROCm, AITER as aiter": {"torch": "2.9.0+rocm6.4", "pytorch-triton-rocm": "3.5.0", "aiter": "0.1.5"},
+    "vLLM 0.33 on ROCm": {"torch": "2.14.0+rocm7.1", "pytorch-triton-rocm": "3.8.0", "amd-aiter": "0.1.9"},
+    "Triton 3.9": {"torch": "2.13.0", "triton": "3.9.0"},
+}
+KERNEL_LIBRARIES = {"torch", "triton", "pytorch-triton-rocm", "amd-aiter", "aiter"}
+# Every Triton a supported vLLM release's torch pins, and the newest.
+SUPPORTED_TRITON = ("3.5.0", "3.5.1", "3.6.0", "3.7.0", "3.7.1", "3.8.0", "3.9.0")
 
 
-def _requirements() -> dict[str, Requirement]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {Requirement(text).name: Requirement(text) for text in project["dependencies"]}
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def test_the_runtime_requirements_accept_an_images_own_toolchain():
-    requirements = _requirements()
-    for name, version in IMAGE.items():
-        assert requirements[name].specifier.contains(version, prereleases=True), (name, version)
-    # The exact versions live in the test extra only, and the ranges admit them as pip reads a
-    # range (development releases only where the range names one).
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    pinned = [Requirement(text) for text in project["optional-dependencies"]["test"] if "==" in text]
-    assert {requirement.name for requirement in pinned} == {"triton", "amd-aiter"}
+def _requirements(texts) -> dict[str, Requirement]:
+    return {Requirement(text).name: Requirement(text) for text in texts}
+
+
+def test_the_runtime_requirements_name_no_kernel_library_and_the_builder_extra_admits_every_supported_triton():
+    runtime = _requirements(_project()["dependencies"])
+    assert set(runtime) & KERNEL_LIBRARIES == {"torch"}
+    for image in IMAGES.values():
+        assert runtime["torch"].specifier.contains(image["torch"], prereleases=True), image
     from pip._vendor.packaging.requirements import Requirement as PipRequirement  # the rule pip applies
 
+    builder = {
+        name: PipRequirement(str(requirement))
+        for name, requirement in _requirements(_project()["optional-dependencies"]["builder"]).items()
+    }
+    for version in SUPPORTED_TRITON:
+        assert builder["triton"].specifier.contains(version), version
+    assert not builder["triton"].specifier.contains("3.4.0")
+    # The exact versions the tests run with are in the test extra only, inside the builder's ranges.
+    pinned = [Requirement(text) for text in _project()["optional-dependencies"]["test"] if "==" in text]
+    assert {requirement.name for requirement in pinned} == {"triton", "amd-aiter"}
     for pin in pinned:
         [version] = [spec.version for spec in pin.specifier]
-        assert PipRequirement(str(requirements[pin.name])).specifier.contains(version), (pin.name, version)
+        assert builder[pin.name].specifier.contains(version), (pin.name, version)
 
 
 def _fake_installed(site: Path, name: str, version: str) -> None:
@@ -68,16 +90,44 @@ def _would_install(python: Path, site: Path, *requirements: str) -> set[str]:
     return {item["metadata"]["name"].lower() for item in json.loads(result.stdout)["install"]}
 
 
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """kprecompile's wheel, built from this checkout."""
+    out = tmp_path_factory.mktemp("wheel")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(out),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    [built] = out.glob("kprecompile-*.whl")
+    return built
+
+
 @pytest.mark.slow
-def test_pip_install_beside_an_image_installs_kprecompile_not_the_images_toolchain(tmp_path):
-    """`pip install --dry-run` in an environment holding the image's releases (their metadata, as
-    pip sees installed packages): kprecompile and its light dependencies, nothing of the image."""
+@pytest.mark.parametrize("image", IMAGES, ids=lambda name: name.replace(" ", "-"))
+def test_pip_install_of_the_wheel_beside_an_image_installs_kprecompile_not_the_images_toolchain(image, wheel, tmp_path):
+    """`pip install --dry-run` of the built wheel in an environment holding the image's releases:
+    kprecompile and its light dependencies, nothing of the image's torch, Triton or AITER."""
     venv.create(tmp_path / "venv", with_pip=True)
     python = tmp_path / "venv" / "bin" / "python"
     site = tmp_path / "site"
-    for name, version in IMAGE.items():
+    for name, version in IMAGES[image].items():
         _fake_installed(site, name, version)
-    installed = _would_install(python, site, "-e", str(ROOT))
-    assert "kprecompile" in installed and not installed & {"torch", "triton", "amd-aiter"}
-    # The same environment against the old pins would have replaced Triton and AITER.
-    assert {"triton", "amd-aiter"} <= _would_install(python, site, "triton>=3.6,<3.7", "amd-aiter>=0.1.7.post2.dev18")
+    installed = _would_install(python, site, str(wheel))
+    assert "kprecompile" in installed and not installed & KERNEL_LIBRARIES, installed
+    # Negative control: the requirement kprecompile had (a Triton range) replaces a ROCm image's Triton.
+    if "pytorch-triton-rocm" in IMAGES[image]:
+        assert "triton" in _would_install(python, site, "triton>=3.5,<3.10")

@@ -396,3 +396,16 @@ def test_a_journal_in_a_layer_and_in_the_writable_root_counts_each_compile_once(
     journal.append(user, key, [dataclasses.replace(record, hosts={"h": 3, "other": 1})])
     [merged] = journal.read_records(CacheLayout.of(user.root, (image.root,)), key).values()
     assert merged.hosts == {"h": 3, "other": 1}
+
+
+def test_a_record_holds_the_specialization_data_of_every_supported_triton_and_nothing_else():
+    """Triton 3.8 adds the GPU target to its specialization data (its `preload` checks it); other
+    fields, or a target of another JSON type, make the line damaged."""
+    record = _sample_record()
+    with_target = {**json.loads(_SPECIALIZATION), "target": {"backend": "hip", "arch": "gfx942", "warp_size": 64}}
+    line = dataclasses.replace(record, specialization=json.dumps(with_target)).to_line()
+    assert journal.Record.from_line(line.strip()).specialization == json.dumps(with_target)
+    for damaged in ({**with_target, "target": "gfx942"}, {**json.loads(_SPECIALIZATION), "other": {}}):
+        line = dataclasses.replace(record, specialization=json.dumps(damaged)).to_line()
+        with pytest.raises(ValueError, match="specialization"):
+            journal.Record.from_line(line.strip())

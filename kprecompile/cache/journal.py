@@ -178,6 +178,8 @@ _SPECIALIZATION_FIELDS = {
     "options": dict,
     "key": object,
 }
+# Fields later Tritons add: the GPU target the data is for (3.8 on; its `preload` checks it).
+_SPECIALIZATION_OPTIONAL = {"target": dict}
 
 
 def _check_specialization(text: Any) -> None:
@@ -187,10 +189,13 @@ def _check_specialization(text: Any) -> None:
         data = json.loads(text)
     except (ValueError, RecursionError):
         raise ValueError("specialization is not JSON") from None
-    if not isinstance(data, dict) or set(data) != set(_SPECIALIZATION_FIELDS):
+    if not isinstance(data, dict) or not set(_SPECIALIZATION_FIELDS) <= set(data) <= {
+        *_SPECIALIZATION_FIELDS,
+        *_SPECIALIZATION_OPTIONAL,
+    }:
         raise ValueError("specialization is not Triton's specialization data")
-    for name, kind in _SPECIALIZATION_FIELDS.items():
-        if not isinstance(data[name], kind):
+    for name, kind in {**_SPECIALIZATION_FIELDS, **_SPECIALIZATION_OPTIONAL}.items():
+        if name in data and not isinstance(data[name], kind):
             raise ValueError(f"specialization's {name} is not a JSON {kind.__name__}")
     if len(data["constant_keys"]) != len(data["constant_vals"]) or len(data["attrs_keys"]) != len(data["attrs_vals"]):
         raise ValueError("specialization's keys and values differ in number")

@@ -15,8 +15,9 @@ import sys
 import click
 
 from .._version import __version__
-from ..errors import InputError, KprecompileError
+from ..errors import InputError, KprecompileError, LibraryUnavailableError
 from ..inputs import settings
+from ..inputs.toolchain import INSTALL_ADVICE
 from .output import ExitStatus
 
 # Each command's module, imported only when that command runs: `verify` and a warm that finds
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> None:
         status = ExitStatus.USAGE
     except KprecompileError as error:
         click.echo(f"kprecompile: {error}", err=True)
+        status = ExitStatus.FAILURE
+    except ModuleNotFoundError as error:
+        if error.name not in ("triton", "torch"):
+            raise
+        click.echo(f"kprecompile: {LibraryUnavailableError(error.name, INSTALL_ADVICE[error.name])}", err=True)
         status = ExitStatus.FAILURE
     except OSError as error:
         # The machine said no (a full disk, a read-only file system, a directory where a file

@@ -26,6 +26,16 @@ from .targets import Target
 
 logger = logging.getLogger(__name__)
 
+# How to get what kprecompile traces and compiles with, where it is missing: keys are
+# toolchain-exact, so the serving image's own versions, never whatever pip picks.
+INSTALL_ADVICE = {
+    "triton": (
+        "install the Triton your serving image's torch requires, e.g. pip install triton==3.5.0 for vLLM "
+        "0.11.2 to 0.13 or triton==3.8.0 for 0.33; on a CPU builder, pip install 'kprecompile[builder]' triton==X"
+    ),
+    "torch": "install the torch build you serve with first; on a CPU builder, pip install torch==X (its CPU build)",
+}
+
 
 @dataclass(frozen=True)
 class Toolchain:
@@ -50,6 +60,12 @@ def _distribution_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+def aiter_version() -> str | None:
+    """The installed AITER's version: `amd-aiter` on the registry and in newer images, `aiter` in
+    images built from its source before it was renamed."""
+    return _distribution_version("amd-aiter") or _distribution_version("aiter")
 
 
 def _triton_key_inputs(triton_dir: Path) -> list[Path]:
@@ -141,7 +157,7 @@ def current_toolchain(
         triton_path=str(Path(triton.__file__).parent),
         python=sys.implementation.cache_tag,
         torch_version=_distribution_version("torch"),
-        aiter_version=_distribution_version("amd-aiter"),
+        aiter_version=aiter_version(),
         ptxas=ptxas_release(int(target.arch)) if target is not None and not target.is_rocm else None,
     )
 

@@ -24,7 +24,6 @@ from ..inputs.models import FieldReader, ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import (
-    AITER_DISTRIBUTION,
     AITER_PACKAGE,
     VLLM_DISTRIBUTION,
     aiter_hip_absent,
@@ -175,12 +174,9 @@ def aiter_has_tuned_lookup() -> bool:
 
 
 def installed_aiter() -> str:
-    from importlib import metadata
+    from ..inputs.toolchain import aiter_version
 
-    try:
-        return metadata.version(AITER_DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+    return aiter_version() or "(not installed)"
 
 
 def _tuned_batch_sizes(n: int, k: int, device_name: str, block: tuple[int, int]) -> tuple[int, ...] | None:

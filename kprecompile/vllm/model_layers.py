@@ -40,7 +40,7 @@ from ..inputs.layers import AttentionLayer, distinct
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import TARGETS, Target
-from ..inputs.toolchain import stat_digest
+from ..inputs.toolchain import aiter_version, stat_digest
 from .releases import release_line
 from .selector import installed_vllm_dir
 
@@ -136,9 +136,10 @@ def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
     if layout is None or root is None:
         return None
     digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
-    for distribution in ("kprecompile", "amd-aiter", "transformers"):
+    for distribution in ("kprecompile", "transformers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             digest.update(f"{distribution}=={metadata.version(distribution)}\n".encode())
+    digest.update(f"aiter=={aiter_version()}\n".encode())
     # Any of vLLM's files may be the model's: its RECORD changes with every install.
     records = list(root.parent.glob(f"vllm-{question.release}.dist-info/RECORD"))
     digest.update(stat_digest([root / "__init__.py", *records]).encode())

@@ -13,12 +13,15 @@ docs/engine-kernels.md, "vLLM release lines".
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import InputError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..inputs.models import ModelConfig
@@ -203,21 +206,39 @@ def installed_release() -> str | None:
 def resolve_release(requested: str | None) -> str:
     """The release to plan for: `requested`, else the installed vLLM's, else the default.
 
-    An installed release kprecompile was not tested against is planned for only when the user
-    names it (`--vllm-version`, planned with its release line's rules): unasked, that would be
-    a guess."""
+    An installed release kprecompile was not tested against is followed: planned for with its
+    line's rules and its own code, after one WARNING naming the nearest tested release."""
     if requested:
         release_line(requested, FIELD)
         return requested
     installed = installed_release()
     if installed is None:
         return DEFAULT_RELEASE
-    release_line(installed, "vllm")
-    if installed not in TESTED_RELEASES:
-        tested = ", ".join(TESTED_RELEASES)
-        expected = f"a tested release ({tested}); to plan for {installed} by its release line's rules, name it"
-        raise InputError("installed vllm", installed, f"{expected}: --vllm-version {installed}")
+    line = release_line(installed, "vllm")
+    if installed not in TESTED_RELEASES and installed not in _WARNED:
+        _WARNED.add(installed)
+        logger.warning(
+            "vLLM %s is installed, which kprecompile was not tested against: planning for it with its own code "
+            "and the rules of its line (%s), as for the nearest tested release, %s",
+            installed,
+            line.name,
+            nearest_tested_release(installed),
+        )
     return installed
+
+
+_WARNED: set[str] = set()
+
+
+def nearest_tested_release(release: str) -> str:
+    """The tested release closest to `release` (the newer of two equally close)."""
+
+    def position(text: str) -> int:
+        match = _VERSION.match(text)
+        assert match is not None, text
+        return int(match[1]) * 1_000_000 + int(match[2]) * 1_000 + int(match[3] or 0)
+
+    return min(TESTED_RELEASES, key=lambda tested: (abs(position(tested) - position(release)), -position(tested)))
 
 
 def _standard_sizes(largest: int) -> list[int]:

@@ -37,7 +37,7 @@ from ..errors import InputError
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import TARGETS, Target
-from ..inputs.toolchain import stat_digest
+from ..inputs.toolchain import aiter_version, stat_digest
 from .releases import installed_release
 
 logger = logging.getLogger(__name__)
@@ -160,9 +160,9 @@ class VllmSelector:
         root = installed_vllm_dir()
         digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
         # The answer is vLLM's, read through kprecompile's stand-in platform, with AITER's presence.
-        for distribution in ("kprecompile", "amd-aiter"):
-            with contextlib.suppress(metadata.PackageNotFoundError):
-                digest.update(f"{distribution}=={metadata.version(distribution)}\n".encode())
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            digest.update(f"kprecompile=={metadata.version('kprecompile')}\n".encode())
+        digest.update(f"aiter=={aiter_version()}\n".encode())
         digest.update(self.release.encode())
         digest.update(stat_digest([root / name for name in _SELECTOR_FILES if (root / name).is_file()]).encode())
         return self.layout.toolchain_dir / f"vllm-selector-{digest.hexdigest()[:32]}.json"

@@ -16,12 +16,14 @@ from importlib import metadata
 from typing import Literal
 
 from ..cache.layout import CacheLayout
+from ..inputs.toolchain import INSTALL_ADVICE, aiter_version
 from ..vllm.releases import TESTED_RELEASES, installed_release
 
 Verdict = Literal["ok", "warn", "error"]
 
 # The versions the test suite runs with; other versions in the declared ranges may work.
-TESTED_TRITON = ("3.6",)
+# Every Triton a supported vLLM release pins, and the newest (each runs the suite: CONTRIBUTING.md).
+TESTED_TRITON = ("3.5", "3.6", "3.7", "3.8", "3.9")
 TESTED_AITER = ("0.1.7",)
 
 
@@ -79,7 +81,7 @@ def _torch() -> Check:
 def _triton() -> Check:
     version = _version("triton") or _version("pytorch-triton-rocm")
     if version is None:
-        return Check("triton", "error", "not installed", "pip install triton (3.6 is tested)")
+        return Check("triton", "error", "not installed", INSTALL_ADVICE["triton"])
     if _release(version) not in TESTED_TRITON:
         return Check(
             "triton",
@@ -92,7 +94,7 @@ def _triton() -> Check:
 
 
 def _aiter() -> Check:
-    version = _version("amd-aiter")
+    version = aiter_version()
     if version is None:
         return Check("amd-aiter", "warn", "not installed", "AITER's families are not planned (pip install amd-aiter)")
     if _release(version, 3) not in TESTED_AITER:

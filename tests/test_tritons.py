@@ -1,0 +1,56 @@
+"""The fast suite under each supported Triton beside the test extra's (3.6.0): tracing, keys,
+preload, the layered cache manager, the JIT monitor and recording are Triton's internals, and they
+moved between 3.5 and 3.9. Each Triton is installed alone (scripts/install_vllm.py, `.tritons/`)
+and put first on PYTHONPATH of a pytest run of the suite's fast tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _installer():
+    spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+INSTALLER = _installer()
+
+
+@pytest.mark.slow
+@pytest.mark.compiles
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("version", INSTALLER.TEST_TRITONS)
+def test_the_fast_suite_passes_under_each_supported_triton(version):
+    try:
+        path = INSTALLER.install_triton(version)
+    except subprocess.CalledProcessError as error:
+        pytest.skip(f"Triton {version} could not be installed here ({error}); run scripts/install_vllm.py")
+    environment = {**os.environ, "PYTHONPATH": str(path)}
+    found = subprocess.run(
+        [sys.executable, "-c", "import triton; print(triton.__version__)"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=True,
+    )
+    assert found.stdout.strip() == version  # the run below is really under this Triton
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "not slow", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=ROOT,
+        timeout=3600,
+    )
+    failures = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    assert result.returncode == 0, "\n".join(failures or result.stdout.splitlines()[-30:])
