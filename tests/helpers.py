@@ -37,6 +37,7 @@ CACHE_VARIABLES = {
     "HOME": ".",
     "XDG_CACHE_HOME": ".cache",
     "KPRECOMPILE_CACHE_DIR": "kprecompile",
+    "KPRECOMPILE_ENGINES_DIR": "engines",
     "TRITON_CACHE_DIR": "triton",
     "AITER_JIT_DIR": "aiter",
     "TRITON_HOME": ".",
@@ -191,7 +192,12 @@ def serving_process(cache_dir, *arguments, strict: str = "warn") -> tuple[dict, 
         [sys.executable, str(here / "serving_process.py"), str(cache_dir), *map(str, arguments)],
         capture_output=True,
         text=True,
-        env={**os.environ, "KPRECOMPILE_STRICT": strict, "PYTHONPATH": str(here)},
+        # The tests' directory on the path after what the run has there (tests/test_tritons.py's Triton).
+        env={
+            **os.environ,
+            "KPRECOMPILE_STRICT": strict,
+            "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(here)))),
+        },
         timeout=300,
         check=False,
     )

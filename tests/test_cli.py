@@ -30,7 +30,10 @@ def test_plan_json_schema(capsys):
     families = {family["family"]: family for family in document["families"]}
     assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     # vLLM's merge around the prefill is traced from an installed vLLM (tests/test_vllm.py).
-    assert families["mla_merge"]["skip_reason"].endswith("pip install vllm==0.12.0")
+    assert families["mla_merge"]["skip_reason"].endswith(
+        "kprecompile engine install vllm==0.12.0, then --vllm-version 0.12.0"
+    )
+    assert families["mla_merge"]["missing"] == "vllm==0.12.0" and families["fp8_bmm"]["missing"] is None
     bmm = families["fp8_bmm"]
     assert bmm["target"] == "gfx942" and bmm["calls"] == 2 * 1024 and 0 < bmm["kernels"] < bmm["calls"]
     assert bmm["parameters"]["heads_per_rank"] == 16
@@ -100,15 +103,20 @@ def test_plan_of_a_gqa_model_under_unified_attention(capsys):
     assert "sliding_window" not in families["prefix_prefill"]["parameters"]
 
 
-def test_plan_of_a_gqa_model_under_the_default_engine_says_nothing_compiles(capsys):
+def test_plan_of_a_gqa_model_without_vllm_fails_naming_what_installs_it(capsys):
+    """Llama under vLLM 0.12's default ROCm backend, no vLLM here: nothing compiles on this builder,
+    which is a failure (exit 1), the family naming the command that installs vLLM's code."""
     status, out, _ = run_cli(capsys, "plan", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--json")
-    assert status == 0
+    assert status == 1
     document = json.loads(out)
     assert document["engine"]["attention_backend"] == "ROCM_AITER_FA" and document["kernels"] == 0
     prebuilt, gathered = document["families"][:2], document["families"][2]
     assert all("prebuilt CK/assembly" in family["skip_reason"] for family in prebuilt)
-    # vLLM's own kernels around it on steps with cached context need vLLM installed to be traced.
-    assert gathered["family"] == "aiter_fa_context" and gathered["skip_reason"].endswith("pip install vllm==0.12.0")
+    assert all(family["error"] is None for family in prebuilt)
+    # vLLM's own kernels around it on steps with cached context need vLLM's code to be traced.
+    assert gathered["family"] == "aiter_fa_context" and gathered["missing"] == "vllm==0.12.0"
+    assert gathered["error"].endswith("kprecompile engine install vllm==0.12.0, then --vllm-version 0.12.0")
+    assert document["failed"] == 1
 
 
 def small_warm(tmp_path, *extra):
@@ -177,15 +185,32 @@ def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path
     assert not list((tmp_path / "manifests-v1").glob("*.json"))
 
 
-@pytest.mark.parametrize("model, target", [("llama-3.1-8b-instruct", "gfx942"), ("deepseek-r1", "sm90")])
-def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(capsys, tmp_path, model, target):
+def test_warm_with_nothing_to_compile_succeeds_and_records_the_configuration(capsys, tmp_path):
+    """DeepSeek-R1 on an H100/H200: vLLM runs prebuilt FlashAttention-3 MLA kernels, nothing to compile."""
     status, out, _ = run_cli(
-        capsys, "warm", "--model", model, "--target", target, "--cache-dir", str(tmp_path), "--json"
+        capsys, "warm", "--model", "deepseek-r1", "--target", "sm90", "--cache-dir", str(tmp_path), "--json"
     )
     report = json.loads(out)
     assert status == 0
     assert (report["kernels"], report["compiled"], report["failed"]) == (0, 0, 0)
     assert len(report["manifests"]) == 1
+
+
+def test_a_warm_that_compiles_nothing_for_lack_of_vllm_fails_and_records_nothing(capsys, tmp_path):
+    """The negative of the above: Llama on gfx942 compiles nothing because vLLM's code is absent
+    here; a CI bake must not go green with an empty cache, and `verify` must not say warm."""
+    status, out, err = run_cli(
+        capsys, "warm", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--cache-dir", str(tmp_path), "--json"
+    )
+    report = json.loads(out)
+    assert status == 1 and report["kernels"] == 0 and report["manifests"] == []
+    [family] = report["family_failures"]
+    assert family["family"] == "aiter_fa_context" and "kprecompile engine install vllm==0.12.0" in family["error"]
+    assert "aiter_fa_context on gfx942 failed, gfx942 is not warm" in err
+    status, _, _ = run_cli(
+        capsys, "verify", "--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--cache-dir", str(tmp_path)
+    )
+    assert status == 1
 
 
 @pytest.mark.compiles

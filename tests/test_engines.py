@@ -62,14 +62,14 @@ def test_flags_select_the_backend_and_its_families(model, engine, environ, backe
 def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned():
     selection = select(LLAMA, "vllm", None, {})
     assert [(choice.family, choice.backend) for choice in selection.choices] == [("triton_attn", "TRITON_ATTN")]
-    assert "pip install vllm==0.12.0" in selection.choices[0].skip_reason
+    assert "kprecompile engine install vllm==0.12.0" in selection.choices[0].skip_reason
     # From 0.19 too TRITON_ATTN is traced from the installed release (its builder and KV-cache view).
     [newer] = select(LLAMA, "vllm", "TRITON_ATTN", {}, vllm_release="0.33.0").choices
-    assert newer.family == "triton_attn" and "pip install vllm==0.33.0" in newer.skip_reason
+    assert newer.family == "triton_attn" and "kprecompile engine install vllm==0.33.0" in newer.skip_reason
     # TRITON_MLA's decode is vLLM's own kernel too.
     [bmm, decode, _] = select(DEEPSEEK, "vllm", None, {}).choices
     assert (bmm.family, decode.family, decode.backend) == ("fp8_bmm", "triton_mla", "TRITON_MLA")
-    assert "pip install vllm==0.12.0" in decode.skip_reason
+    assert "kprecompile engine install vllm==0.12.0" in decode.skip_reason
 
 
 def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
@@ -79,7 +79,9 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
     for backend in ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA"):
         [merge] = [c for c in select(DEEPSEEK, "vllm-aiter", backend, {}).choices if c.family == "mla_merge"]
         assert (merge.family, merge.backend) == ("mla_merge", backend)
-        assert merge.skip_reason.endswith("traced from an installed vLLM: pip install vllm==0.12.0")
+        assert merge.skip_reason.endswith(
+            "traced from an installed vLLM: kprecompile engine install vllm==0.12.0, then --vllm-version 0.12.0"
+        )
         [newer] = [
             c
             for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
@@ -93,14 +95,14 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
         == decode.skip_reason
         == ("ROCM_AITER_FA runs AITER's prebuilt CK/assembly attention (ROCM_AITER_UNIFIED_ATTN runs Triton's)")
     )
-    assert context.family == "aiter_fa_context" and "pip install vllm==0.12.0" in context.skip_reason
+    assert context.family == "aiter_fa_context" and "kprecompile engine install vllm==0.12.0" in context.skip_reason
     [newer] = [
         c
         for c in select(LLAMA, "vllm-aiter", "ROCM_AITER_FA", {}, vllm_release="0.33.0").choices
         if c.family == "aiter_fa_context"
     ]
     # From 0.19 traced too (tests/test_vllm.py against 0.33.0), from the release it names.
-    assert "pip install vllm==0.33.0" in newer.skip_reason
+    assert "kprecompile engine install vllm==0.33.0" in newer.skip_reason
     # TRITON_MLA's merge belongs to its own family (its impl pads V for flash-attn).
     assert "mla_merge" not in [choice.family for choice in select(DEEPSEEK, "vllm", None, {}).choices]
 
@@ -128,7 +130,9 @@ def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ,
         if c.family == "block_fp8_linear"
     ]
     if planned_on:
-        assert choice.skip_reason.endswith(f"traced from an installed vLLM: pip install vllm=={release}")
+        assert choice.skip_reason.endswith(
+            f"traced from an installed vLLM: kprecompile engine install vllm=={release}, then --vllm-version {release}"
+        )
     else:
         assert choice.skip_reason.startswith("vLLM 0.19 and newer run block-FP8 linear layers through AITER with")
         # The installed amd-aiter lacks the tuned-shape lookup vLLM asks: CK for every layer.
@@ -147,8 +151,10 @@ def test_vllms_own_kernels_without_vllm_installed_say_what_to_install():
     [choice] = select(LLAMA, "vllm", "ROCM_ATTN", {}).choices
     assert choice.family == "rocm_attn"
     assert choice.skip_reason == (
-        "ROCM_ATTN runs vLLM's own Triton kernels, traced from an installed vLLM: pip install vllm==0.12.0"
+        "ROCM_ATTN runs vLLM's own Triton kernels, traced from an installed vLLM: "
+        "kprecompile engine install vllm==0.12.0, then --vllm-version 0.12.0"
     )
+    assert choice.missing == "vllm==0.12.0"
 
 
 def test_an_explicit_backend_wins_over_the_environment():
@@ -338,7 +344,9 @@ def test_a_block_fp8_model_on_nvidia_plans_its_linear_layers_where_vllm_takes_it
     if release == "0.33.0":
         assert "Marlin" in reasons["sm89"]
     else:
-        assert reasons["sm89"].endswith(f"traced from an installed vLLM: pip install vllm=={release}")
+        assert reasons["sm89"].endswith(
+            f"traced from an installed vLLM: kprecompile engine install vllm=={release}, then --vllm-version {release}"
+        )
         targets = [NVIDIA["sm89"], NVIDIA["sm90"]]
         both = select(DEEPSEEK, "vllm", "TRITON_MLA", {}, vllm_release=release, targets=targets)
         [choice] = [c for c in both.choices if c.family == "block_fp8_linear"]

@@ -29,10 +29,10 @@ def test_every_cache_variable_points_into_temporary_directories(isolated_session
 
 def test_a_command_without_cache_options_writes_only_under_the_temporary_cache(isolated_cache, isolated_session):
     before = {path for path in isolated_session.home.rglob("*")}
-    # Llama under the default engine compiles nothing (AITER's prebuilt attention): no torch import,
-    # but warm records the configuration and remembers Triton's key.
+    # DeepSeek-R1 on an H100/H200 compiles nothing (vLLM's prebuilt FlashAttention-3 MLA): no torch
+    # import, but warm records the configuration and remembers Triton's key.
     result = subprocess.run(
-        [sys.executable, "-m", "kprecompile", "warm", "--model", "llama-3.1-8b-instruct", "--target", "gfx942"],
+        [sys.executable, "-m", "kprecompile", "warm", "--model", "deepseek-r1", "--target", "sm90"],
         capture_output=True,
         text=True,
         check=True,

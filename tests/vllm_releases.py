@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from kprecompile.errors import KprecompileError
 from kprecompile.vllm.releases import TESTED_RELEASES as SUPPORTED_RELEASES
 
 ROOT = Path(__file__).parent.parent
@@ -30,7 +30,7 @@ def release_path(version: str) -> Path:
     installer = _installer()
     try:
         return installer.install(version)
-    except (subprocess.CalledProcessError, SystemExit) as error:
+    except KprecompileError as error:
         pytest.skip(f"vLLM {version} could not be installed here ({error}); run scripts/install_vllm.py")
 
 

@@ -22,12 +22,13 @@ def check_layout(layout: CacheLayout) -> None:
     """Refuse the layout's roots and buckets that other users could write (see module doc)."""
     for root in layout.roots:
         role = "cache root" if root == layout.root else "cache layer"
-        _check_directory(root, role, follow=True)
+        check_directory(root, role, follow=True)
         for bucket in Bucket:
-            _check_directory(root / bucket.value, f"{role} bucket", follow=False)
+            check_directory(root / bucket.value, f"{role} bucket", follow=False)
 
 
-def _check_directory(path: Path, role: str, *, follow: bool) -> None:
+def check_directory(path: Path, role: str, *, follow: bool) -> None:
+    """Refuse `path` (named by its `role`) where another user could write it (module doc)."""
     try:
         status = path.stat() if follow else path.lstat()
     except FileNotFoundError:

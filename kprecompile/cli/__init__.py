@@ -33,6 +33,7 @@ COMMANDS = {
     "cache": "cache",
     "misses": "misses",
     "doctor": "doctor",
+    "engine": "engine",
 }
 
 
@@ -66,6 +67,21 @@ def invocation() -> list[str]:
     return list(_INVOCATION)
 
 
+def _use_named_engine(arguments: list[str]) -> None:
+    """With `--vllm-version X` naming a release `kprecompile engine install` put here and not the
+    installed vLLM, that release is put on the path before anything imports vLLM or Triton."""
+    from ..vllm.install import use_engine
+    from ..vllm.releases import installed_release
+
+    for index, argument in enumerate(arguments):
+        name, equals, value = argument.partition("=")
+        if name == "--vllm-version":
+            version = value if equals else (arguments[index + 1] if index + 1 < len(arguments) else "")
+            if version and installed_release() != version and use_engine(version) is not None:
+                logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
+            return
+
+
 def vllm_spelling(argument: str) -> str:
     """`--max_num_seqs=8` -> `--max-num-seqs=8`: option names as `vllm serve` takes them, with
     underscores or dashes (values are left alone)."""
@@ -80,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     arguments = [vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)]
     _INVOCATION[:] = arguments
     try:
+        _use_named_engine(arguments)
         status = cli.main(args=arguments, prog_name="kprecompile", standalone_mode=False)
     except click.exceptions.Exit as exit_:
         status = exit_.exit_code

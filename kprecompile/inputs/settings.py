@@ -76,12 +76,25 @@ def _user_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(_APP_NAME, appauthor=False))
 
 
+def _user_data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir(_APP_NAME, appauthor=False))
+
+
 CACHE_DIR = Setting(
     "KPRECOMPILE_CACHE_DIR",
     "a directory path",
     lambda raw: Path(raw).expanduser(),
     _user_cache_dir,
     "the writable cache root (--cache-dir wins)",
+)
+ENGINES_DIR = Setting(
+    "KPRECOMPILE_ENGINES_DIR",
+    "a directory path",
+    lambda raw: Path(raw).expanduser(),
+    lambda: _user_data_dir() / "engines",
+    "where `kprecompile engine install` puts engine releases (vLLM's Python, with its Triton)",
 )
 CACHE_LAYERS = Setting(
     "KPRECOMPILE_CACHE_LAYERS",
@@ -112,7 +125,7 @@ VLLM_HOOK = Setting(
     "whether the vLLM plugin installs the loader hook",
 )
 
-SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CACHE_LAYERS, LOCK_TIMEOUT, STRICT, VLLM_HOOK)
+SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CACHE_LAYERS, ENGINES_DIR, LOCK_TIMEOUT, STRICT, VLLM_HOOK)
 
 
 def cache_layout(

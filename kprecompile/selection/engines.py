@@ -82,6 +82,8 @@ class FamilyChoice:
     skip_reason: str | None = None
     # (target, why not) where the engine takes another path on that target only.
     skip_targets: tuple[tuple[str, str], ...] = ()
+    # What this builder lacks for the family (`vllm==0.12.0`), where that is why it is skipped.
+    missing: str | None = None
 
     def skip_reason_on(self, target: str) -> str | None:
         """Why the family is not compiled for `target` (besides `skip_reason`), or None."""
@@ -421,15 +423,14 @@ def _mla_choices(backend: str, flags: dict[str, bool], line: ReleaseLine, releas
 def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoice:
     """A family of vLLM's own kernels: traced from the installed vLLM, which must be `release`."""
     installed = installed_release()
-    reason = None
-    if installed is None:
-        reason = f"{backend} runs vLLM's own Triton kernels, traced from an installed vLLM: pip install vllm=={release}"
-    elif installed != release:
-        reason = (
-            f"{backend} runs vLLM's own Triton kernels, traced from the installed vLLM, which is {installed}: "
-            f"plan for --vllm-version {installed}, or install vllm=={release}"
-        )
-    return FamilyChoice(family, backend, reason)
+    if installed == release:
+        return FamilyChoice(family, backend)
+    where = "an installed vLLM" if installed is None else f"the installed vLLM, which is {installed}"
+    reason = (
+        f"{backend} runs vLLM's own Triton kernels, traced from {where}: "
+        f"kprecompile engine install vllm=={release}, then --vllm-version {release}"
+    )
+    return FamilyChoice(family, backend, reason, missing=f"vllm=={release}")
 
 
 def _block_fp8_linear(flags: dict[str, bool], line: ReleaseLine, release: str) -> FamilyChoice:

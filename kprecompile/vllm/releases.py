@@ -214,20 +214,26 @@ def resolve_release(requested: str | None) -> str:
     installed = installed_release()
     if installed is None:
         return DEFAULT_RELEASE
-    line = release_line(installed, "vllm")
-    if installed not in TESTED_RELEASES and installed not in _WARNED:
-        _WARNED.add(installed)
-        logger.warning(
-            "vLLM %s is installed, which kprecompile was not tested against: planning for it with its own code "
-            "and the rules of its line (%s), as for the nearest tested release, %s",
-            installed,
-            line.name,
-            nearest_tested_release(installed),
-        )
+    warn_if_untested(installed)
     return installed
 
 
 _WARNED: set[str] = set()
+
+
+def warn_if_untested(installed: str, log: logging.Logger = logger) -> None:
+    """One WARNING per process where the installed vLLM is not a tested release (it is followed)."""
+    line = release_line(installed, "vllm")
+    if installed in TESTED_RELEASES or installed in _WARNED:
+        return
+    _WARNED.add(installed)
+    log.warning(
+        "vLLM %s is installed, which kprecompile was not tested against: planning for it with its own code "
+        "and the rules of its line (%s), as for the nearest tested release, %s",
+        installed,
+        line.name,
+        nearest_tested_release(installed),
+    )
 
 
 def nearest_tested_release(release: str) -> str:

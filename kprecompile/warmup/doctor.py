@@ -117,13 +117,26 @@ def _gpu() -> Check:
 
 
 def _vllm() -> Check:
+    from ..vllm.install import installed_engines
+
     release = installed_release()
     if release is None:
-        return Check("vllm", "ok", "not installed", "vLLM's own kernels are not planned here (pip install vllm)")
+        engines = [path.name for path in installed_engines()]
+        if engines:
+            return Check("vllm", "ok", "engine install", f"vLLM {', '.join(engines)} (plan with --vllm-version)")
+        return Check(
+            "vllm",
+            "warn",
+            "not installed",
+            "vLLM's own kernels (every GQA model's, most MLA ones') are not planned here: "
+            f"kprecompile engine install vllm=={TESTED_RELEASES[-1]}, or the release you serve",
+        )
     if importlib.util.find_spec("vllm") is None:
         return Check("vllm", "error", release, "its metadata is installed but the package is not importable")
     if release not in TESTED_RELEASES:
-        return Check("vllm", "warn", release, f"tested: {', '.join(TESTED_RELEASES)}; plan with --vllm-version")
+        return Check(
+            "vllm", "warn", release, f"untested, followed by its line's rules (tested: {', '.join(TESTED_RELEASES)})"
+        )
     return Check("vllm", "ok", release, "its selector and kernels are read from it; the plugin hooks its loader")
 
 

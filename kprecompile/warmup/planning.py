@@ -54,6 +54,9 @@ class FamilyPlan:
     # Why planning this family failed (its trace raised), or None. A failed family makes the
     # command fail, and its target is never recorded as warm.
     error: str | None = None
+    # What this builder lacks to plan the family (`vllm==0.12.0`, `amd-aiter`), where that is why
+    # it is skipped: a warm that compiles nothing for that reason fails.
+    missing: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +83,11 @@ class Plan:
     @property
     def kernels(self) -> int:
         return len(self.jobs)
+
+    @property
+    def missing(self) -> tuple[FamilyPlan, ...]:
+        """The families skipped because this builder lacks what they need."""
+        return tuple(family for family in self.families if family.missing is not None)
 
     @property
     def failed(self) -> tuple[FamilyPlan, ...]:
@@ -164,7 +172,8 @@ def plan_family(
         if isinstance(cause, InputError):
             raise cause from None
         if isinstance(cause, LibraryUnavailableError):
-            return FamilyPlan(name, target.name, len(shapes), 0, parameters, str(cause), backend), ()
+            plan = FamilyPlan(name, target.name, len(shapes), 0, parameters, str(cause), backend, missing=cause.library)
+            return plan, ()
         # A failed family fails the command, never the rest of the plan (or a server's warm).
         reason = str(error)
         if family.library == VLLM_DISTRIBUTION:
@@ -172,6 +181,24 @@ def plan_family(
         logger.debug("%s on %s failed", name, target.name, exc_info=cause)
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, None, backend, reason), ()
     return FamilyPlan(name, target.name, result.calls, len(result.jobs), parameters, None, backend), result.jobs
+
+
+def _nothing_for_lack(plans: list[FamilyPlan]) -> list[FamilyPlan]:
+    """A target's family plans, where it compiles nothing because this builder lacks what its
+    families need, with those families failed: an empty warm must not pass (a CI bake would go
+    green with an empty cache), and the target must never be recorded as warm."""
+    if any(family.kernels for family in plans) or not any(family.missing for family in plans):
+        return plans
+    return [
+        replace(
+            family,
+            skip_reason=None,
+            error=f"nothing compiles on this builder without {family.missing}: {family.skip_reason}",
+        )
+        if family.missing
+        else family
+        for family in plans
+    ]
 
 
 def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: CacheLayout | None = None) -> Plan:
@@ -200,10 +227,14 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
     jobs: dict[str, CompileJob] = {}
     line = planned_line(selection)
     for target in targets:
+        first = len(plans)
         for choice in selection.choices:
             skip_reason = choice.skip_reason or choice.skip_reason_on(target.name)
             if skip_reason is not None:
-                plans.append(FamilyPlan(choice.family, target.name, 0, 0, {}, skip_reason, choice.backend))
+                missing = choice.missing if choice.skip_reason else None
+                plans.append(
+                    FamilyPlan(choice.family, target.name, 0, 0, {}, skip_reason, choice.backend, None, missing)
+                )
                 continue
             if choice.family not in shapes:
                 continue
@@ -221,6 +252,7 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
             plans.append(family_plan)
             for job in family_jobs:
                 jobs.setdefault(job.key, job)
+        plans[first:] = _nothing_for_lack(plans[first:])
     return Plan(
         model=model.name,
         serving=serving,

@@ -33,7 +33,7 @@ from typing import Any
 
 from ...errors import InputError, KprecompileError
 from ...inputs import settings
-from ...vllm.releases import installed_release
+from ...vllm.releases import installed_release, warn_if_untested
 from ...warmup.pool import default_worker_count
 from ...wording import plural
 from ..monitor import JitMonitor
@@ -63,6 +63,7 @@ def register() -> None:
         logger.info("kprecompile: vLLM is not installed here; the loader hook does nothing")
         return
     try:
+        warn_if_untested(release, logger)
         _HOOK = LoaderHook.install(release)
     except Exception as error:  # the server must start regardless
         logger.warning(
