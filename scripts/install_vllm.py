@@ -31,7 +31,7 @@ TEST_TRITONS = ("3.5.0", "3.7.1", "3.8.0", "3.9.0")
 
 def install(version: str, dest: Path = DEFAULT_DEST) -> Path:
     """One release with its Triton into `<dest>/<version>` (the tests' `.vllm/` by default)."""
-    return engine_install.install(version, dest)
+    return engine_install.install(version, dest, with_triton=True)
 
 
 def triton_dir(version: str, dest: Path = DEFAULT_TRITON_DEST) -> Path:

@@ -94,13 +94,17 @@ def _installer():
     return module
 
 
-def _version(release_dir: Path, name: str) -> str:
+def _version(release_dir: Path, name: str) -> str | None:
+    """The version installed beside the release, else here, else None (the release does not use it)."""
     normalized = name.lower().replace("-", "_")
     for info in release_dir.glob("*.dist-info"):
         distribution, _, version = info.name[: -len(".dist-info")].partition("-")
         if distribution.lower().replace("-", "_") == normalized:
             return version
-    return metadata.version(name)
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def main() -> None:
@@ -121,7 +125,8 @@ def main() -> None:
             if (info / name).is_file():
                 archive.add(info / name, f"{info.name}/{name}")
 
-    pins = [f"{name}=={_version(release_dir, name)}" for name in DEPENDENCIES]
+    versions = {name: _version(release_dir, name) for name in DEPENDENCIES}
+    pins = [f"{name}=={version}" for name, version in versions.items() if version is not None]
     pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
     tags = (
         "manylinux_2_28_x86_64",
@@ -202,4 +207,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from kprecompile.errors import KprecompileError
+
+    try:
+        main()
+    except KprecompileError as error:
+        sys.exit(f"vllm_carry.py: {error}")

@@ -26,6 +26,18 @@ def _installer():
 
 
 INSTALLER = _installer()
+# What fails under a Triton for a reason outside kprecompile, exactly: the run must fail these and
+# nothing else. amd-aiter 0.1.7.post2.dev18 (the only AITER on the registry) names ACTUAL_HEAD_DIM,
+# which is not an argument of its flash-attention kernel, in that kernel's autotune key; Triton 3.9
+# rejects such a key, so AITER's MHA (the mla_prefill family) cannot be traced under 3.9 with it.
+KNOWN_FAILURES = {
+    "3.9.0": {
+        "tests/test_cli.py::test_plan_lists_every_mla_family_under_the_triton_mla_backend",
+        "tests/test_coverage.py::test_mla_prefill_sweep_is_covered",
+        "tests/test_families.py::test_traced_key_equals_the_launch_paths_key[deepseek-v2-lite-mla_prefill-<lambda>0]",
+        "tests/test_families.py::test_traced_key_equals_the_launch_paths_key[deepseek-v2-lite-mla_prefill-<lambda>1]",
+    }
+}
 
 
 @pytest.mark.slow
@@ -54,5 +66,11 @@ def test_the_fast_suite_passes_under_each_supported_triton(version):
         cwd=ROOT,
         timeout=3600,
     )
-    failures = [line for line in result.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    assert result.returncode == 0, "\n".join(failures or result.stdout.splitlines()[-30:])
+    failures = {
+        line.split(" ", 1)[1].split(" - ")[0]
+        for line in result.stdout.splitlines()
+        if line.startswith(("FAILED ", "ERROR "))
+    }
+    known = KNOWN_FAILURES.get(version, set())
+    assert failures == known, "\n".join(sorted(failures ^ known) or result.stdout.splitlines()[-30:])
+    assert result.returncode == (1 if known else 0), result.stdout[-3000:]

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from kprecompile.errors import KprecompileError
-from kprecompile.vllm.releases import TESTED_RELEASES as SUPPORTED_RELEASES
+from kprecompile.vllm.releases import TESTED_RELEASES
+
+# The releases the tests inside vLLM run against: the tested ones, or those KPRECOMPILE_TEST_RELEASES
+# names (comma-separated: scripts/release_matrix.py runs them for any release).
+SUPPORTED_RELEASES = (
+    tuple(release.strip() for release in os.environ.get("KPRECOMPILE_TEST_RELEASES", "").split(",") if release.strip())
+    or TESTED_RELEASES
+)
 
 ROOT = Path(__file__).parent.parent
 

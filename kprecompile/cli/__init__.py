@@ -73,13 +73,15 @@ def _use_named_engine(arguments: list[str]) -> None:
     from ..vllm.install import use_engine
     from ..vllm.releases import installed_release
 
+    version = ""
     for index, argument in enumerate(arguments):
+        if argument == "--":
+            break
         name, equals, value = argument.partition("=")
-        if name == "--vllm-version":
+        if name == "--vllm-version":  # the last one wins, as click takes it
             version = value if equals else (arguments[index + 1] if index + 1 < len(arguments) else "")
-            if version and installed_release() != version and use_engine(version) is not None:
-                logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
-            return
+    if version and installed_release() != version and use_engine(version) is not None:
+        logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
 
 
 def vllm_spelling(argument: str) -> str:

@@ -3,6 +3,9 @@ apart from this environment (its torch stays; the release brings the Triton its 
 
 from __future__ import annotations
 
+import re
+from importlib import metadata
+
 import click
 
 from ..errors import InputError
@@ -20,12 +23,13 @@ def command() -> None:
 
 
 def _release(requirement: str) -> str:
-    """`vllm==0.12.0` -> `0.12.0`; one line naming the field otherwise."""
+    """`vllm==0.12.0` -> `0.12.0`; one line naming the field otherwise. The version is exact
+    (X.Y.Z, as `--vllm-version` and the installed metadata spell it)."""
     name, equals, version = requirement.partition("==")
-    if name.strip().lower() not in _ENGINES or not equals or not version.strip():
-        expected = f"{' or '.join(_ENGINES)}==VERSION, e.g. vllm=={TESTED_RELEASES[-1]}"
-        raise InputError("REQUIREMENT", requirement, expected)
     version = version.strip()
+    if name.strip().lower() not in _ENGINES or not equals or not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        expected = f"{' or '.join(_ENGINES)}==X.Y.Z, e.g. vllm=={TESTED_RELEASES[-1]}"
+        raise InputError("REQUIREMENT", requirement, expected)
     try:
         release_line(version, "REQUIREMENT")
     except InputError as error:
@@ -37,9 +41,10 @@ def _release(requirement: str) -> str:
 @click.argument("requirement", metavar="REQUIREMENT")
 @options.json_option
 def install(requirement: str, json_output: bool) -> None:
-    """Install a vLLM release's Python (no torch, no GPU libraries) with the Triton its torch pins,
-    one directory per release, all or nothing; `plan`, `warm` and `bake --vllm-version VERSION`
-    then trace that release's own kernels.
+    """Install a vLLM release's Python (no torch, no Triton, no GPU libraries), one directory per
+    release, all or nothing; `plan`, `warm` and `bake --vllm-version VERSION` then trace that
+    release's own kernels, under this environment's Triton (cache keys follow it: install the
+    Triton your serving image runs).
 
     \b
     Example:
@@ -51,14 +56,36 @@ def install(requirement: str, json_output: bool) -> None:
     output = Output(json_output)
     already = engine_install.installed(version, root)
     if not already and not json_output:
-        click.echo(f"kprecompile: installing vLLM {version}'s Python and its Triton into {root} (about 3 GB)", err=True)
+        click.echo(f"kprecompile: installing vLLM {version}'s Python into {root} (a few GB)", err=True)
     directory = engine_install.install(version, root)
-    triton = engine_install.triton_in(directory)
+    triton = _triton_under(directory)
+    pinned = engine_install.pinned_triton(version)
     output.document(
-        {"engine": "vllm", "version": version, "triton": triton, "path": str(directory), "installed": not already}
+        {
+            "engine": "vllm",
+            "version": version,
+            "path": str(directory),
+            "installed": not already,
+            "triton": triton,
+            "triton_pinned": pinned,
+        }
     )
     state = "already installed" if already else "installed"
-    output.data(f"vLLM {version} with Triton {triton} {state} in {directory}; plan with --vllm-version {version}")
+    output.data(f"vLLM {version} {state} in {directory}; plan with --vllm-version {version}")
+    if triton != pinned:
+        output.data(
+            f"note: vLLM {version}'s torch pins Triton {pinned}, this environment runs {triton}: "
+            "keys follow this environment's Triton, so bake where the server's runs"
+        )
+
+
+def _triton_under(directory) -> str | None:
+    """The Triton commands run under with this engine: its own where it holds one (the tests'),
+    else this environment's."""
+    try:
+        return engine_install.triton_in(directory) or metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        return None
 
 
 @command.command(name="ls")
@@ -67,7 +94,7 @@ def ls(json_output: bool) -> None:
     """The engine releases installed here, with their Triton and size."""
     output = Output(json_output)
     rows = [
-        {"engine": "vllm", "version": path.name, "triton": engine_install.triton_in(path), "path": str(path)}
+        {"engine": "vllm", "version": path.name, "triton": _triton_under(path), "path": str(path)}
         for path in engine_install.installed_engines()
     ]
     output.document({"engines": rows})

@@ -94,7 +94,7 @@ ENGINES_DIR = Setting(
     "a directory path",
     lambda raw: Path(raw).expanduser(),
     lambda: _user_data_dir() / "engines",
-    "where `kprecompile engine install` puts engine releases (vLLM's Python, with its Triton)",
+    "where `kprecompile engine install` puts engine releases (vLLM's Python)",
 )
 CACHE_LAYERS = Setting(
     "KPRECOMPILE_CACHE_LAYERS",

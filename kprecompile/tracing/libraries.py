@@ -190,7 +190,9 @@ def _import_vllm_module(name: str) -> ModuleType:
     if target is None:
         return importlib.import_module(name)
     if importlib.util.find_spec(VLLM_PACKAGE) is None:
-        raise LibraryUnavailableError(VLLM_DISTRIBUTION, f"pip install {VLLM_DISTRIBUTION}")
+        raise LibraryUnavailableError(
+            VLLM_DISTRIBUTION, "kprecompile engine install vllm==VERSION, then --vllm-version VERSION"
+        )
     from ..platforms.vllm_platform import target_imports
 
     with target_imports(target):

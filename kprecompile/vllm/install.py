@@ -151,8 +151,10 @@ def pinned_triton(version: str) -> str:
     """The Triton vLLM `version` runs with: the newest its torch pin admits on this platform (torch
     2.9 says `triton==3.5.0`, 2.14 `triton~=3.8.0`), read from the packages' metadata only."""
     [release] = _resolved("--no-deps", f"vllm=={version}").values()
-    [torch] = [requirement for requirement in _requires(release) if canonicalize_name(requirement.name) == "torch"]
-    [torch_entry] = _resolved("--no-deps", _spelled(torch)).values()
+    torches = [requirement for requirement in _requires(release) if canonicalize_name(requirement.name) == "torch"]
+    if len(torches) != 1:
+        raise KprecompileError(f"vLLM {version}'s metadata names no one torch requirement here")
+    [torch_entry] = _resolved("--no-deps", _spelled(torches[0])).values()
     tritons = [requirement for requirement in _requires(torch_entry) if canonicalize_name(requirement.name) == "triton"]
     if len(tritons) != 1 or not tritons[0].specifier:
         raise KprecompileError(f"torch {torch_entry['metadata']['version']} (vLLM {version}'s) pins no Triton here")
@@ -162,37 +164,47 @@ def pinned_triton(version: str) -> str:
 
 def _with_triton(version: str, final: Path) -> None:
     """Put the release's own Triton into its directory (staged beside it, then moved in)."""
-    staging = final.parent / f".{version}.triton.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _private_directory(final.parent / f".{version}.triton.partial")
     try:
         pip_install("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
         for entry in sorted(staging.iterdir(), key=lambda path: path.name != "triton"):
-            shutil.rmtree(final / entry.name, ignore_errors=True)
-            os.replace(entry, final / entry.name)
+            if entry.name == "triton" or entry.name.startswith("triton-"):
+                shutil.rmtree(final / entry.name, ignore_errors=True)
+                os.replace(entry, final / entry.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def install(version: str, dest: Path) -> Path:
-    """Install one release, with the Triton its torch pins, into `<dest>/<version>` (nothing to do
-    when it is there; a release installed without its Triton gets it)."""
+def _private_directory(path: Path) -> Path:
+    """`path` made afresh, with its missing parents, writable by this user only (0755 whatever the
+    umask): engine directories hold code that runs, and `use_engine` refuses others'."""
+    shutil.rmtree(path, ignore_errors=True)
+    missing = [parent for parent in (path, *path.parents) if not parent.exists()]
+    path.mkdir(parents=True)
+    for directory in missing:
+        directory.chmod(0o755)
+    return path
+
+
+def install(version: str, dest: Path, *, with_triton: bool = False) -> Path:
+    """Install one release into `<dest>/<version>` (nothing to do when it is there). With
+    `with_triton`, the Triton its torch pins goes in too (the tests run each release on its own
+    toolchain); without, this environment's Triton serves, and keys follow it."""
     final = release_dir(version, dest)
     if installed(version, dest):
-        if not (final / "triton" / "__init__.py").is_file():
+        if with_triton and not (final / "triton" / "__init__.py").is_file():
             _with_triton(version, final)
         return final
     dependencies = light_dependencies(version)
-    staging = dest / f".{version}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _private_directory(dest / f".{version}.partial")
     try:
         pip_install("--target", str(staging), *dependencies.with_deps)
         pulled = [name for name in ("torch", "triton") if (staging / name).exists()]
         if pulled:
             raise KprecompileError(f"the light packages of vLLM {version} pulled in {', '.join(pulled)}; refusing")
         pip_install("--target", str(staging), "--no-deps", f"vllm=={version}", *dependencies.without_deps)
-        pip_install("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
+        if with_triton:
+            pip_install("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     finally:

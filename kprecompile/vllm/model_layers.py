@@ -92,7 +92,8 @@ class BuiltLayers:
 
     architecture: str
     layers: tuple[AttentionLayer, ...]
-    serving: dict[str, Any]
+    # As a dict, or why kprecompile cannot plan what vLLM resolved.
+    serving: dict[str, Any] | str
 
     @property
     def source(self) -> str:
@@ -128,7 +129,10 @@ def vllm_layers(
 def _parse(answer: dict[str, Any]) -> BuiltLayers:
     names = {field.name for field in fields(AttentionLayer)}
     layers = tuple(AttentionLayer(**{key: layer[key] for key in names}) for layer in answer["layers"])
-    return BuiltLayers(str(answer["architecture"]), layers, dict(answer["serving"]))
+    serving = answer["serving"]
+    return BuiltLayers(
+        str(answer["architecture"]), layers, dict(serving) if isinstance(serving, dict) else str(serving)
+    )
 
 
 def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
@@ -351,10 +355,14 @@ def build(question: Question) -> dict[str, Any]:
     from .engine_config import serving_from_vllm
 
     config, model = build_model(question)
+    try:
+        serving: dict[str, Any] | str = serving_from_vllm(config).as_dict()
+    except InputError as error:  # the layers stand; the command says why the serving does not
+        serving = str(error)
     return {
         "architecture": type(model).__name__,
         "layers": [layer.as_dict() for layer in built_layers(config)],
-        "serving": serving_from_vllm(config).as_dict(),
+        "serving": serving,
     }
 
 
@@ -400,24 +408,40 @@ def with_engine_layers(
         if built is None:
             return model, serving
         answers[target.name] = built
-    if len({(built.layers, json.dumps(built.serving, sort_keys=True)) for built in answers.values()}) > 1:
+    if len({built.layers for built in answers.values()}) > 1:
         chosen = ", ".join(
             f"{', '.join(layer.backend for layer in built.layers)} on {name}" for name, built in answers.items()
         )
         raise InputError("--target", ",".join(answers), f"targets vLLM builds alike; it builds {chosen}")
+    if len({json.dumps(built.serving, sort_keys=True) for built in answers.values()}) > 1:
+        resolved = "; ".join(f"{name}: {built.serving}" for name, built in answers.items())
+        raise InputError("--target", ",".join(answers), f"targets vLLM resolves alike; it resolves {resolved}")
     built = next(iter(answers.values()))
     source = f"vLLM {installed}'s {built.architecture}"
-    return replace(model, attention_layers=built.layers, layers_source=source), _resolved_serving(built, serving)
+    model = replace(model, attention_layers=built.layers, layers_source=source)
+    if rocm and len(rocm) != len(targets):
+        # NVIDIA targets beside ROCm ones: vLLM resolved for ROCm; keep the flags for all.
+        return model, serving
+    return model, _resolved_serving(built, serving, model)
 
 
-def _resolved_serving(built: BuiltLayers, serving: ServingParams) -> ServingParams:
-    """The serving parameters vLLM resolved, where kprecompile can plan them (one WARNING and
-    the flags as given where it cannot)."""
-    resolved = dict(built.serving)
-    if resolved.get("cudagraph_capture_sizes") is not None:
-        resolved["cudagraph_capture_sizes"] = tuple(resolved["cudagraph_capture_sizes"])
-    try:
-        return ServingParams(**resolved)
-    except (InputError, TypeError) as error:
-        logger.warning("vLLM's %s resolved serving parameters kprecompile cannot plan (%s)", built.architecture, error)
-        return serving
+def _resolved_serving(built: BuiltLayers, serving: ServingParams, model: ModelConfig) -> ServingParams:
+    """The serving parameters vLLM resolved, where kprecompile can plan them for `model` (one
+    WARNING and the flags as given where it cannot)."""
+    problem = built.serving if isinstance(built.serving, str) else None
+    if problem is None:
+        resolved = dict(built.serving)
+        if resolved.get("cudagraph_capture_sizes") is not None:
+            resolved["cudagraph_capture_sizes"] = tuple(resolved["cudagraph_capture_sizes"])
+        try:
+            adopted = ServingParams(**resolved)
+            adopted.check(model)
+            return adopted
+        except (InputError, TypeError) as error:
+            problem = str(error)
+    logger.warning(
+        "vLLM's %s resolved serving parameters kprecompile cannot plan (%s); planning with the flags as given",
+        built.architecture,
+        problem,
+    )
+    return serving

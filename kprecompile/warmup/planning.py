@@ -229,9 +229,11 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
     for target in targets:
         first = len(plans)
         for choice in selection.choices:
-            skip_reason = choice.skip_reason or choice.skip_reason_on(target.name)
+            # The target's own reason first: where the engine runs prebuilt kernels on it, what
+            # this builder lacks does not matter there.
+            skip_reason = choice.skip_reason_on(target.name) or choice.skip_reason
             if skip_reason is not None:
-                missing = choice.missing if choice.skip_reason else None
+                missing = choice.missing if choice.skip_reason_on(target.name) is None else None
                 plans.append(
                     FamilyPlan(choice.family, target.name, 0, 0, {}, skip_reason, choice.backend, None, missing)
                 )
