@@ -9,6 +9,7 @@ layouts differ between releases; each read here exists in every supported releas
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +22,9 @@ from ...selection.request import Request
 from ...vllm.engine_config import serving_from_vllm
 from ...vllm.model_layers import built_layers
 from ...vllm.releases import installed_release
+
+# A child of vLLM's logger, as the plugin's (`plugin.py`).
+logger = logging.getLogger("vllm.kprecompile")
 
 
 def hf_config_dict(vllm_config: Any) -> dict[str, Any]:
@@ -63,7 +67,11 @@ def from_vllm_config(
     release = installed_release()
     if model is not None:
         # The layers as this process built them, as the CLI reads them from vLLM's build.
-        layers = built_layers(vllm_config)
+        try:
+            layers = built_layers(vllm_config)
+        except Exception as error:  # a layer kprecompile cannot read: the config's reading decides
+            logger.warning("kprecompile: the built model's layers were not read (%s: %s)", type(error).__name__, error)
+            layers = ()
         if layers:
             source = f"vLLM {release}'s {type(model).__name__}"
             config = replace(config, attention_layers=layers, layers_source=source)
