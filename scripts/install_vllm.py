@@ -12,8 +12,6 @@ PYTHONPATH. Without VERSION, each of `TEST_TRITONS` is also installed alone into
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -53,15 +51,8 @@ def install_triton(version: str, dest: Path = DEFAULT_TRITON_DEST) -> Path:
     final = triton_dir(version, dest)
     if (final / "triton" / "__init__.py").is_file():
         return final
-    staging = dest / f".{version}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    try:
+    with engine_install.staged(final) as staging:
         engine_install.pip_install("--target", str(staging), "--no-deps", f"triton=={version}")
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(staging, final)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return final
 
 

@@ -5,27 +5,20 @@ and put first on PYTHONPATH of a pytest run of the suite's fast tests."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from vllm_releases import installer
 
 from kprecompile.errors import KprecompileError
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _installer():
-    spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-INSTALLER = _installer()
+INSTALLER = installer()
 # What fails under a Triton for a reason outside kprecompile, exactly: the run must fail these and
 # nothing else. amd-aiter 0.1.7.post2.dev18 (the only AITER on the registry) names ACTUAL_HEAD_DIM,
 # which is not an argument of its flash-attention kernel, in that kernel's autotune key; Triton 3.9

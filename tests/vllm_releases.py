@@ -22,10 +22,11 @@ SUPPORTED_RELEASES = (
 
 ROOT = Path(__file__).parent.parent
 
-__all__ = ["SUPPORTED_RELEASES", "release_path", "vllm_environment"]
+__all__ = ["SUPPORTED_RELEASES", "installer", "release_path", "vllm_environment"]
 
 
-def _installer():
+def installer():
+    """scripts/install_vllm.py as a module (it is a script, not part of the package)."""
     spec = importlib.util.spec_from_file_location("install_vllm", ROOT / "scripts" / "install_vllm.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -34,9 +35,9 @@ def _installer():
 
 def release_path(version: str) -> Path:
     """The release's directory, installed on first use (CI's .ci/run installs them first)."""
-    installer = _installer()
+    script = installer()
     try:
-        return installer.install(version)
+        return script.install(version)
     except KprecompileError as error:
         pytest.skip(f"vLLM {version} could not be installed here ({error}); run scripts/install_vllm.py")
 

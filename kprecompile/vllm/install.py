@@ -17,6 +17,7 @@ complete, so an interrupted install is never taken for a finished one.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -196,8 +198,7 @@ def install(version: str, dest: Path, *, with_triton: bool = False) -> Path:
             _with_triton(version, final)
         return final
     dependencies = light_dependencies(version)
-    staging = _private_directory(dest / f".{version}.partial")
-    try:
+    with staged(final) as staging:
         pip_install("--target", str(staging), *dependencies.with_deps)
         pulled = [name for name in ("torch", "triton") if (staging / name).exists()]
         if pulled:
@@ -205,11 +206,21 @@ def install(version: str, dest: Path, *, with_triton: bool = False) -> Path:
         pip_install("--target", str(staging), "--no-deps", f"vllm=={version}", *dependencies.without_deps)
         if with_triton:
             pip_install("--target", str(staging), "--no-deps", f"triton=={pinned_triton(version)}")
+    return final
+
+
+@contextlib.contextmanager
+def staged(final: Path) -> Iterator[Path]:
+    """A fresh directory beside `final` (0755) to install into; when the block completes it
+    replaces `final`, and it is removed whatever happens: an interrupted install is never taken
+    for a finished one."""
+    staging = _private_directory(final.parent / f".{final.name}.partial")
+    try:
+        yield staging
         shutil.rmtree(final, ignore_errors=True)
         os.replace(staging, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return final
 
 
 def engines_root() -> Path:
