@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -183,26 +184,40 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
     engine's layout resolved by vLLM, its planner's placement of every layer in one allocation,
     and its per-layer view; with the width of the runner's block table. `shape` gives the step's
     `num_seqs`, `max_seq_len`, `kv_cache_storage` and `kv_cache_blocks` (0: as few as
-    `layer_blocks` gives)."""
+    `layer_blocks` gives).
+
+    Each step is the release's own code wherever it keeps it: the planner moved from
+    `kv_cache_utils` to `kv_cache_planning` (0.33), the per-layer view from the runner's
+    `_reshape_kv_cache_tensors` to `create_kv_cache_views` (0.29), the block table's width into
+    `get_block_table_width` (0.27)."""
     import torch
 
     from ..vllm.engine_config import no_cutlass_gemms
 
-    utils = import_library_module("vllm.v1.attention.backends.utils")
-    planning = import_library_module("vllm.v1.core.kv_cache_planning")
     interface = import_library_module("vllm.v1.kv_cache_interface")
-    block_table = import_library_module("vllm.v1.worker.block_table")
     # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
     # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
     with no_cutlass_gemms(target):
         worker = import_library_module("vllm.v1.worker.utils")
     layers = config.model_config.get_num_layers(config.parallel_config)
     names = [LAYER_NAME.replace(".0.", f".{index}.") for index in range(layers)]
-    spec = worker.customize_attention_spec(backend, spec)
-    supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
-    layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
-    kernel_block = worker.select_common_block_size(spec.block_size, [backend], [spec])
-    width = block_table.get_block_table_width(-(-config.model_config.max_model_len // kernel_block), kernel_block)
+    customize = getattr(worker, "customize_attention_spec", None)
+    if customize is not None:
+        spec = customize(backend, spec)
+    # The layout the engine core resolves once (0.29) for the backend's spec, before it plans
+    # the allocation.
+    utils = import_library_module("vllm.v1.attention.backends.utils")
+    layout = None
+    if hasattr(utils, "resolve_kv_cache_layout"):
+        supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
+        layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
+    kernel_block = _call_with(
+        worker.select_common_block_size,
+        kv_manager_block_size=spec.block_size,
+        backends=[backend],
+        kv_cache_specs=[spec],
+    )
+    width = _block_table_width(config, spec, kernel_block, target)
     needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
     element = torch.empty((), dtype=spec.dtype, device="meta").element_size()
     if shape.kv_cache_blocks:
@@ -210,13 +225,110 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
     else:
         blocks = layer_blocks(needed, spec.page_size_bytes, spec.head_size * element, shape.kv_cache_storage)
     group = interface.KVCacheGroupSpec(names, spec)
-    kv_config = planning.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
-    [tensor] = kv_config.kv_cache_tensors
-    raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
-    views = interface.create_kv_cache_views(
-        raw, spec, kv_config.num_blocks, layout, tensor, kernel_block_size=kernel_block
+    planner = _first_module_with(
+        "get_kv_cache_config_from_groups", "vllm.v1.core.kv_cache_planning", "vllm.v1.core.kv_cache_utils"
     )
-    return views[0], width
+    kv_config = planner.get_kv_cache_config_from_groups(config, [group], blocks * spec.page_size_bytes * layers)
+    if layout is not None:
+        [tensor] = kv_config.kv_cache_tensors
+        raw = torch.empty(tensor.size, dtype=torch.int8, device="meta")
+        views = interface.create_kv_cache_views(
+            raw, spec, kv_config.num_blocks, layout, tensor, kernel_block_size=kernel_block
+        )
+        return views[0], width
+    return _runner_views(config, backend, spec, kv_config, names, kernel_block, worker, target)[names[0]], width
+
+
+def _call_with(function: Callable[..., Any], **known: Any) -> Any:
+    """`function` called with the arguments of `known` its signature takes (by name); one it
+    needs that `known` lacks fails with its name (a release to read)."""
+    parameters = inspect.signature(function).parameters
+    missing = [
+        name
+        for name, parameter in parameters.items()
+        if name not in known
+        and parameter.default is inspect.Parameter.empty
+        and name != "self"
+        and parameter.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if missing:
+        raise TypeError(f"{function.__qualname__} needs {missing[0]!r}, which kprecompile does not fill")
+    return function(**{name: value for name, value in known.items() if name in parameters})
+
+
+def _first_module_with(attribute: str, *modules: str) -> Any:
+    """The first of vLLM's `modules` (by name) that holds `attribute`."""
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            module = import_library_module(name)
+            if hasattr(module, attribute):
+                return module
+    raise ImportError(f"vLLM's {attribute} is in none of {', '.join(modules)}")
+
+
+def _block_table_width(config: Any, spec: Any, kernel_block: int, target: Target) -> int:
+    """The width of the runner's block table for the layer group: `get_block_table_width` from
+    0.27; before it, the width vLLM's own `MultiGroupBlockTable` gives for the runner's arguments
+    (its alignment came and went between releases)."""
+    import torch
+
+    from ..vllm.engine_config import no_cutlass_gemms
+
+    block_table = import_library_module("vllm.v1.worker.block_table")
+    max_model_len = config.model_config.max_model_len
+    if hasattr(block_table, "get_block_table_width"):
+        return block_table.get_block_table_width(-(-max_model_len // kernel_block), kernel_block)
+    with unpinned_host_memory(), no_cutlass_gemms(target):
+        table = _call_with(
+            block_table.MultiGroupBlockTable,
+            max_num_reqs=1,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=1,
+            pin_memory=False,
+            device=torch.device("meta"),
+            block_sizes=[spec.block_size],
+            kernel_block_sizes=[kernel_block],
+            max_num_blocks=[-(-max_model_len // spec.block_size)],
+        )
+    return table.block_tables[0].max_num_blocks_per_req
+
+
+def _runner_views(
+    config: Any,
+    backend: type,
+    spec: Any,
+    kv_config: Any,
+    names: list[str],
+    kernel_block: int,
+    worker: Any,
+    target: Target,
+) -> dict[str, Any]:
+    """Every layer's KV-cache view as the runner of 0.19 to 0.28 makes it: its own
+    `_allocate_kv_cache_tensors` and `_reshape_kv_cache_tensors`, called on a runner that holds
+    only what they read (the KV-cache config, the attention group, the cache config)."""
+    import torch
+
+    from ..vllm.engine_config import no_cutlass_gemms
+
+    with no_cutlass_gemms(target):
+        runner_module = import_library_module("vllm.v1.worker.gpu_model_runner")
+    runner = object.__new__(runner_module.GPUModelRunner)
+    group = vllm_record(
+        worker.AttentionGroup,
+        {"backend": backend, "layer_names": names, "kv_cache_spec": spec, "kv_cache_group_id": 0},
+    )
+    runner.device = torch.device("meta")
+    runner.kv_cache_config = kv_config
+    runner.cache_config = config.cache_config
+    runner.runner_only_attn_layers = set()
+    runner.attn_groups = [[group]]
+    raw = _call_with(runner._allocate_kv_cache_tensors, kv_cache_config=kv_config)
+    return _call_with(
+        runner._reshape_kv_cache_tensors,
+        kv_cache_config=kv_config,
+        kv_cache_raw_tensors=raw,
+        kernel_block_sizes=[kernel_block],
+    )
 
 
 def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, element_type: Any, blocks: int) -> Any:
