@@ -36,13 +36,15 @@ V2_LITE = load_model("deepseek-v2-lite")
 LLAMA = load_model("llama-3.1-8b-instruct")
 SMALL = ServingParams(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048)
 
+# vLLM's default capture sizes up to 0.19: the size grid alone, 512 at most on every GPU.
+CAPTURE_UP_TO_0_19 = {"capture_batched_tokens": False, "capture_ceiling_sm100": 512, "capture_decodes": "none"}
 # The rules of 0.11 to 0.18 that 0.19 changed, as the tests assert them of 0.11.2 and 0.12.0.
 UP_TO_0_18 = {
     # test_vllm.py: test_the_cuda_selection_mirror_follows_the_releases_priority_list;
     # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (CUTLASS_MLA on sm100).
     "cuda_mla_priorities_sm100": CUDA_MLA_SM100,
-    # test_vllm.py: test_the_capture_size_rule_is_the_releases; test_engines.py: test_capture_sizes_follow_the_release.
-    "capture_serving_limits": False,
+    # in_vllm/test_release_capture.py (the release's own rule, on gfx942, sm90 and sm100).
+    **CAPTURE_UP_TO_0_19,
     "backend_variable": True,
     # test_vllm.py: test_triton_attn_kernels_keys_and_coverage, test_aiter_fa_context_keys_and_coverage.
     "tracing": "call_site",
@@ -66,6 +68,40 @@ EVERY_LINE = {
     "cuda_gqa_priorities_sm100": CUDA_GQA_SM100,
 }
 ALL_MLA = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
+CAPTURE_FROM_0_31 = {
+    "capture_batched_tokens": True,
+    "capture_ceiling_sm100": 1024,
+    "capture_decodes": "speculative_and_max_num_seqs",
+}
+# The rules from 0.19 on as the tests assert them of 0.33.0 (and of the releases the matrix runs,
+# docs/release-matrix.md), but the capture sizes.
+FROM_0_19 = {
+    **EVERY_LINE,
+    "rocm_mla_backends": ALL_MLA,
+    # test_engines.py: test_each_release_line_selects_as_that_release_does (0.33.0 rows).
+    "gqa_rule": "priority_list",
+    "backend_variable": False,
+    # test_vllm.py: CLI_CASES "none" (0.33 finds no backend for pages of one token).
+    "aiter_mla_for_block_size_1": False,
+    # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (FLASHINFER_MLA on sm100).
+    "cuda_mla_priorities_sm100": (
+        "FLASHINFER_MLA",
+        "TOKENSPEED_MLA",
+        "CUTLASS_MLA",
+        "FLASH_ATTN_MLA",
+        "FLASHMLA",
+        "TRITON_MLA",
+    ),
+    "capture_scales_with_speculation": True,
+    # test_vllm.py: test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view.
+    "tracing": "engine_step",
+    "triton_mla_decode": "forward_mqa",
+    "triton_mla_fp8_kv_cache": True,
+    "aiter_mla_triton_reduce": False,
+    "mla_merge": "compiled_on_cdna3",
+    "cuda_sm89_block_fp8": "marlin",
+    "aiter_block_fp8": "aiter_blockscale",
+}
 # What the tests assert of a release of each line, field by field.
 RULES: dict[str, dict[str, object]] = {
     "0.11.2": {
@@ -97,33 +133,20 @@ RULES: dict[str, dict[str, object]] = {
         # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
         "capture_scales_with_speculation": True,
     },
-    "0.33.0": {
-        **EVERY_LINE,
-        "rocm_mla_backends": ALL_MLA,
-        # test_engines.py: test_each_release_line_selects_as_that_release_does (0.33.0 rows).
-        "gqa_rule": "priority_list",
-        "backend_variable": False,
-        # test_vllm.py: CLI_CASES "none" (0.33 finds no backend for pages of one token).
-        "aiter_mla_for_block_size_1": False,
-        # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (FLASHINFER_MLA on sm100).
-        "cuda_mla_priorities_sm100": (
-            "FLASHINFER_MLA",
-            "TOKENSPEED_MLA",
-            "CUTLASS_MLA",
-            "FLASH_ATTN_MLA",
-            "FLASHMLA",
-            "TRITON_MLA",
-        ),
-        "capture_scales_with_speculation": True,
-        "capture_serving_limits": True,
-        # test_vllm.py: test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view.
-        "tracing": "engine_step",
-        "triton_mla_decode": "forward_mqa",
-        "triton_mla_fp8_kv_cache": True,
-        "aiter_mla_triton_reduce": False,
-        "mla_merge": "compiled_on_cdna3",
-        "cuda_sm89_block_fp8": "marlin",
-        "aiter_block_fp8": "aiter_blockscale",
+    **{
+        release: {**FROM_0_19, **capture}
+        for release, capture in (
+            ("0.19.1", CAPTURE_UP_TO_0_19),
+            # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20, sm100's
+            # ceiling of 1024 from 0.28, speculative decode batches from 0.29, max-num-seqs from 0.31.
+            ("0.25.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
+            ("0.28.0", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True, "capture_ceiling_sm100": 1024}),
+            (
+                "0.30.0",
+                {"capture_batched_tokens": True, "capture_ceiling_sm100": 1024, "capture_decodes": "speculative"},
+            ),
+            ("0.33.0", CAPTURE_FROM_0_31),
+        )
     },
 }
 
@@ -140,7 +163,8 @@ def test_the_lines_follow_one_another_and_each_has_its_rules_row():
     fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
     for release, row in RULES.items():
         assert set(row) == fields, release
-    assert release_line("0.18.9").name == "0.13" and release_line("0.40").name == "0.19"
+    assert release_line("0.18.9").name == "0.13" and release_line("0.19.1").name == "0.19"
+    assert release_line("0.30.0").name == "0.29" and release_line("0.40").name == RELEASE_LINES[-1].name
     for too_old in ("0.11.1", "0.10.2", "vllm"):
         with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):
             release_line(too_old)
@@ -215,8 +239,13 @@ def test_the_cuda_selection_follows_every_records_priority_lists(line):
 def test_the_capture_sizes_follow_every_records_rule(line):
     release = line.first_release
     speculative = (1, 2, 4, 8, 16) if line.capture_scales_with_speculation else (1, 2, 4, 8)
-    assert capture_sizes(release, 4, 2048, 2) == speculative
-    assert (3 in capture_sizes(release, 3, 2048, 1)) == line.capture_serving_limits
+    assert capture_sizes(release, 4, 2048, 2)[:5] == speculative
+    assert (100 in capture_sizes(release, 64, 100, 1)) == line.capture_batched_tokens
+    assert max(capture_sizes(release, 1024, 8192, 1, target=TARGETS["sm100"])) == line.capture_ceiling_sm100
+    assert max(capture_sizes(release, 1024, 8192, 1, target=TARGETS["sm90"])) == 512
+    # Four requests verifying two drafts each: 12 tokens, off the size grid, captured as a decode batch.
+    assert (12 in capture_sizes(release, 8, 2048, 3)) == (line.capture_decodes != "none")
+    assert (3 in capture_sizes(release, 3, 2048, 1)) == (line.capture_decodes == "speculative_and_max_num_seqs")
 
 
 @pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)

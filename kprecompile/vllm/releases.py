@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from ..inputs.models import ModelConfig
     from ..inputs.serving import ServingParams
+    from ..inputs.targets import Target
 
 # Tested against these (scripts/install_vllm.py installs them): 0.11.2 and 0.12.0 pair with the
 # installed amd-aiter; 0.33.0 is the newest on the registry.
@@ -57,6 +58,10 @@ Sm89BlockFp8 = Literal["triton_gemm", "marlin"]
 # CK GEMM on e4m3fnuz GPUs (gfx942) and vLLM's Triton GEMM elsewhere, or AITER's block-scale
 # kernel (`AiterFp8BlockScaledMMKernel`) on every arch.
 AiterBlockFp8 = Literal["ck_on_gfx942", "aiter_blockscale"]
+# Which uniform decode batches vLLM captures beside its size grid when no sizes are given:
+# none; with speculative decoding, each standard request count x the query length; those, and
+# without speculation max-num-seqs itself.
+CaptureDecodes = Literal["none", "speculative", "speculative_and_max_num_seqs"]
 
 # vLLM's CUDA priority lists (`_get_backend_priorities`), without the sparse-MLA backends and
 # those for multimodal prefixes: below sm100, and on sm100.
@@ -94,8 +99,12 @@ class ReleaseLine:
     cuda_gqa_priorities_sm100: tuple[str, ...]
     # Whether the largest default capture size scales with 1 + speculative tokens (0.13).
     capture_scales_with_speculation: bool
-    # Whether max-num-seqs and a small max-num-batched-tokens are captured as well (0.19).
-    capture_serving_limits: bool
+    # Whether a max-num-batched-tokens under the ceiling is captured as well (0.20).
+    capture_batched_tokens: bool
+    # The default capture ceiling on sm100-family GPUs (1024 from 0.28; 512 elsewhere, always).
+    capture_ceiling_sm100: int
+    # Which decode batches are captured beside the size grid (`CaptureDecodes`: 0.29, 0.31).
+    capture_decodes: CaptureDecodes
     # How TRITON_ATTN's and ROCM_AITER_FA's steps are traced (`Tracing`: the engine's own step from 0.19).
     tracing: Tracing
     # TRITON_MLA's decode entry point (`TritonMlaDecode`: `forward_mqa` from 0.19).
@@ -129,7 +138,9 @@ _LINE_0_11 = ReleaseLine(
     cuda_gqa_priorities=CUDA_GQA,
     cuda_gqa_priorities_sm100=CUDA_GQA_SM100,
     capture_scales_with_speculation=False,
-    capture_serving_limits=False,
+    capture_batched_tokens=False,
+    capture_ceiling_sm100=512,
+    capture_decodes="none",
     tracing="call_site",
     triton_mla_decode="forward_decode",
     triton_mla_fp8_kv_cache=False,
@@ -167,7 +178,6 @@ _LINE_0_19 = replace(
         "FLASHMLA",
         "TRITON_MLA",
     ),
-    capture_serving_limits=True,
     tracing="engine_step",
     triton_mla_decode="forward_mqa",
     triton_mla_fp8_kv_cache=True,
@@ -176,8 +186,21 @@ _LINE_0_19 = replace(
     cuda_sm89_block_fp8="marlin",
     aiter_block_fp8="aiter_blockscale",
 )
+_LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
+_LINE_0_28 = replace(_LINE_0_20, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
+_LINE_0_29 = replace(_LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative")
+_LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.
-RELEASE_LINES: tuple[ReleaseLine, ...] = (_LINE_0_11, _LINE_0_12, _LINE_0_13, _LINE_0_19)
+RELEASE_LINES: tuple[ReleaseLine, ...] = (
+    _LINE_0_11,
+    _LINE_0_12,
+    _LINE_0_13,
+    _LINE_0_19,
+    _LINE_0_20,
+    _LINE_0_28,
+    _LINE_0_29,
+    _LINE_0_31,
+)
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -266,39 +289,45 @@ def capture_sizes(
     max_num_batched_tokens: int,
     decode_query_len: int,
     ceiling: int | None = None,
+    target: Target | None = None,
 ) -> tuple[int, ...]:
-    """The CUDA-graph capture sizes `release` chooses when the user names none; `ceiling` is
-    the largest size a model's config class sets (decode sizes are then not added)."""
+    """The CUDA-graph capture sizes `release` chooses on `target` (None: not an sm100-family GPU)
+    when the user names none; `ceiling` is the largest size a model's config class sets (decode
+    sizes are then not added)."""
     line = release_line(release, "vllm")
     per_seq = decode_query_len if line.capture_scales_with_speculation else 1
-    largest = min(max_num_seqs * per_seq * 2, 512) if ceiling is None else ceiling
+    sm100 = target is not None and not target.is_rocm and int(target.arch) // 10 == 10
+    default = line.capture_ceiling_sm100 if sm100 else 512
+    largest = min(max_num_seqs * per_seq * 2, default) if ceiling is None else ceiling
     decode_sizes: list[int] = []
-    if line.capture_serving_limits and ceiling is None:
+    if line.capture_decodes != "none" and ceiling is None:
         if decode_query_len > 1:
-            requests = sorted({*_standard_sizes(min(max_num_seqs, 512)), min(max_num_seqs, 512)})
+            requests = sorted({*_standard_sizes(min(max_num_seqs, default)), min(max_num_seqs, default)})
             decode_sizes = [n * decode_query_len for n in requests if n * decode_query_len <= largest]
-        elif max_num_seqs <= largest:
+        elif line.capture_decodes == "speculative_and_max_num_seqs" and max_num_seqs <= largest:
             decode_sizes = [max_num_seqs]
     largest = min(largest, max_num_batched_tokens)
     sizes = _standard_sizes(largest)
-    if line.capture_serving_limits:
-        if max_num_batched_tokens <= largest:
-            sizes.append(max_num_batched_tokens)
-        sizes += [size for size in decode_sizes if size <= max_num_batched_tokens]
+    if line.capture_batched_tokens and max_num_batched_tokens <= largest:
+        sizes.append(max_num_batched_tokens)
+    sizes += [size for size in decode_sizes if size <= max_num_batched_tokens]
     return tuple(sorted(set(sizes)))
 
 
 def serving_capture_sizes(
-    serving: ServingParams, release: str = DEFAULT_RELEASE, model: ModelConfig | None = None
+    serving: ServingParams,
+    release: str = DEFAULT_RELEASE,
+    model: ModelConfig | None = None,
+    target: Target | None = None,
 ) -> tuple[int, ...]:
     """The token counts graphs are captured for under `serving` (empty when eager), as vLLM
-    `release` computes them for `model` when none are given."""
+    `release` computes them for `model` on `target` when none are given."""
     if serving.enforce_eager:
         return ()
     if serving.cudagraph_capture_sizes is None:
         architectures = model.architectures if model is not None else ()
         ceiling = next((MODEL_CAPTURE_CEILINGS[name] for name in architectures if name in MODEL_CAPTURE_CEILINGS), None)
         return capture_sizes(
-            release, serving.max_num_seqs, serving.max_num_batched_tokens, serving.decode_query_len, ceiling
+            release, serving.max_num_seqs, serving.max_num_batched_tokens, serving.decode_query_len, ceiling, target
         )
     return tuple(size for size in serving.cudagraph_capture_sizes if size <= serving.max_num_batched_tokens)

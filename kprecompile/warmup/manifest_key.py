@@ -52,7 +52,7 @@ def configuration_parts(
         "kprecompile": __version__,
         "model_digest": model.digest,
         "serving": serving.resolved(
-            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE, model)
+            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE, model, target)
         ),
         "engine": selection.key_part(),
         "target": target.name,

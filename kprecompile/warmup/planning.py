@@ -74,7 +74,8 @@ class Plan:
     trace_seconds: float
     import_seconds: float = 0.0
     # The serving parameters as the engine resolves them for this model (`dtype` "auto" and an
-    # unset `max_model_len` replaced by their values): what the cache keys and the JSON shows.
+    # unset `max_model_len` replaced by their values): what the cache keys and the JSON shows; the
+    # capture sizes are the first target's (from 0.28 sm100 GPUs capture up to 1024 by default).
     resolved_serving: dict[str, Any] = field(default_factory=dict, repr=False)
     # The model's distinct attention layers the families were planned for, and who built them.
     layers: tuple[AttentionLayer, ...] = ()
@@ -267,6 +268,9 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
         layers=model.layer_kinds(serving),
         layers_source=model.attention_layers and model.layers_source or ModelConfig.layers_source,
         resolved_serving=serving.resolved(
-            model, serving_capture_sizes(serving, selection.vllm_release or DEFAULT_RELEASE, model)
+            model,
+            serving_capture_sizes(
+                serving, selection.vllm_release or DEFAULT_RELEASE, model, targets[0] if targets else None
+            ),
         ),
     )
