@@ -34,6 +34,7 @@ from kprecompile.warmup.planning import planned_line, planned_shapes
 DEEPSEEK = load_model("deepseek-r1")
 V2_LITE = load_model("deepseek-v2-lite")
 LLAMA = load_model("llama-3.1-8b-instruct")
+MISTRAL = load_model("mistral-7b-v0.1")
 SMALL = ServingParams(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=2048)
 
 # vLLM's default capture sizes up to 0.19: the size grid alone, 512 at most on every GPU.
@@ -59,6 +60,8 @@ UP_TO_0_18 = {
     "cuda_sm89_block_fp8": "triton_gemm",
     # test_engines.py: test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm; test_vllm.py.
     "aiter_block_fp8": "ck_on_gfx942",
+    # in_vllm/test_release_aiter_fa.py: test_random_steps_through_the_real_builder_and_impl_are_planned.
+    "aiter_fa_windowed_paged_decode": False,
 }
 # The same since 0.11 (test_engines.py and test_vllm.py's CUDA and ROCm selection tests).
 EVERY_LINE = {
@@ -101,6 +104,9 @@ FROM_0_19 = {
     "mla_merge": "compiled_on_cdna3",
     "cuda_sm89_block_fp8": "marlin",
     "aiter_block_fp8": "aiter_blockscale",
+    # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's unified attention
+    # (0.25.1: the random steps miss them without) until 0.33 trims the block table for its paged kernel.
+    "aiter_fa_windowed_paged_decode": False,
 }
 # What the tests assert of a release of each line, field by field.
 RULES: dict[str, dict[str, object]] = {
@@ -145,7 +151,8 @@ RULES: dict[str, dict[str, object]] = {
                 "0.30.0",
                 {"capture_batched_tokens": True, "capture_ceiling_sm100": 1024, "capture_decodes": "speculative"},
             ),
-            ("0.33.0", CAPTURE_FROM_0_31),
+            ("0.31.0", CAPTURE_FROM_0_31),
+            ("0.33.0", {**CAPTURE_FROM_0_31, "aiter_fa_windowed_paged_decode": True}),
         )
     },
 }
@@ -256,6 +263,9 @@ def test_the_families_follow_every_records_rules(line):
     assert triton_attn and all(isinstance(shape, TritonAttentionStep) == engine_steps for shape in triton_attn)
     context = FAMILIES["aiter_fa_context"].enumerate_shapes(LLAMA, SMALL, line)
     assert context and all(isinstance(shape, EngineStep) == engine_steps for shape in context)
+    windowed = FAMILIES["aiter_fa_context"].enumerate_shapes(MISTRAL, SMALL, line)
+    one_token_decodes = any(max(shape.query_lens) == 1 for shape in windowed)
+    assert one_token_decodes == (not engine_steps or not line.aiter_fa_windowed_paged_decode)
     mla = FAMILIES["triton_mla"].enumerate_shapes(V2_LITE, SMALL, line)
     assert {(shape.decode_entry, shape.merge) for shape in mla} == {(line.triton_mla_decode, line.mla_merge)}
     fp8 = ServingParams(max_num_seqs=4, kv_cache_dtype="fp8")

@@ -22,7 +22,15 @@ SUPPORTED_RELEASES = (
 
 ROOT = Path(__file__).parent.parent
 
-__all__ = ["SUPPORTED_RELEASES", "installer", "release_path", "vllm_environment"]
+__all__ = ["SUPPORTED_RELEASES", "installer", "release_path", "since", "vllm_environment"]
+
+
+def since(release: str, first: str) -> bool:
+    """Whether `release` is `first` or newer: for what the tests assert of vLLM's own code that
+    no release line's rule covers (a line's rule is read from its record instead)."""
+    from packaging.version import Version
+
+    return Version(release) >= Version(first)
 
 
 def installer():

@@ -148,7 +148,7 @@ def _enumerate_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLin
     if model_len < 3:
         return ()
     if line.tracing == "engine_step":
-        return _enumerate_engine_steps(model, serving)
+        return _enumerate_engine_steps(model, serving, line)
     base = paged_kv_fields(model, serving)
     max_extends = min(serving.max_num_seqs, serving.max_num_batched_tokens // 2)
     steps = [((2,) * len(contexts), contexts) for contexts in _context_mixes(model_len, max_extends, _TOTAL_CLASSES)]
@@ -171,11 +171,11 @@ def _enumerate_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLin
     )
 
 
-def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple[EngineStep, ...]:
+def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams, line: ReleaseLine) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
     the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
-    16 or 32 tokens this backend takes); with speculative decoding or sinks, decode steps (which
-    then run AITER's Triton unified attention) at every batch size, each longest query from 2 (1
+    16 or 32 tokens this backend takes); with speculative decoding, sinks or (up to 0.32) a window,
+    decode steps (which then run AITER's Triton unified attention) at every batch size, each longest query from 2 (1
     with sinks) to 1 + k tokens, over keys up to 512 (its 2D kernel), just past, and the longest.
     Other decodes of one token run AITER's prebuilt paged attention. Each in both storage classes:
     unlike TRITON_ATTN's, this backend's key and value views are not bounded by the layer's region,
@@ -194,8 +194,10 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams) -> tuple
     ]
     # Keys up to the 2D bound, just past it, and the longest.
     spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
-    # A layer with sinks decodes one token through unified attention too (the paged kernels take none).
-    shortest = 1 if base["sinks"] else 2
+    # A layer with sinks decodes one token through unified attention too (the paged kernels take
+    # none), and so does a windowed layer unless the line trims its block table for the paged kernel.
+    paged_window = line.aiter_fa_windowed_paged_decode and base["head_size"] >= 64
+    shortest = 1 if base["sinks"] or (base["sliding_window"] and not paged_window) else 2
     for longest in range(shortest, serving.decode_query_len + 1):
         for context in sorted({max(1, span - longest) for span in spans}):
             steps += [

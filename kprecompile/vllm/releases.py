@@ -119,6 +119,9 @@ class ReleaseLine:
     cuda_sm89_block_fp8: Sm89BlockFp8
     # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: block-scale from 0.19).
     aiter_block_fp8: AiterBlockFp8
+    # Whether ROCM_AITER_FA decodes a windowed layer's one-token steps with the paged kernel on a
+    # trimmed block table (0.33; heads of 64 or more, no sinks): before, AITER's unified attention.
+    aiter_fa_windowed_paged_decode: bool
 
     @property
     def first_release(self) -> str:
@@ -148,6 +151,7 @@ _LINE_0_11 = ReleaseLine(
     mla_merge="triton",
     cuda_sm89_block_fp8="triton_gemm",
     aiter_block_fp8="ck_on_gfx942",
+    aiter_fa_windowed_paged_decode=False,
 )
 # Each later line: the one before it, with what its first release changed.
 _LINE_0_12 = replace(
@@ -190,6 +194,7 @@ _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_
 _LINE_0_28 = replace(_LINE_0_20, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
 _LINE_0_29 = replace(_LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative")
 _LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
+_LINE_0_33 = replace(_LINE_0_31, name="0.33", since=(0, 33, 0), aiter_fa_windowed_paged_decode=True)
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.
 RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_11,
@@ -200,6 +205,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_28,
     _LINE_0_29,
     _LINE_0_31,
+    _LINE_0_33,
 )
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")

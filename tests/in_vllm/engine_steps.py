@@ -19,6 +19,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from release_support import environment
+from vllm_releases import since
 
 from kprecompile.inputs.layers import AttentionLayer
 from kprecompile.inputs.models import ModelConfig
@@ -56,8 +57,8 @@ FAMILIES = {"ROCM_AITER_FA": "aiter_fa_context"}
 BACKEND_LIBRARIES = {"ROCM_AITER_FA": ("aiter.ops.triton",)}
 # vLLM's compiled operators the impls call besides Triton's kernels (nothing to compile).
 PREBUILT_OPS = ("paged_attention_rocm", "reshape_and_cache", "reshape_and_cache_flash", "merge_attn_states")
-# Releases whose runner pads a full graph's requests (`num_reqs_padded` in gpu_model_runner.py).
-RELEASES_PADDING_REQUESTS = ("0.12.0", "0.33.0")
+# The first release whose runner pads a full graph's requests (`num_reqs_padded` in gpu_model_runner.py).
+PADS_REQUESTS_SINCE = "0.12"
 # MLA's: the latent cache write, the context's gather from it, the merge's compiled operator.
 MLA_PREBUILT_OPS = (
     "concat_and_cache_mla",
@@ -156,7 +157,7 @@ def _padded(step: EngineStep, config: Any, builder: Any) -> tuple[int, int]:
     padded = sizes[0]
     support = getattr(type(builder), "_cudagraph_support", None) or getattr(builder, "cudagraph_support", None)
     full = support is not None and support.name in ("ALWAYS", "UNIFORM_BATCH", "UNIFORM_SINGLE_TOKEN_DECODE")
-    pads_requests = installed_release() in RELEASES_PADDING_REQUESTS
+    pads_requests = since(installed_release(), PADS_REQUESTS_SINCE)
     if full and pads_requests and max(step.query_lens) == 1 and padded <= config.scheduler_config.max_num_seqs:
         return padded, padded
     return padded, requests

@@ -288,7 +288,7 @@ def triton_attn(target=GFX942) -> dict[str, object]:
         "missing": len(swept_keys - plan_keys),
         "missing_from_smaller_plan": len(swept_keys - small_keys),
     }
-    if installed_release().startswith("0.33"):
+    if release_line(installed_release()).tracing == "engine_step":
         document.update(triton_attn_0_19(target))
     return document
 
@@ -572,7 +572,7 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     document: dict[str, object] = {"choice": [choice.family, choice.skip_reason]}
     if choice.skip_reason:
         return document
-    if installed_release().startswith("0.33"):
+    if release_line(installed_release()).tracing == "engine_step":
         return {**document, **aiter_fa_context_0_19(model, seed)}
     plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")

@@ -12,12 +12,14 @@ from pathlib import Path
 
 import engine_steps
 import pytest
+from vllm_releases import since
 
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.request import resolve_requests
 from kprecompile.shapes import FAMILIES
 from kprecompile.tracing.trace import trace_calls
+from kprecompile.vllm.releases import release_line
 from kprecompile.warmup.planning import plan, planned_shapes
 
 MODELS = Path(__file__).parent.parent / "models"
@@ -58,7 +60,9 @@ def test_sliding_window_models_plan_their_windowed_decodes(release):
         row, kernels = _planned(spec)
         assert row.error is None and row.skip_reason is None and kernels, row
         assert "cp_mha_gather_cache_kernel" in kernels.values()
-        assert (UNIFIED in kernels.values()) == release.startswith("0.12"), (spec, sorted(kernels.values()))
+        # 0.12 to 0.32 decode a window's single tokens with AITER's unified attention (0.11's impl has none).
+        windowed_unified = since(release, "0.12") and not release_line(release).aiter_fa_windowed_paged_decode
+        assert (UNIFIED in kernels.values()) == windowed_unified, (spec, sorted(kernels.values()))
 
 
 def _keys(shapes) -> set[str]:
@@ -76,13 +80,13 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     """Random engine steps through vLLM's own layers, builder and impl compile nothing outside the
     plan. Negative controls, from the plan's own steps: without its KV caches over 2 GiB it misses
     wherever Triton's AMD buffer ops are on (3.6 on; 0.11 and 0.12's own 3.5 leaves them off);
-    without its decode steps it misses where decodes run Triton (0.12's windows,
-    0.33's sinks); Gemma-2's windows collapsed to one kind miss the other kind's gathers (0.12,
-    and 0.33's full group, whose gather takes int64 token-to-batch indices). vLLM up to 0.12
+    without its decode steps it misses where decodes run Triton (0.12 to 0.32's windows,
+    sinks from 0.23); Gemma-2's windows collapsed to one kind miss the other kind's gathers (0.12,
+    and 0.33's full group, whose gather takes int64 token-to-batch indices). vLLM up to 0.22
     builds no gpt-oss layer with this backend (its impl takes no sinks)."""
     request = _request(spec)
     layers = list(request.model.attention_layers)
-    if spec == GPT_OSS and not release.startswith("0.33"):
+    if spec == GPT_OSS and not since(release, "0.23"):
         assert not layers, "vLLM built gpt-oss's layers with a ROCM_AITER_FA that takes no sinks"
         return
     assert layers and all(layer.backend == "ROCM_AITER_FA" for layer in layers), layers
@@ -98,9 +102,10 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     over_2gib_missed = swept.keys - _keys(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
     assert bool(over_2gib_missed) == bool(knobs.amd.use_buffer_ops), len(over_2gib_missed)
     missed = swept.keys - _keys(shape for shape in shapes if max(shape.query_lens) > 1)
-    decodes_run_triton = release.startswith("0.12") or (release.startswith("0.33") and spec == GPT_OSS)
+    windowed_unified = since(release, "0.12") and not release_line(release).aiter_fa_windowed_paged_decode
+    decodes_run_triton = windowed_unified or (since(release, "0.23") and spec == GPT_OSS)
     assert bool(missed) == decodes_run_triton, len(missed)
     if spec == GEMMA:
         collapsed = [replace(layer, sliding_window=layers[0].sliding_window) for layer in layers]
         without, _ = engine_steps.planned(request.model, SERVING, "ROCM_AITER_FA", GFX942, collapsed)
-        assert bool(swept.keys - without) == (not release.startswith("0.11")), len(swept.keys - without)
+        assert bool(swept.keys - without) == since(release, "0.12"), len(swept.keys - without)

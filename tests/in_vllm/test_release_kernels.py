@@ -9,6 +9,9 @@ from collections import Counter
 
 import kernel_probes as probes
 import pytest
+from vllm_releases import since
+
+from kprecompile.vllm.releases import release_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("kernels-rocm")]
 
@@ -77,7 +80,7 @@ def test_rocm_attn_kernels_are_the_ones_vllms_own_rule_launches(plans, release):
     assert plans["llama-3.1-8b-instruct"] == plans["llama-3.1-8b-instruct fp8"] == prefill
     assert plans["mistral-7b-v0.1"] == plans["mistral-7b-v0.1 fp8"] == prefill + decode
     without_hip = plans["llama-3.1-8b-instruct VLLM_ROCM_CUSTOM_PAGED_ATTN=0"]
-    assert without_hip == (prefill if release.startswith("0.33") else prefill + decode)
+    assert without_hip == (prefill if since(release, "0.19") else prefill + decode)
 
 
 def test_vllm_kernels_are_traced_under_the_targets_platform(fp8_ranges):
@@ -108,7 +111,7 @@ def test_triton_attn_kernels_keys_and_coverage(triton_attn, release):
     class of the sequence count and per KV storage class (0.19+: `test_triton_attn_from_0_19...`)."""
     document = triton_attn
     assert document["choice"] == ["triton_attn", None]
-    if release.startswith("0.33"):
+    if release_line(release).tracing == "engine_step":
         return
     # vLLM's ROCm launch of reshape-and-cache: 8 warps, 4 stages (16 and 10 under its CUDA platform).
     assert document["reshape_launch"] == [8, 4]
@@ -169,7 +172,7 @@ def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
     prefill merges with the compiled operator)."""
     document = triton_mla
     assert document["choice"] == ["triton_mla", None]
-    if release.startswith("0.33"):
+    if release_line(release).triton_mla_decode == "forward_mqa":
         assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 10 + ["_fwd_kernel_stage2"] * 5
     else:
         assert (
@@ -188,7 +191,7 @@ def test_mla_merge_keys_and_coverage(mla_merge, release):
     ROCm): with and without the merged log-sum-exp; from 0.19 the release's own dispatcher takes
     its compiled operator on CDNA3 and newer, which is the reason the plan gives."""
     document = mla_merge
-    if release.startswith("0.33"):
+    if release_line(release).mla_merge == "compiled_on_cdna3":
         assert document["choice"][0] == "mla_merge" and "compiled merge_attn_states" in document["choice"][1]
         assert document["dispatch"] == {"gfx90a": 1, "gfx942": 0, "gfx950": 0}
         return
@@ -216,7 +219,7 @@ def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):
     keys = document["keys"]
     coverage = document["coverage"]
     assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] > 0
-    if release.startswith("0.33"):
+    if release_line(release).tracing == "engine_step":
         kernels = document["kernels"]
         assert set(kernels["default"]) == set(kernels["fp8"]) == {"cp_mha_gather_cache_kernel"}
         assert len(kernels["default"]) == len(kernels["fp8"]) >= 6
@@ -260,13 +263,14 @@ def test_block_fp8_linear_keys_and_coverage(block_fp8_linear, release):
         planned = choices[setting] is None
         assert planned == (path in ("_run_triton", "TritonFp8BlockScaledMMKernel")), setting
     assert choices["gfx950 aiter=0"] is None and choices["gfx942 aiter=0"] is None
-    if release.startswith("0.33"):
+    blockscale = release_line(release).aiter_block_fp8 == "aiter_blockscale"
+    if blockscale:
         # AITER's kernel: CK for every layer with the installed AITER (test_release_linear.py).
         assert "nothing to compile" in choices["gfx950 aiter=1"] and "nothing to compile" in choices["gfx942 aiter=1"]
     else:
         assert choices["gfx950 aiter=1"] is None and "e4m3fnuz" in choices["gfx942 aiter=1"]
     keys = document["keys"]
-    quantization = [] if release.startswith("0.33") else ["_per_token_group_quant_fp8"]
+    quantization = [] if blockscale else ["_per_token_group_quant_fp8"]
     assert keys["eager quantization"]["kernels"] == [*quantization, "_w8a8_triton_block_scaled_mm"]
     assert keys["eager quantization"]["traced"][:1] == keys["eager quantization"]["launched"]
     for row in ("gemm default config", "gemm MI300X table"):

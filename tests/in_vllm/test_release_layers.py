@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kprecompile_cli
+from vllm_releases import since
 
 from kprecompile.inputs.environment import registered_values
 from kprecompile.inputs.layers import config_layers
@@ -23,7 +24,7 @@ from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import resolve_target
 from kprecompile.vllm.model_layers import vllm_layers
-from kprecompile.vllm.releases import installed_release, serving_capture_sizes
+from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
 GEMMA2, GEMMA3, GPT_OSS = (
@@ -95,8 +96,8 @@ def test_plan_takes_vllms_layers_and_each_feature_reaches_the_kernels(release, t
     and has kernels that a plan without the soft-cap, or with one window for all layers, lacks."""
     arguments = ["--model", GEMMA2, "--engine", "vllm", "--target", "gfx942", "--max-model-len", "2048"]
     arguments += ["--max-num-seqs", "4", "--attention-backend", "TRITON_ATTN", "--json"]
-    if release.startswith("0.1"):
-        arguments = [*arguments[:-3], "--json"]  # TRITON_ATTN is 0.11 and 0.12's default
+    if release_line(release).backend_variable:
+        arguments = [*arguments[:-3], "--json"]  # TRITON_ATTN is the default up to 0.18, named after
     result = kprecompile_cli("plan", *arguments, env={"KPRECOMPILE_CACHE_DIR": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
@@ -125,8 +126,8 @@ def test_the_mirrors_selection_is_the_backend_vllm_gives_each_layer(release, spe
     target = resolve_target("gfx942")
     answer = vllm_layers(model, serving, target, installed_release(), None, flags, None)
     if answer is None:
-        # vLLM 0.11 and 0.12 cannot build gpt-oss with AITER's MHA on: their ROCM_AITER_FA takes no sinks.
-        assert (spec, engine) == (GPT_OSS, "vllm-aiter") and not release.startswith("0.33"), release
+        # vLLM up to 0.22 cannot build gpt-oss with AITER's MHA on: their ROCM_AITER_FA takes no sinks.
+        assert (spec, engine) == (GPT_OSS, "vllm-aiter") and not since(release, "0.23"), release
         return
     mirror = select(model, engine, None, environ={}, vllm_release=release, targets=[target])
     assert {layer.backend for layer in answer.layers} == {mirror.attention_backend}, answer.source

@@ -37,7 +37,7 @@ from kprecompile.selection.engines import select
 from kprecompile.shapes import FAMILIES
 from kprecompile.shapes.block_fp8_linear import DEVICE_NAMES, _tuned_batch_sizes, built_layer, chosen_path
 from kprecompile.tracing.trace import trace_calls
-from kprecompile.vllm.releases import installed_release
+from kprecompile.vllm.releases import installed_release, release_line
 
 LINEAR = FAMILIES["block_fp8_linear"]
 SERVING = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 8192, "tensor_parallel_size": 8}
@@ -211,7 +211,11 @@ def test_on_nvidia_the_plan_follows_the_path_vllms_linear_method_chooses(linear_
     (`cutlass_scaled_mm_supports_block_fp8`, capability 90 and up in its C++), which a builder
     cannot load: there kprecompile's stand-in answers it, from the threshold its rule uses."""
     triton = {"_run_triton", "TritonFp8BlockScaledMMKernel"}
-    expected = {"sm80": "marlin", "sm89": "marlin" if release.startswith("0.33") else "triton", "sm90": "cutlass"}
+    expected = {
+        "sm80": "marlin",
+        "sm89": "marlin" if release_line(release).cuda_sm89_block_fp8 == "marlin" else "triton",
+        "sm90": "cutlass",
+    }
     path = expected[target]
     rule = linear_probe["engine_rule"]["aiter=0"]
     chose = {chosen for chosen, _ in rule["vllm_chose"].values()}

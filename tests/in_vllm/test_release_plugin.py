@@ -41,7 +41,7 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
-from kprecompile.vllm.releases import serving_capture_sizes
+from kprecompile.vllm.releases import release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
@@ -126,7 +126,8 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert "is not warm on gfx942: warming" in not_warm
     # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1) and
     # vLLM's merge around the prefill with cached context (one sequence: one context chunk).
-    kernels = 2 if release.startswith("0.33") else 4
+    line = release_line(release)
+    kernels = 2 + line.aiter_mla_triton_reduce + (line.mla_merge == "triton")
     assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
     # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
     assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
