@@ -102,7 +102,8 @@ FROM_0_19 = {
     "triton_mla_fp8_kv_cache": True,
     "aiter_mla_triton_reduce": False,
     "mla_merge": "compiled_on_cdna3",
-    "cuda_sm89_block_fp8": "marlin",
+    # in_vllm/test_release_linear.py: vLLM's FP8 Marlin refuses sm89 and newer up to 0.28.
+    "cuda_sm89_block_fp8": "triton_gemm",
     "aiter_block_fp8": "aiter_blockscale",
     # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's unified attention
     # (0.25.1: the random steps miss them without) until 0.33 trims the block table for its paged kernel.
@@ -149,10 +150,15 @@ RULES: dict[str, dict[str, object]] = {
             ("0.28.0", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True, "capture_ceiling_sm100": 1024}),
             (
                 "0.30.0",
-                {"capture_batched_tokens": True, "capture_ceiling_sm100": 1024, "capture_decodes": "speculative"},
+                {
+                    "capture_batched_tokens": True,
+                    "capture_ceiling_sm100": 1024,
+                    "capture_decodes": "speculative",
+                    "cuda_sm89_block_fp8": "marlin",
+                },
             ),
-            ("0.31.0", CAPTURE_FROM_0_31),
-            ("0.33.0", {**CAPTURE_FROM_0_31, "aiter_fa_windowed_paged_decode": True}),
+            ("0.31.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin"}),
+            ("0.33.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "aiter_fa_windowed_paged_decode": True}),
         )
     },
 }

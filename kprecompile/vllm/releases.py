@@ -115,7 +115,7 @@ class ReleaseLine:
     aiter_mla_triton_reduce: bool
     # How MLA prefills with cached context merge partial results (`MlaMerge`: compiled from 0.19).
     mla_merge: MlaMerge
-    # What runs block-FP8 linear layers on sm89 (`Sm89BlockFp8`: Marlin from 0.19).
+    # What runs block-FP8 linear layers on sm89 (`Sm89BlockFp8`: Marlin from 0.29, which stops refusing sm89).
     cuda_sm89_block_fp8: Sm89BlockFp8
     # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: block-scale from 0.19).
     aiter_block_fp8: AiterBlockFp8
@@ -187,12 +187,13 @@ _LINE_0_19 = replace(
     triton_mla_fp8_kv_cache=True,
     aiter_mla_triton_reduce=False,
     mla_merge="compiled_on_cdna3",
-    cuda_sm89_block_fp8="marlin",
     aiter_block_fp8="aiter_blockscale",
 )
 _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
 _LINE_0_28 = replace(_LINE_0_20, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
-_LINE_0_29 = replace(_LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative")
+_LINE_0_29 = replace(
+    _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
+)
 _LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
 _LINE_0_33 = replace(_LINE_0_31, name="0.33", since=(0, 33, 0), aiter_fa_windowed_paged_decode=True)
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.

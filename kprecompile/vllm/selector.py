@@ -250,15 +250,18 @@ def _select(question: Question) -> str:
             )
             keywords: dict = {}
         else:
-            config = AttentionSelectorConfig(
-                head_size=question.head_size,
-                dtype=dtype,
-                kv_cache_dtype=question.kv_cache_dtype,
-                block_size=question.block_size,
-                use_mla=question.use_mla,
-                has_sliding_window=question.sliding_window,
-                has_sink=question.has_sink,
-            )
+            features = {
+                "head_size": question.head_size,
+                "dtype": dtype,
+                "kv_cache_dtype": question.kv_cache_dtype,
+                "block_size": question.block_size,
+                "use_mla": question.use_mla,
+                "has_sliding_window": question.sliding_window,
+                "has_sink": question.has_sink,
+            }
+            # The features the release's selector takes (windows from 0.28): it decides on those alone.
+            taken = AttentionSelectorConfig._fields
+            config = AttentionSelectorConfig(**{name: value for name, value in features.items() if name in taken})
             arguments, keywords = (selected, config), {"num_heads": question.num_heads}
         try:
             path = platform.get_attn_backend_cls(*arguments, **keywords)

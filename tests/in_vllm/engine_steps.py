@@ -437,7 +437,8 @@ def _prebuilt_mla_prefill(metadata: Any) -> Any:
     def new_tokens(q: Any, k: Any, v: Any, return_softmax_lse: bool, out: Any = None, output_scale: Any = None) -> Any:
         return prebuilt_varlen_attention(q, k, v, out=out, return_lse=return_softmax_lse)
 
-    def context_chunk(chunk: Any, q: Any, k: Any, v: Any, out: Any = None) -> Any:
+    def context_chunk(*, q: Any, k: Any, v: Any, out: Any = None, **which_chunk: Any) -> Any:
+        # vLLM names the chunk by keyword: its metadata `chunk` (0.33), its index `chunk_idx` (before).
         return prebuilt_varlen_attention(q, k, v, out=out, return_lse=True)
 
     backend.run_prefill_new_tokens, backend.run_prefill_context_chunk = new_tokens, context_chunk
