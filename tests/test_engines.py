@@ -87,7 +87,7 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
             for c in select(DEEPSEEK, "vllm-aiter", backend, {}, vllm_release="0.33.0").choices
             if c.family == "mla_merge"
         ]
-        assert newer.skip_reason.startswith("vLLM 0.19 and newer merge prefill results with their compiled")
+        assert newer.skip_reason.startswith("vLLM 0.32 and newer merge prefill results with their compiled")
     # ROCM_AITER_FA: AITER's attention is prebuilt, vLLM's gather and merge around it are not.
     prefix, decode, context = select(LLAMA, "vllm-aiter", None, {}).choices
     assert (

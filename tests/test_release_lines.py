@@ -101,7 +101,9 @@ FROM_0_19 = {
     "triton_mla_decode": "forward_mqa",
     "triton_mla_fp8_kv_cache": True,
     "aiter_mla_triton_reduce": False,
-    "mla_merge": "compiled_on_cdna3",
+    # in_vllm/test_release_kernels.py: the release's own dispatcher merges with Triton on ROCm up to
+    # 0.31 (0.25.1: gfx90a, gfx942 and gfx950), with its compiled operator on CDNA3 from 0.32.
+    "mla_merge": "triton",
     # in_vllm/test_release_linear.py: vLLM's FP8 Marlin refuses sm89 and newer up to 0.28.
     "cuda_sm89_block_fp8": "triton_gemm",
     "aiter_block_fp8": "aiter_blockscale",
@@ -158,7 +160,16 @@ RULES: dict[str, dict[str, object]] = {
                 },
             ),
             ("0.31.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin"}),
-            ("0.33.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "aiter_fa_windowed_paged_decode": True}),
+            ("0.32.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "mla_merge": "compiled_on_cdna3"}),
+            (
+                "0.33.0",
+                {
+                    **CAPTURE_FROM_0_31,
+                    "cuda_sm89_block_fp8": "marlin",
+                    "mla_merge": "compiled_on_cdna3",
+                    "aiter_fa_windowed_paged_decode": True,
+                },
+            ),
         )
     },
 }

@@ -385,7 +385,7 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLin
 
 # `mla_merge` "compiled_on_cdna3": the merge vLLM runs is not Triton.
 _COMPILED_MERGE = (
-    "vLLM 0.19 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
+    "vLLM 0.32 and newer merge prefill results with their compiled merge_attn_states on CDNA3 and newer "
     "(gfx942, gfx950): nothing to compile (gfx90a's Triton merge is not planned)"
 )
 

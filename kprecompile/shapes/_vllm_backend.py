@@ -346,6 +346,57 @@ def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, elem
     return spec.layer_view(shape, element_type, blocks)
 
 
+# vLLM's Triton merge of partial attention results, by module (moved under v1/ in later releases).
+TRITON_MERGE_MODULES = ("vllm.v1.attention.ops.triton_merge_attn_states", "vllm.attention.ops.triton_merge_attn_states")
+# The merge kernel's count of leading tokens that have cached context (None: every token).
+_MERGE_COUNT = "prefill_tokens_with_context"
+
+
+@contextlib.contextmanager
+def merges_for_every_token_count(budget: int) -> Iterator[None]:
+    """Each Triton merge a step launches, launched as well for every count of tokens with context
+    from 1 to `budget` (the step budget, max-num-batched-tokens), where the installed vLLM's merge
+    kernel takes that count as a constexpr (0.20 to 0.26): there a server compiles one merge
+    kernel per count it meets, so the plan holds them all. Read from the kernel itself; elsewhere
+    (the count an ordinary argument, or absent) this does nothing."""
+    kernel = None
+    for name in TRITON_MERGE_MODULES:
+        with contextlib.suppress(ImportError):
+            kernel = import_library_module(name).merge_attn_states_kernel
+            break
+    names = list(getattr(kernel, "arg_names", ()))
+    if kernel is None or _MERGE_COUNT not in names or not kernel.params[names.index(_MERGE_COUNT)].is_constexpr:
+        yield
+        return
+    index = names.index(_MERGE_COUNT)
+    original = kernel.run
+    widened: set[tuple] = set()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        # Once per launch that differs in anything but the count (dtypes, strides, flags).
+        others = tuple(_launch_identity(arg) for position, arg in enumerate(args) if position != index)
+        if len(args) > index and others not in widened:
+            widened.add(others)
+            for count in range(1, budget + 1):
+                if count != args[index]:
+                    original(*args[:index], count, *args[index + 1 :], **kwargs)
+        return result
+
+    kernel.run = run
+    try:
+        yield
+    finally:
+        del kernel.run
+
+
+def _launch_identity(argument: Any) -> Any:
+    """What of a launch argument can change the kernel Triton compiles for it."""
+    if hasattr(argument, "stride") and hasattr(argument, "dtype"):
+        return (argument.dtype, tuple(argument.stride()), argument.storage_offset(), tuple(argument.shape[1:]))
+    return argument
+
+
 def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
     """One of vLLM's metadata records (its fields as the release has them) from the values its
     builder computes for the step; a required field this does not know fails the trace with its

@@ -22,9 +22,39 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import import_library_module
 from ..tracing.prebuilt import aiter_attention_prebuilt, prebuilt_varlen_attention
-from ._vllm_backend import prebuilt_ops_skipped, vllm_record
+from ._vllm_backend import merges_for_every_token_count, prebuilt_ops_skipped, vllm_record
 
 COMMON_MODULE = "vllm.v1.attention.backends.mla.common"
+# Where MLA's common metadata and builder live from 0.18 (beside vLLM's `MLAAttention` layer).
+LAYER_MODULE = "vllm.model_executor.layers.attention.mla_attention"
+
+
+def common_module() -> Any:
+    """The module of MLA's common metadata records and builder, wherever the release keeps them."""
+    try:
+        return import_library_module(COMMON_MODULE)
+    except ImportError:
+        return import_library_module(LAYER_MODULE)
+
+
+def impl_prefill_traceable() -> bool:
+    """Whether MLA's prefill with cached context can be traced through the impl's
+    `_forward_prefill` (up to 0.15); from 0.17 the prefill lives in vLLM's MLAAttention layer."""
+    try:
+        return hasattr(common_module().MLACommonImpl, "_forward_prefill")
+    except Exception:  # noqa: BLE001 - a module of the layer's era that does not import here
+        return False
+
+
+def require_impl_prefill() -> None:
+    """From 0.17 vLLM merges the layer's prefill results with Triton on ROCm up to 0.31, a path
+    not traced yet: a plan that needs it fails saying so."""
+    if not impl_prefill_traceable():
+        raise NotImplementedError(
+            "this vLLM release prefills MLA inside its MLAAttention layer (0.17 and newer) and merges "
+            "the results with Triton on ROCm up to 0.31: kprecompile does not trace that path yet "
+            "(0.32 and newer merge with a compiled operator)"
+        )
 
 
 def build_impl(
@@ -47,8 +77,9 @@ def build_impl(
     refresh_switches()
     # AITER's attention, which vLLM's ROCm MLA impls import when built; nothing of it on NVIDIA.
     prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
-    with set_current_vllm_config(engine_config(config_json, serving, target)), prebuilt:
-        return getattr(module, backend_class).get_impl_cls()(
+    config = engine_config(config_json, serving, target)
+    with set_current_vllm_config(config), prebuilt:
+        impl = getattr(module, backend_class).get_impl_cls()(
             heads,
             latent + rope,
             (nope + rope) ** -0.5,
@@ -67,6 +98,11 @@ def build_impl(
             v_head_dim=raw["v_head_dim"],
             kv_b_proj=None,
         )
+    if not hasattr(impl, "chunked_prefill_workspace_size"):
+        # From 0.19 the layer holds the prefill workspace's size, as the metadata builder sizes it.
+        builder = common_module().MLACommonMetadataBuilder
+        impl.chunked_prefill_workspace_size = builder.determine_chunked_prefill_workspace_size(config)
+    return impl
 
 
 def _context_chunk_limit(impl: Any, serving: ServingParams) -> int:
@@ -97,7 +133,7 @@ def prefill_with_context(
         return
     import torch
 
-    common = import_library_module(COMMON_MODULE)
+    common = common_module()
     meta = torch.device("meta")
     torch_dtype = getattr(torch, dtype)
     heads, latent, rope = impl.num_heads, impl.kv_lora_rank, impl.qk_rope_head_dim
@@ -145,5 +181,8 @@ def prefill_with_context(
     }
     if "output" in inspect.signature(impl._forward_prefill).parameters:
         arguments["output"] = torch.empty((tokens, heads * impl.v_head_dim), dtype=torch_dtype, device=meta)
-    with prebuilt_ops_skipped(("gather_and_maybe_dequant_cache", "gather_cache", "merge_attn_states")):
+    with (
+        prebuilt_ops_skipped(("gather_and_maybe_dequant_cache", "gather_cache", "merge_attn_states")),
+        merges_for_every_token_count(serving.max_num_batched_tokens),
+    ):
         impl._forward_prefill(**arguments)

@@ -38,6 +38,7 @@ from ._vllm_backend import (
     host_copies,
     layer_arguments,
     layer_kv_cache,
+    merges_for_every_token_count,
     prebuilt_ops_skipped,
     required_line,
     unpinned_host_memory,
@@ -370,8 +371,13 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
         query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=getattr(torch, shape.dtype), device=meta)
         key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=query.dtype, device=meta)
         output = torch.empty_like(query)
-        # vLLM's compiled KV-cache write and merge (on CDNA3 and newer) are prebuilt.
-        with compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"), prebuilt_ops_skipped(("merge_attn_states",)):
+        # vLLM's compiled KV-cache write and merge (on CDNA3 and newer) are prebuilt; its Triton
+        # merge compiles per count of tokens with context in some releases.
+        with (
+            compiled_ops_skipped("_C_cache_ops.reshape_and_cache_flash"),
+            prebuilt_ops_skipped(("merge_attn_states",)),
+            merges_for_every_token_count(shape.serving.max_num_batched_tokens),
+        ):
             layer.impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
             layer.impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 

@@ -23,7 +23,7 @@ from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..vllm.releases import ReleaseLine
 from ._vllm_backend import VLLM_ATTENTION_OPS
-from ._vllm_mla import build_impl, prefill_with_context
+from ._vllm_mla import build_impl, prefill_with_context, require_impl_prefill
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
@@ -96,6 +96,7 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target, line: Rel
 
 
 def launch(shape: MlaMergeShape, target: Target) -> None:
+    require_impl_prefill()
     impl = build_impl(BACKEND_MODULE, BACKEND_CLASS, shape.heads, shape.config_json, shape.serving, target)
     prefill_with_context(
         impl,

@@ -18,11 +18,19 @@ from typing import Any
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
+from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..vllm.releases import MlaMerge, ReleaseLine, TritonMlaDecode
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import VLLM_ATTENTION_OPS, required_line, vllm_record
-from ._vllm_mla import COMMON_MODULE, build_impl, prefill_with_context
+from ._vllm_mla import (
+    COMMON_MODULE,
+    LAYER_MODULE,
+    build_impl,
+    common_module,
+    impl_prefill_traceable,
+    prefill_with_context,
+    require_impl_prefill,
+)
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -142,6 +150,11 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
 
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
+    if shape.context_chunks and shape.merge == "triton":
+        if target.is_rocm:
+            require_impl_prefill()
+        elif not impl_prefill_traceable():
+            return  # NVIDIA merges with vLLM's compiled CUDA operator: nothing to compile.
     kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
     impl = build_impl(
         BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target, kv_cache_dtype
@@ -170,7 +183,7 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
 def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
     import torch
 
-    common = import_library_module(COMMON_MODULE)
+    common = common_module()
     head_size = shape.kv_lora_rank + shape.qk_rope_head_dim
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
@@ -224,7 +237,7 @@ FAMILY = KernelFamily(
     description="vLLM's TRITON_MLA: its Triton decode attention (grouped stage 1, stage-2 reduce) and prefill merge",
     library=VLLM_DISTRIBUTION,
     # MLA's common module too: it binds vLLM's merge dispatcher, which reads the platform.
-    traced_modules=(BACKEND_MODULE, COMMON_MODULE, *VLLM_ATTENTION_OPS),
+    traced_modules=(BACKEND_MODULE, COMMON_MODULE, LAYER_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_triton_mla,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

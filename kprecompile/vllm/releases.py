@@ -113,7 +113,7 @@ class ReleaseLine:
     triton_mla_fp8_kv_cache: bool
     # Whether AITER's MLA decode reduces its splits with a Triton stage 2 (up to 0.18; 0.19: HIP).
     aiter_mla_triton_reduce: bool
-    # How MLA prefills with cached context merge partial results (`MlaMerge`: compiled from 0.19).
+    # How MLA prefills with cached context merge partial results (`MlaMerge`: compiled from 0.32).
     mla_merge: MlaMerge
     # What runs block-FP8 linear layers on sm89 (`Sm89BlockFp8`: Marlin from 0.29, which stops refusing sm89).
     cuda_sm89_block_fp8: Sm89BlockFp8
@@ -186,7 +186,6 @@ _LINE_0_19 = replace(
     triton_mla_decode="forward_mqa",
     triton_mla_fp8_kv_cache=True,
     aiter_mla_triton_reduce=False,
-    mla_merge="compiled_on_cdna3",
     aiter_block_fp8="aiter_blockscale",
 )
 _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
@@ -195,7 +194,8 @@ _LINE_0_29 = replace(
     _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
 )
 _LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
-_LINE_0_33 = replace(_LINE_0_31, name="0.33", since=(0, 33, 0), aiter_fa_windowed_paged_decode=True)
+_LINE_0_32 = replace(_LINE_0_31, name="0.32", since=(0, 32, 0), mla_merge="compiled_on_cdna3")
+_LINE_0_33 = replace(_LINE_0_32, name="0.33", since=(0, 33, 0), aiter_fa_windowed_paged_decode=True)
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.
 RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_11,
@@ -206,6 +206,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_28,
     _LINE_0_29,
     _LINE_0_31,
+    _LINE_0_32,
     _LINE_0_33,
 )
 

@@ -49,11 +49,14 @@ traces them from the installed vLLM. Each function returns the facts one section
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import json
 import random
 import tempfile
 from dataclasses import replace
+from unittest import mock
 
 from helpers import launch_path_keys
 from release_support import environment
@@ -518,7 +521,11 @@ def mla_merge() -> dict[str, object]:
     if choice.skip_reason:
         document["dispatch"] = merge_dispatch()
         return document
-    plan_jobs = planned("deepseek-v2-lite", "ROCM_AITER_MLA").jobs
+    result = planned("deepseek-v2-lite", "ROCM_AITER_MLA")
+    [row] = [row for row in result.families if row.family == "mla_merge"]
+    if row.error:
+        return {**document, "error": row.error}
+    plan_jobs = result.jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "mla_merge")
     serving = ServingParams(**SERVING)
     shapes = MERGE.enumerate_shapes(model, serving, LINE)
@@ -563,6 +570,8 @@ def merge_dispatch() -> dict[str, int]:
 
 
 CONTEXT = FAMILIES["aiter_fa_context"]
+# The family's module (the package's name of the same spelling is its family function).
+aiter_fa_context_module = importlib.import_module("kprecompile.shapes.aiter_fa_context")
 
 
 def aiter_fa_context(seed: int = 11) -> dict[str, object]:
@@ -598,7 +607,7 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
                 kv_cache_storage=rng.choice(["under_2gib", "over_2gib"]),
             )
         )
-    swept_keys = _context_keys(swept_shapes)
+    swept_keys = _context_keys(swept_shapes, as_served=True)
     small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
     document["coverage"] = {
         "steps": len(swept_shapes),
@@ -609,13 +618,23 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     return document
 
 
-def _context_keys(shapes, target=GFX942) -> set[str]:
-    return {
-        job.key
-        for job in trace_calls(
-            CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context", CONTEXT.traced_modules
-        ).jobs
-    }
+def _context_keys(shapes, target=GFX942, as_served: bool = False) -> set[str]:
+    """The keys of these steps: as a plan traces them, or `as_served`, as a server launches them
+    (each merge for its own count of tokens only, not for every count as a plan does where the
+    count is a constexpr: `merges_for_every_token_count`)."""
+    with contextlib.ExitStack() as stack:
+        if as_served:
+            stack.enter_context(
+                mock.patch.object(
+                    aiter_fa_context, "merges_for_every_token_count", lambda budget: contextlib.nullcontext()
+                )
+            )
+        return {
+            job.key
+            for job in trace_calls(
+                CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context", CONTEXT.traced_modules
+            ).jobs
+        }
 
 
 def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int) -> list:
@@ -702,7 +721,7 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
         launched = launch_path_keys(cache, GFX942, call, CONTEXT.traced_modules)
     document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched}
     swept = _random_engine_steps(shapes, model_len, random.Random(seed), 60)
-    swept_keys = _context_keys(swept)
+    swept_keys = _context_keys(swept, as_served=True)
     # The negative control: a plan whose extends' cached context always fits one chunk.
     one_chunk = [shape for shape in shapes if max(shape.context_lens) <= 32 * 1024 // len(shape.context_lens)]
     document["coverage"] = {
@@ -755,7 +774,7 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
                 kv_cache_blocks=rng.choice([0, 0, rng.randint(1, 9000)]),
             )
         )
-    swept_keys = _context_keys(swept)
+    swept_keys = _context_keys(swept, as_served=True)
     without = _context_keys(CONTEXT.enumerate_shapes(model, ServingParams(**SERVING), LINE))
     # The negative control: verify steps at one batch size per integer class (1, 2, 16), not every one.
     per_class = [

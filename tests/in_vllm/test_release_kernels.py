@@ -196,6 +196,10 @@ def test_mla_merge_keys_and_coverage(mla_merge, release):
         assert document["dispatch"] == {"gfx90a": 1, "gfx942": 0, "gfx950": 0}
         return
     assert document["choice"] == ["mla_merge", None]
+    if since(release, "0.17"):
+        # The prefill moved into vLLM's MLAAttention layer: not traced yet, and the plan says so.
+        assert "does not trace that path yet" in document["error"], document
+        return
     assert document["kernels"] == ["merge_attn_states_kernel"] * 2
     one_chunk, two_chunks = document["keys"]
     assert one_chunk["traced"] == one_chunk["launched"] and len(one_chunk["launched"]) == 1

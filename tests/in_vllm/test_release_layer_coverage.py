@@ -217,7 +217,8 @@ def mla_coverage(target_name: str, release: str, shared_dir: Path) -> dict[str, 
     [family] = [family for family in result.families if family.family == "triton_mla"]
     plan_keys = {job.key for job in result.jobs if job.family == family.family}
     row["skip_reason"] = family.skip_reason
-    if family.skip_reason is None:
+    row["error"] = family.error
+    if family.skip_reason is None and family.error is None:
         swept = engine_steps.mla_sweep(model, SERVING, backend, target, seed=29, count=STEPS)
         row.update(
             steps=swept.steps,
@@ -236,6 +237,15 @@ def mla_coverage(target_name: str, release: str, shared_dir: Path) -> dict[str, 
 
 
 def _check_mla(row: dict[str, object], target_name: str) -> None:
+    if (
+        TARGETS[target_name].is_rocm
+        and since(row["release"], "0.17")
+        and release_line(row["release"]).mla_merge == "triton"
+    ):
+        # 0.17 to 0.31 prefill inside vLLM's MLAAttention layer and merge with Triton on ROCm: a
+        # path kprecompile does not trace yet, and the plan fails saying so (never a partial plan).
+        assert "does not trace that path yet" in (row["error"] or ""), row
+        return
     _check(row, mla_lost_features(target_name))
     assert all(row["step_kinds"][kind] > 0 for kind in ("decode", "prefill", "prefill with context")), row
 
