@@ -77,8 +77,7 @@ def build_impl(
     refresh_switches()
     # AITER's attention, which vLLM's ROCm MLA impls import when built; nothing of it on NVIDIA.
     prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
-    config = engine_config(config_json, serving, target)
-    with set_current_vllm_config(config), prebuilt:
+    with set_current_vllm_config(engine_config(config_json, serving, target)), prebuilt:
         impl = getattr(module, backend_class).get_impl_cls()(
             heads,
             latent + rope,
@@ -98,10 +97,6 @@ def build_impl(
             v_head_dim=raw["v_head_dim"],
             kv_b_proj=None,
         )
-    if not hasattr(impl, "chunked_prefill_workspace_size"):
-        # From 0.19 the layer holds the prefill workspace's size, as the metadata builder sizes it.
-        builder = common_module().MLACommonMetadataBuilder
-        impl.chunked_prefill_workspace_size = builder.determine_chunked_prefill_workspace_size(config)
     return impl
 
 

@@ -24,7 +24,6 @@ from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import VLLM_ATTENTION_OPS, required_line, vllm_record
 from ._vllm_mla import (
     COMMON_MODULE,
-    LAYER_MODULE,
     build_impl,
     common_module,
     impl_prefill_traceable,
@@ -237,7 +236,7 @@ FAMILY = KernelFamily(
     description="vLLM's TRITON_MLA: its Triton decode attention (grouped stage 1, stage-2 reduce) and prefill merge",
     library=VLLM_DISTRIBUTION,
     # MLA's common module too: it binds vLLM's merge dispatcher, which reads the platform.
-    traced_modules=(BACKEND_MODULE, COMMON_MODULE, LAYER_MODULE, *VLLM_ATTENTION_OPS),
+    traced_modules=(BACKEND_MODULE, COMMON_MODULE, *VLLM_ATTENTION_OPS),
     enumerate_shapes=enumerate_triton_mla,
     describe_shapes=describe_shapes,
     describe_call=describe_call,

@@ -626,7 +626,7 @@ def _context_keys(shapes, target=GFX942, as_served: bool = False) -> set[str]:
         if as_served:
             stack.enter_context(
                 mock.patch.object(
-                    aiter_fa_context, "merges_for_every_token_count", lambda budget: contextlib.nullcontext()
+                    aiter_fa_context_module, "merges_for_every_token_count", lambda budget: contextlib.nullcontext()
                 )
             )
         return {
