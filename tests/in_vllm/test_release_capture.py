@@ -80,12 +80,14 @@ def _differs(other, rule: list, targets: tuple[str, ...]) -> bool:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.vllm_process("capture-rocm")
 def test_the_capture_size_rule_is_the_releases_on_rocm(release):
     _check(release, ("gfx942",))
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 @pytest.mark.vllm_process("capture-nvidia")
 def test_the_capture_size_rule_is_the_releases_on_nvidia_sm90_and_sm100(release):
     _check(release, ("sm90", "sm100"))
