@@ -14,6 +14,8 @@ import pytest
 from helpers import kprecompile_cli
 from vllm_releases import SUPPORTED_RELEASES
 
+from kprecompile.vllm.releases import release_line
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.vllm_process("cli")]
 
 # (model, engine, extra options) planned through the CLI with each release installed.
@@ -61,7 +63,7 @@ def test_with_vllm_installed_the_cli_asks_vllms_own_selector(cli_plans, release)
     from kprecompile.selection.engines import select
 
     for case, (model, engine, extra) in CLI_CASES.items():
-        if case == "refused" or (case == "none" and release.startswith("0.33")):
+        if case == "refused" or (case == "none" and release_line(release).gqa_rule == "priority_list"):
             continue
         for attempt in ("first", "again"):
             returncode, out, err = cli_plans[case, attempt]
@@ -87,9 +89,10 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, relea
     [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
     assert returncode == 2 and out == ""
     assert line.startswith("kprecompile: --attention-backend: got 'TRITON_MLA', expected a backend vLLM")
-    reason = "block_size not supported" if release.startswith("0.33") else "does not support block size 1"
+    priority_list = release_line(release).gqa_rule == "priority_list"  # vLLM's selector from 0.19
+    reason = "block_size not supported" if priority_list else "does not support block size 1"
     assert reason in line
-    if release.startswith("0.33"):
+    if priority_list:
         returncode, out, err = cli_plans["none", "first"]
         [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
         assert returncode == 2 and out == ""
