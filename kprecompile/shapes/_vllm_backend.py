@@ -209,7 +209,7 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
     utils = import_library_module("vllm.v1.attention.backends.utils")
     layout = None
     if hasattr(utils, "resolve_kv_cache_layout"):
-        supported = [layout.name for layout in utils.get_supported_kv_cache_layouts([backend])]
+        supported = [kind.name for kind in utils.get_supported_kv_cache_layouts([backend])]
         layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
     kernel_block = _call_with(
         worker.select_common_block_size,
