@@ -22,7 +22,7 @@ SUPPORTED_RELEASES = (
 
 ROOT = Path(__file__).parent.parent
 
-__all__ = ["SUPPORTED_RELEASES", "installer", "release_path", "since", "vllm_environment"]
+__all__ = ["SUPPORTED_RELEASES", "installer", "merges_per_launch", "release_path", "since", "vllm_environment"]
 
 
 def since(release: str, first: str) -> bool:
@@ -31,6 +31,13 @@ def since(release: str, first: str) -> bool:
     from packaging.version import Version
 
     return Version(release) >= Version(first)
+
+
+def merges_per_launch(release: str, budget: int) -> int:
+    """Merge kernels one launch of vLLM's Triton merge stands for in a plan: 0.20 to 0.26 take the
+    count of tokens with context as a constexpr (read in each wheel's `triton_merge_attn_states.py`),
+    so a server compiles one per count up to the token budget (max-num-batched-tokens)."""
+    return budget if since(release, "0.20") and not since(release, "0.27") else 1
 
 
 def installer():

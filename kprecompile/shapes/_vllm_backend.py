@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -408,6 +409,50 @@ def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise TypeError(f"{record_cls.__name__} needs {field.name!r}, which kprecompile does not fill")
     return record_cls(**arguments)
+
+
+# Where vLLM's `CommonAttentionMetadata` lives: moved in 0.19.
+COMMON_METADATA_MODULES = ("vllm.v1.attention.backend", "vllm.v1.attention.backends.utils")
+
+
+def common_attention_metadata(query_lens: list[int], context_lens: list[int], width: int) -> tuple[Any, dict[int, Any]]:
+    """vLLM's `CommonAttentionMetadata` for one step, as its model runner fills it (the host-side
+    tensors real: builders compute chunks and splits from them; the device ones on meta), and
+    the host values of its device tensors for `host_copies`."""
+    import torch
+
+    module = None
+    for name in COMMON_METADATA_MODULES:
+        with contextlib.suppress(ImportError):
+            module = import_library_module(name)
+            if hasattr(module, "CommonAttentionMetadata"):
+                break
+    meta = torch.device("meta")
+    requests, tokens = len(query_lens), sum(query_lens)
+    query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
+    seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
+    device = {
+        "query_start_loc": torch.empty(requests + 1, dtype=torch.int32, device=meta),
+        "seq_lens": torch.empty(requests, dtype=torch.int32, device=meta),
+    }
+    record = vllm_record(
+        module.CommonAttentionMetadata,
+        {
+            **device,
+            "query_start_loc_cpu": query_start_loc,
+            "seq_lens_cpu": seq_lens,
+            "seq_lens_cpu_upper_bound": seq_lens,
+            "num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
+            "num_reqs": requests,
+            "num_actual_tokens": tokens,
+            "max_query_len": max(query_lens),
+            "max_seq_len": int(seq_lens.max()),
+            "block_table_tensor": torch.empty((requests, width), dtype=torch.int32, device=meta),
+            "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
+            "causal": True,
+        },
+    )
+    return record, {id(device["query_start_loc"]): query_start_loc, id(device["seq_lens"]): seq_lens}
 
 
 # What the metadata builders of 0.11 to 0.18 set for a step without cascade attention.

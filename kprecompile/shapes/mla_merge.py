@@ -6,11 +6,13 @@ prefill) also runs vLLM's own code: the context in chunks of the prefill workspa
 chunk's partial result merged into the previous ones (`merge_attn_states` with the merged
 log-sum-exp), and the context's result merged with the new tokens' one. On ROCm up to 0.18,
 that merge is always vLLM's Triton `merge_attn_states_kernel`, compiled on the first request
-that hits a cached prefix. The plan builds AITER's MLA impl as vLLM builds it and calls its real
-`_forward_prefill` on meta tensors (`_vllm_mla.py`), once with one context chunk and once with
-two where the engine's workspace makes several chunks reachable. The kernel specializes on the
-model's head sizes and whether the merged log-sum-exp is kept, not on token counts.
-From 0.19, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
+that hits a cached prefix, and up to 0.31 on every ROCm arch. The plan runs that step as the
+installed release does (`_vllm_mla.py`: the impl's own `_forward_prefill` up to 0.15, vLLM's
+MLAAttention layer with its builder's metadata from 0.17), once with one context chunk and once
+with two where the engine's workspace makes several chunks reachable. The kernel specializes on
+the model's head sizes and whether the merged log-sum-exp is kept, not on token counts (except in
+0.20 to 0.26, where the count of tokens with context is a constexpr: every count is planned).
+From 0.32, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..vllm.releases import ReleaseLine
 from ._vllm_backend import VLLM_ATTENTION_OPS
-from ._vllm_mla import build_impl, prefill_with_context, require_impl_prefill
+from ._vllm_mla import prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.rocm_aiter_mla"
@@ -96,11 +98,13 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target, line: Rel
 
 
 def launch(shape: MlaMergeShape, target: Target) -> None:
-    require_impl_prefill()
-    impl = build_impl(BACKEND_MODULE, BACKEND_CLASS, shape.heads, shape.config_json, shape.serving, target)
     prefill_with_context(
-        impl,
-        shape.serving,
+        BACKEND_MODULE,
+        BACKEND_CLASS,
+        heads=shape.heads,
+        config_json=shape.config_json,
+        serving=shape.serving,
+        target=target,
         tokens=shape.tokens,
         prefills=shape.prefills,
         context_chunks=shape.context_chunks,

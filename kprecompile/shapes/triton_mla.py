@@ -22,14 +22,7 @@ from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..vllm.releases import MlaMerge, ReleaseLine, TritonMlaDecode
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import VLLM_ATTENTION_OPS, required_line, vllm_record
-from ._vllm_mla import (
-    COMMON_MODULE,
-    build_impl,
-    common_module,
-    impl_prefill_traceable,
-    prefill_with_context,
-    require_impl_prefill,
-)
+from ._vllm_mla import COMMON_MODULE, build_impl, common_module, impl_prefill_traceable, prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -149,34 +142,41 @@ def _decode_metadata(module: Any, block_table: Any, seq_lens: Any) -> Any:
 
 
 def launch(shape: TritonMlaShape, target: Target) -> None:
-    if shape.context_chunks and shape.merge == "triton":
-        if target.is_rocm:
-            require_impl_prefill()
-        elif not impl_prefill_traceable():
-            return  # NVIDIA merges with vLLM's compiled CUDA operator: nothing to compile.
+    if shape.context_chunks:
+        _prefill_step(shape, target)
+        return
     kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
     impl = build_impl(
         BACKEND_MODULE, "TritonMLABackend", shape.heads, shape.config_json, shape.serving, target, kv_cache_dtype
     )
-    if shape.context_chunks:
-        if shape.merge != "triton":
-            # vLLM's compiled merge on CDNA3 and newer: nothing to compile (gfx90a's Triton merge
-            # is not planned).
-            return
-        prefill_with_context(
-            impl,
-            shape.serving,
-            tokens=shape.batch,
-            prefills=min(shape.batch, 2),
-            context_chunks=shape.context_chunks,
-            longest_context=shape.max_seq_len - 1,
-            max_blocks_per_seq=shape.max_blocks_per_seq,
-            dtype=shape.dtype,
-        )
-    elif shape.decode_entry == "forward_mqa":
+    if shape.decode_entry == "forward_mqa":
         _decode_through_forward_mqa(impl, shape, target)
     else:
         _decode_step(impl, shape)
+
+
+def _prefill_step(shape: TritonMlaShape, target: Target) -> None:
+    """A prefill with cached context: what it compiles is vLLM's merge of partial results."""
+    if shape.merge != "triton":
+        # vLLM's compiled merge on CDNA3 and newer: nothing to compile (gfx90a's Triton merge
+        # is not planned).
+        return
+    if not target.is_rocm and not impl_prefill_traceable():
+        return  # From 0.17 NVIDIA merges with vLLM's compiled CUDA operator: nothing to compile.
+    prefill_with_context(
+        BACKEND_MODULE,
+        "TritonMLABackend",
+        heads=shape.heads,
+        config_json=shape.config_json,
+        serving=shape.serving,
+        target=target,
+        tokens=shape.batch,
+        prefills=min(shape.batch, 2),
+        context_chunks=shape.context_chunks,
+        longest_context=shape.max_seq_len - 1,
+        max_blocks_per_seq=shape.max_blocks_per_seq,
+        dtype=shape.dtype,
+    )
 
 
 def _decode_step(impl: Any, shape: TritonMlaShape) -> None:

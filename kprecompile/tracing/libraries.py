@@ -58,17 +58,32 @@ def _active_arch() -> str:
 
 
 def _dtypes_standin() -> ModuleType:
-    """`aiter.dtypes`: torch dtypes by AITER's short names; `fp8` is the active target's FP8."""
+    """`aiter.dtypes`: torch dtypes by AITER's short names, and their table `d_dtypes`; `fp8` is
+    the active target's FP8 (AITER reads it from the GPU at import)."""
     import torch
 
     module = types.ModuleType(f"{AITER_PACKAGE}.dtypes")
-    names = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "i32": torch.int32}
+    fallback = torch.uint8
+    names = {
+        "fp16": torch.float16,
+        "bf16": torch.bfloat16,
+        "fp32": torch.float32,
+        "u32": torch.uint32,
+        "i32": torch.int32,
+        "i16": torch.int16,
+        "i8": torch.int8,
+        "fp8_e8m0": getattr(torch, "float8_e8m0fnu", fallback),
+        "i4x2": getattr(torch, "int4", fallback),
+        "fp4x2": getattr(torch, "float4_e2m1fn_x2", fallback),
+    }
     fp8_by_arch = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
     module.__dict__.update(names)
 
     def __getattr__(name: str) -> object:
         if name == "fp8":
-            return fp8_by_arch.get(_active_arch(), torch.uint8)
+            return fp8_by_arch.get(_active_arch(), fallback)
+        if name == "d_dtypes":
+            return {**names, "fp8": __getattr__("fp8")}
         raise AttributeError(name)
 
     module.__getattr__ = __getattr__

@@ -26,6 +26,16 @@ def prebuilt_varlen_attention(q: Any, k: Any, v: Any, *args: object, **kwargs: o
     return out
 
 
+def _persistent_buffer_sizes(*args: object, **kwargs: object) -> tuple[tuple[tuple[int], Any], ...]:
+    """AITER's `get_mla_metadata_info_v1` and `get_ps_metadata_info_v1`, which size the work
+    buffers of its HIP MLA kernels from the GPU's compute units (they live in AITER's HIP module):
+    the six buffers as one element each, which the builder allocates on meta. Nothing a traced
+    kernel compiles reads them; the kernels that do are prebuilt."""
+    import torch
+
+    return tuple(((1,), torch.int32) for _ in range(6))
+
+
 def _prebuilt(*args: object, **kwargs: object) -> None:
     """A prebuilt (HIP, CK, assembly) kernel's entry point while tracing: it compiles nothing."""
 
@@ -35,9 +45,15 @@ def aiter_attention_prebuilt() -> Iterator[None]:
     """AITER's prebuilt attention where the real `aiter` package is not initialized (a builder
     without ROCm: `libraries.py`): `flash_attn_varlen_func` (vLLM's AITER backends call it, or
     import it when built), `paged_attention_common` and the `torch.ops.aiter` paged attention
-    vLLM's ROCM_AITER_FA decodes with from 0.19."""
+    vLLM's ROCM_AITER_FA decodes with from 0.19, and the sizes of the persistent buffers vLLM's
+    ROCM_AITER_MLA builder allocates from 0.2x (`_persistent_buffer_sizes`)."""
     package = import_library_module(AITER_PACKAGE)
-    entries = {"flash_attn_varlen_func": prebuilt_varlen_attention, "paged_attention_common": _prebuilt}
+    entries = {
+        "flash_attn_varlen_func": prebuilt_varlen_attention,
+        "paged_attention_common": _prebuilt,
+        "get_mla_metadata_info_v1": _persistent_buffer_sizes,
+        "get_ps_metadata_info_v1": _persistent_buffer_sizes,
+    }
     missing = [name for name in entries if not hasattr(package, name)]
     for name in missing:
         setattr(package, name, entries[name])

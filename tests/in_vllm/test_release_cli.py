@@ -96,7 +96,7 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, relea
         returncode, out, err = cli_plans["none", "first"]
         [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
         assert returncode == 2 and out == ""
-        assert line.startswith("kprecompile: attention backend: got 'none', expected one vLLM 0.33.0 selects for")
+        assert line.startswith(f"kprecompile: attention backend: got 'none', expected one vLLM {release} selects for")
         assert "TRITON_MLA: [block_size not supported]" in line
 
 
@@ -169,8 +169,9 @@ def test_vllm_kernels_warm_for_real_and_verify_deep(tmp_path, release, backend, 
 
 
 # Kimi-K2's case: a model type the release's transformers does not know, its config class its own
-# code (auto_map); the architecture is one vLLM has. Up to 0.12 vLLM takes a model for MLA by its
-# type's name, and kimi_k2 is one (0.33 knows kimi_k2 itself, and reads MLA from the config).
+# code (auto_map); the architecture is one vLLM has. vLLM takes a model for MLA by its type's name:
+# pangu_ultra_moe is one in every release from 0.11.2 to 0.34.0, and neither transformers nor
+# vLLM's config registry knows it (kimi_k2, the real case, is in vLLM's registry from 0.18).
 REMOTE_CONFIG_CODE = """
 from transformers import DeepseekV2Config
 
@@ -188,7 +189,7 @@ def test_trust_remote_code_reaches_vllms_config(tmp_path, release):
     preset = json.loads((resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text())
     remote = tmp_path / "remote"
     remote.mkdir()
-    model_type = "kprecompile_test" if release.startswith("0.33") else "kimi_k2"
+    model_type = "pangu_ultra_moe"
     (remote / "configuration_kprecompile_test.py").write_text(REMOTE_CONFIG_CODE.format(model_type=model_type))
     auto_map = {"AutoConfig": "configuration_kprecompile_test.KprecompileTestConfig"}
     (remote / "config.json").write_text(json.dumps({**preset, "model_type": model_type, "auto_map": auto_map}))

@@ -9,7 +9,7 @@ from collections import Counter
 
 import kernel_probes as probes
 import pytest
-from vllm_releases import since
+from vllm_releases import merges_per_launch, since
 
 from kprecompile.vllm.releases import release_line
 
@@ -167,18 +167,18 @@ def test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cac
 
 def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
     """TRITON_MLA's decode (built as vLLM builds it, from a VllmConfig): the grouped stage 1 per KV
-    storage class and a stage-2 reduce, for 4 KV splits up to 0.18 (and its prefill merges), for
-    each power-of-2 split count vLLM 0.19+ derives from the context (5 up to 8192 tokens; its
-    prefill merges with the compiled operator)."""
+    storage class and a stage-2 reduce, for 4 KV splits up to 0.18, for each power-of-2 split
+    count vLLM 0.19+ derives from the context (5 up to 8192 tokens); and the merges of its prefill
+    with cached context, one chunk and two, where ROCm merges with Triton (up to 0.31)."""
     document = triton_mla
     assert document["choice"] == ["triton_mla", None]
-    if release_line(release).triton_mla_decode == "forward_mqa":
-        assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 10 + ["_fwd_kernel_stage2"] * 5
+    line = release_line(release)
+    per_launch = merges_per_launch(release, probes.SERVING["max_num_batched_tokens"])
+    merges = ["merge_attn_states_kernel"] * (2 * per_launch if line.mla_merge == "triton" else 0)
+    if line.triton_mla_decode == "forward_mqa":
+        assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 10 + ["_fwd_kernel_stage2"] * 5 + merges
     else:
-        assert (
-            document["kernels"]
-            == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + ["merge_attn_states_kernel"] * 2
-        )
+        assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + merges
     keys = document["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
@@ -187,28 +187,27 @@ def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
 
 
 def test_mla_merge_keys_and_coverage(mla_merge, release):
-    """vLLM's merge around ROCM_AITER_MLA's prefill with cached context up to 0.18 (Triton on
-    ROCm): with and without the merged log-sum-exp; from 0.19 the release's own dispatcher takes
-    its compiled operator on CDNA3 and newer, which is the reason the plan gives."""
+    """vLLM's merge around ROCM_AITER_MLA's prefill with cached context where it is Triton on ROCm
+    (up to 0.31; from 0.17 through vLLM's MLAAttention layer and its builder's metadata): with and
+    without the merged log-sum-exp, each for every token count where the count is a constexpr;
+    from 0.32 the release's own dispatcher takes its compiled operator on CDNA3 and newer, which
+    is the reason the plan gives."""
     document = mla_merge
     if release_line(release).mla_merge == "compiled_on_cdna3":
         assert document["choice"][0] == "mla_merge" and "compiled merge_attn_states" in document["choice"][1]
         assert document["dispatch"] == {"gfx90a": 1, "gfx942": 0, "gfx950": 0}
         return
     assert document["choice"] == ["mla_merge", None]
-    if since(release, "0.17"):
-        # The prefill moved into vLLM's MLAAttention layer: not traced yet, and the plan says so.
-        assert "does not trace that path yet" in document["error"], document
-        return
-    assert document["kernels"] == ["merge_attn_states_kernel"] * 2
+    per_launch = merges_per_launch(release, probes.SERVING["max_num_batched_tokens"])
+    assert document["kernels"] == ["merge_attn_states_kernel"] * 2 * per_launch
     one_chunk, two_chunks = document["keys"]
-    assert one_chunk["traced"] == one_chunk["launched"] and len(one_chunk["launched"]) == 1
+    assert one_chunk["traced"][:1] == one_chunk["launched"] and len(one_chunk["traced"]) == per_launch
     # Two chunks: the chunk merge (keeping the log-sum-exp) launches first.
-    assert two_chunks["traced"][:1] == two_chunks["launched"] and len(two_chunks["traced"]) == 2
+    assert two_chunks["traced"][:1] == two_chunks["launched"] and len(two_chunks["traced"]) == 2 * per_launch
     assert one_chunk["traced"][0] in two_chunks["traced"]
     coverage = document["coverage"]
-    assert coverage["steps"] == 12 and coverage["kernels"] == 2
-    assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == 1
+    assert coverage["steps"] == 12 and coverage["kernels"] == 2 * per_launch
+    assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] == per_launch
 
 
 def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):

@@ -195,7 +195,7 @@ MLA_LOST = {
 
 def mla_lost_features(target_name: str) -> tuple[str, ...]:
     """What a plan without each feature misses in the installed release: the merge is Triton on
-    ROCm up to 0.18 (compiled on CDNA3 from 0.19, CUDA's compiled merge on NVIDIA); the split
+    ROCm up to 0.31 (compiled on CDNA3 from 0.32, CUDA's compiled merge on NVIDIA); the split
     count follows the context from 0.19."""
     line = release_line(installed_release())
     merge = ("prefill with context",) if TARGETS[target_name].is_rocm and line.mla_merge == "triton" else ()
@@ -237,15 +237,6 @@ def mla_coverage(target_name: str, release: str, shared_dir: Path) -> dict[str, 
 
 
 def _check_mla(row: dict[str, object], target_name: str) -> None:
-    if (
-        TARGETS[target_name].is_rocm
-        and since(row["release"], "0.17")
-        and release_line(row["release"]).mla_merge == "triton"
-    ):
-        # 0.17 to 0.31 prefill inside vLLM's MLAAttention layer and merge with Triton on ROCm: a
-        # path kprecompile does not trace yet, and the plan fails saying so (never a partial plan).
-        assert "does not trace that path yet" in (row["error"] or ""), row
-        return
     _check(row, mla_lost_features(target_name))
     assert all(row["step_kinds"][kind] > 0 for kind in ("decode", "prefill", "prefill with context")), row
 
@@ -257,7 +248,7 @@ def _check_mla(row: dict[str, object], target_name: str) -> None:
 def test_random_mla_steps_on_gfx942_are_planned(release, shared_dir):
     """DeepSeek-V2-Lite, vLLM's TRITON_MLA on ROCM (gfx942): decodes, prefills and prefills with
     cached context through vLLM's own MLA layer compile nothing outside the plan; a plan without
-    the context's merge (up to 0.18), for half the heads, or (from 0.19) for short contexts misses
+    the context's merge (up to 0.31), for half the heads, or (from 0.19) for short contexts misses
     kernels."""
     _check_mla(mla_coverage("gfx942", release, shared_dir), "gfx942")
 

@@ -32,6 +32,7 @@ import pytest
 import torch
 from release_support import bind_platform
 from triton import knobs
+from vllm_releases import merges_per_launch
 
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.settings import cache_layout
@@ -41,12 +42,16 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
+from kprecompile.tracing.libraries import aiter_hip_absent
 from kprecompile.vllm.releases import release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
 
 GFX942 = TARGETS["gfx942"]
+# The probed server's model length and token budget: small, since 0.20 to 0.26 compile one merge
+# kernel per token count up to the budget.
+PROBE_TOKENS = 512
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +99,7 @@ def test_vllms_resolved_config_gives_the_clis_key(probes):
     digest_from_vllm, digest_from_cli = document["digests"]
     assert digest_from_vllm == digest_from_cli and document["same_key_as_cli"]
     serving = document["serving"]
-    assert (serving["max_num_seqs"], serving["max_model_len"], serving["dtype"]) == (1, 4096, "bfloat16")
+    assert (serving["max_num_seqs"], serving["max_model_len"], serving["dtype"]) == (1, PROBE_TOKENS, "bfloat16")
     assert serving["cudagraph_capture_sizes"] and serving["kv_cache_dtype"] == "auto"
     other = document["other_serving"]
     assert (other["max_num_seqs"], other["max_model_len"], other["kv_cache_dtype"]) == (8, 2048, "fp8")
@@ -124,10 +129,12 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert load["at_process_weights_after_loading"] == {"warm_joined": True, "triton_knob": str(cache / "triton-v1")}
     [not_warm, joined, loaded] = load["events"]
     assert "is not warm on gfx942: warming" in not_warm
-    # FP8 BMM (both products, m = 1) and, until 0.19, MLA decode's Triton reduce (batch 1) and
-    # vLLM's merge around the prefill with cached context (one sequence: one context chunk).
+    # FP8 BMM (both products, m = 1), until 0.19 MLA decode's Triton reduce (batch 1), and up to
+    # 0.31 vLLM's merge around the prefill with cached context (one sequence: one context chunk;
+    # one kernel per token count where the count is a constexpr).
     line = release_line(release)
-    kernels = 2 + line.aiter_mla_triton_reduce + (line.mla_merge == "triton")
+    merges = merges_per_launch(release, PROBE_TOKENS) if line.mla_merge == "triton" else 0
+    kernels = 2 + line.aiter_mla_triton_reduce + merges
     assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
     # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
     assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
@@ -155,8 +162,9 @@ def run_probe(model_dir: str, cache_dir: str) -> dict:
     from vllm.plugins import load_general_plugins
 
     load_general_plugins()
-    with rocm_platform(GFX942):
-        # A ROCm server's vLLM modules hold its ROCm platform from import on.
+    # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
+    # configuration asks AITER's HIP modules what they support, which fail as absent here.
+    with rocm_platform(GFX942), aiter_hip_absent():
         bind_platform()
         return probe(model_dir, cache_dir, sorted(before_plugins))
 
@@ -182,7 +190,11 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> dict:
     from vllm.engine.arg_utils import EngineArgs
 
     config = EngineArgs(
-        model=model_dir, skip_tokenizer_init=True, max_model_len=4096, max_num_seqs=1, max_num_batched_tokens=4096
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=PROBE_TOKENS,
+        max_num_seqs=1,
+        max_num_batched_tokens=PROBE_TOKENS,
     ).create_engine_config()
     request = from_vllm_config(config)
     document["serving"] = request.serving.resolved(request.model, serving_capture_sizes(request.serving))
