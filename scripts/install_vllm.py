@@ -31,7 +31,7 @@ TEST_TRITONS = ("3.5.0", "3.7.1", "3.8.0", "3.9.0")
 # 3.5.0, which leaves AMD's buffer ops off by default (3.6 turns them on): under it no pointer is
 # specialized on its 2 GiB class, and their tests' pinned kernel counts assume 3.6's (about ten
 # of them halve). Until those tests follow the Triton they run on, they run on the test extra's 3.6.0.
-ON_OWN_TRITON = ("0.33.0",)
+ON_OWN_TRITON = ("0.25.1", "0.33.0")
 
 
 def install(version: str, dest: Path = DEFAULT_DEST) -> Path:

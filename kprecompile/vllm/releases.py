@@ -29,8 +29,9 @@ if TYPE_CHECKING:
     from ..inputs.targets import Target
 
 # Tested against these (scripts/install_vllm.py installs them): 0.11.2 and 0.12.0 pair with the
-# installed amd-aiter; 0.33.0 is the newest on the registry.
-TESTED_RELEASES = ("0.11.2", "0.12.0", "0.33.0")
+# installed amd-aiter; 0.25.1 is the 0.20 line's, on the Triton and torch the H200 host has;
+# 0.33.0 is the newest on the registry.
+TESTED_RELEASES = ("0.11.2", "0.12.0", "0.25.1", "0.33.0")
 DEFAULT_RELEASE = "0.12.0"
 FIELD = "--vllm-version"
 

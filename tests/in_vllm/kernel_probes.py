@@ -670,26 +670,31 @@ def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int)
 
 
 def _every_gather_launched(step) -> None:
-    """The step, going on past each gather the launch path refuses (it stops at a step's first
-    launch), so that every chunk's gather reaches Triton's launch path; a refusal is raised at the
-    end (tracing launches nothing and raises nothing)."""
+    """The step, going on past each gather and merge the launch path refuses (it stops at a step's
+    first launch), so that every chunk's gather reaches Triton's launch path; a refusal is raised
+    at the end (tracing launches nothing and raises nothing)."""
     from kprecompile.errors import LaunchRefusedError
 
     module = import_library_module(CONTEXT.traced_modules[0])
-    gather = module.cp_mha_gather_cache
+    saved = {name: getattr(module, name) for name in ("cp_mha_gather_cache", "merge_attn_states")}
     refused = []
 
-    def each_chunk(*args, **kwargs):
-        try:
-            gather(*args, **kwargs)
-        except LaunchRefusedError as error:
-            refused.append(error)
+    def going_on(function):
+        def call(*args, **kwargs):
+            try:
+                function(*args, **kwargs)
+            except LaunchRefusedError as error:
+                refused.append(error)
 
-    module.cp_mha_gather_cache = each_chunk
+        return call
+
+    for name, function in saved.items():
+        setattr(module, name, going_on(function))
     try:
         CONTEXT.launch(step, GFX942)
     finally:
-        module.cp_mha_gather_cache = gather
+        for name, function in saved.items():
+            setattr(module, name, function)
     if refused:
         raise refused[-1]
 
@@ -721,7 +726,11 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)
     with tempfile.TemporaryDirectory() as cache:
         launched = launch_path_keys(cache, GFX942, call, CONTEXT.traced_modules)
-    document["keys"] = {"traced": [job.key for job in traced.jobs], "launched": launched}
+    document["keys"] = {
+        "traced": [job.key for job in traced.jobs],
+        "traced_kernels": [job.kernel.rpartition(":")[2] for job in traced.jobs],
+        "launched": launched,
+    }
     swept = _random_engine_steps(shapes, model_len, random.Random(seed), 60)
     swept_keys = _context_keys(swept, as_served=True)
     # The negative control: a plan whose extends' cached context always fits one chunk.

@@ -11,7 +11,7 @@ import kernel_probes as probes
 import pytest
 from vllm_releases import merges_per_launch, since
 
-from kprecompile.vllm.releases import release_line
+from kprecompile.vllm.releases import TESTED_RELEASES, release_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("kernels-rocm")]
 
@@ -214,25 +214,39 @@ def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):
     """vLLM's gather and merge around ROCM_AITER_FA's prefill with cached context: the gather's
     key is the launch path's; random request mixes through vLLM's own metadata builder compile
     nothing outside the plan, and do outside a plan without the large KV caches. From 0.19 the
-    step is the engine's (its attention layer, KV-cache view and builder): the merge is compiled,
-    the shuffled layout adds its Triton cache write, decodes are mixed in, and with speculative
-    decoding the verify steps run AITER's Triton unified attention."""
+    step is the engine's (its attention layer, KV-cache view and builder): the merge is Triton up
+    to 0.31 (compiled on CDNA3 after), the shuffled layout adds its Triton cache write, decodes
+    are mixed in, and with speculative decoding the verify steps run AITER's Triton unified
+    attention."""
     document = aiter_fa_context
     assert document["choice"] == ["aiter_fa_context", None]
     keys = document["keys"]
     coverage = document["coverage"]
     assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] > 0
-    if release_line(release).tracing == "engine_step":
+    line = release_line(release)
+    if line.tracing == "engine_step":
         kernels = document["kernels"]
-        assert set(kernels["default"]) == set(kernels["fp8"]) == {"cp_mha_gather_cache_kernel"}
-        assert len(kernels["default"]) == len(kernels["fp8"]) >= 6
+        # ROCm merges with Triton up to 0.31: with and without the merged log-sum-exp, each for
+        # every token count where the count is a constexpr.
+        merges = 2 * merges_per_launch(release, probes.SERVING["max_num_batched_tokens"])
+        merges *= line.mla_merge == "triton"
+        gather = "cp_mha_gather_cache_kernel"
+        assert set(kernels["default"]) == set(kernels["fp8"]) == {gather, *(["merge_attn_states_kernel"] * merges)}
+        assert kernels["default"].count("merge_attn_states_kernel") == merges
+        assert kernels["default"].count(gather) == kernels["fp8"].count(gather) >= 6
         # The shuffled layout's gather reads another layout, and its KV-cache write is Triton.
         assert kernels["shuffle"].count("reshape_and_cache_shuffle_kernel") == 2
         assert kernels["shuffle"].count("cp_mha_gather_cache_kernel") == kernels["default"].count(
             "cp_mha_gather_cache_kernel"
         )
-        # One gather per chunk, each with its own slices of the builder's tables.
-        assert len(keys["traced"]) == 3 and keys["traced"] == keys["launched"]
+        # One gather per chunk, each with its own slices of the builder's tables; where the merge
+        # is Triton, two more: the chunk merge (after the 2nd and 3rd chunks, one kernel) and the
+        # final one, as launched for the step's own token count.
+        traced = dict(zip(keys["traced"], keys["traced_kernels"], strict=True))
+        gathers = [key for key in keys["traced"] if traced[key] == gather]
+        assert len(gathers) == 3 and [key for key in keys["launched"] if key in gathers] == gathers
+        assert set(keys["launched"]) <= set(traced)
+        assert len(keys["launched"]) == 3 + (2 if merges else 0)
         assert coverage["steps"] == 60 and coverage["kernels"] >= 6
         # Speculative decoding's verify steps decode with AITER's Triton unified attention.
         speculative = document["speculative"]
@@ -241,6 +255,7 @@ def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):
             "kernel_unified_attention_2d",
             "kernel_unified_attention_3d",
             "reduce_segments",
+            *(["merge_attn_states_kernel"] if merges else []),
         }
         launched = speculative["keys"]["launched"]
         assert len(launched) == 1 and speculative["keys"]["traced"][:1] == launched
@@ -293,4 +308,7 @@ def test_a_vllm_family_that_cannot_be_traced_fails_and_the_rest_stands(untraceab
     assert document["planned"] == ["pa_prefill"] and document["kernels"] > 0
     assert document["failed"] == ["rocm_attn"] and document["skip_reason"] is None
     assert document["error"].startswith("tracing rocm_attn failed at forward(")
-    assert "NoSuchMetadata" in document["error"] and "tested against vLLM 0.11.2, 0.12.0, 0.33.0" in document["error"]
+    assert (
+        "NoSuchMetadata" in document["error"]
+        and f"tested against vLLM {', '.join(TESTED_RELEASES)}" in document["error"]
+    )
