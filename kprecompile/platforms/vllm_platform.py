@@ -250,6 +250,11 @@ _FLASH_ATTENTION_FUNCTIONS = (
 )
 
 
+# flash-attn's submodules vLLM imports where `find_spec("flash_attn")` finds it (0.19's rotary
+# embedding takes its Triton rotary), and their functions.
+_FLASH_ATTENTION_SUBMODULES = {"flash_attn.ops.triton.rotary": ("apply_rotary",)}
+
+
 @functools.cache
 def _flash_attention_loads(name: str) -> bool:
     if name in sys.modules:
@@ -263,8 +268,9 @@ def _flash_attention_loads(name: str) -> bool:
 @contextlib.contextmanager
 def _flash_attention_module(name: str) -> Iterator[None]:
     """`name` for the block (see `target_imports`): its functions raise when called, and it has
-    no submodules (vLLM's queries of the FA version import its `flash_attn_interface`, and take
-    its absence as no flash attention)."""
+    no submodules but those vLLM imports once it finds the package (`_FLASH_ATTENTION_SUBMODULES`;
+    vLLM's queries of the FA version import its `flash_attn_interface`, and take its absence as
+    no flash attention)."""
     import importlib.machinery
 
     def unavailable(*args: object, **kwargs: object) -> None:
@@ -275,11 +281,28 @@ def _flash_attention_module(name: str) -> Iterator[None]:
     module.__spec__ = importlib.machinery.ModuleSpec(name, None)
     for function in _FLASH_ATTENTION_FUNCTIONS:
         setattr(module, function, unavailable)
-    sys.modules[name] = module
+    added = {name: module}
+    for qualified, functions in _FLASH_ATTENTION_SUBMODULES.items():
+        if not qualified.startswith(name + "."):
+            continue
+        parent = module
+        parts = qualified.split(".")
+        for index in range(1, len(parts)):
+            child_name = ".".join(parts[: index + 1])
+            child = added.get(child_name)
+            if child is None:
+                child = added[child_name] = ModuleType(child_name)
+                child.__spec__ = importlib.machinery.ModuleSpec(child_name, None)
+                setattr(parent, parts[index], child)
+            parent = child
+        for function in functions:
+            setattr(parent, function, unavailable)
+    sys.modules.update(added)
     try:
         yield
     finally:
-        sys.modules.pop(name, None)
+        for added_name in added:
+            sys.modules.pop(added_name, None)
 
 
 def refresh_switches() -> None:

@@ -452,7 +452,13 @@ def common_attention_metadata(query_lens: list[int], context_lens: list[int], wi
             "causal": True,
         },
     )
-    return record, {id(device["query_start_loc"]): query_start_loc, id(device["seq_lens"]): seq_lens}
+    host_values = {id(device["query_start_loc"]): query_start_loc, id(device["seq_lens"]): seq_lens}
+    # From 0.19 builders take the context lengths as the record computes them on the device (and
+    # remembers them): their host copy is the step's.
+    compute_context_lens = getattr(record, "compute_num_computed_tokens", None)
+    if compute_context_lens is not None:
+        host_values[id(compute_context_lens())] = torch.tensor(context_lens, dtype=torch.int32)
+    return record, host_values
 
 
 # What the metadata builders of 0.11 to 0.18 set for a step without cascade attention.
