@@ -9,15 +9,17 @@ Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's
   without its compiled extensions, and its dist-info (METADATA, RECORD, entry points): vLLM's
   Triton kernels need no extension, and RECORD names the extensions that are absent.
 - `wheels/`: CPython 3.12 manylinux wheels of the packages vLLM's modules import, at the versions
-  installed beside the release, and kprecompile's pebble and platformdirs.
+  installed beside the release (`DEPENDENCIES`, and every distribution beside the release that
+  the release's own plans below import: `PYTHONPROFILEIMPORTTIME`), and kprecompile's pebble and
+  platformdirs.
 - `vllm-cache/modelinfos/`: vLLM's model-info cache for DeepSeek-V2, gpt-oss and Gemma-2 (the
   architectures `vllm_e2e.py` builds), written by the release itself here. vLLM inspects a
   model's class in a child process that imports vLLM's platform; on a GPU host with vLLM's
   Python files only, its CUDA platform cannot load the compiled extension there, while on this
   builder (no GPU) the child runs.
 - `setup.sh`: sourced on the host from the repository root, it unpacks vLLM, installs the
-  wheels the host lacks (transformers, tokenizers and huggingface_hub always: vLLM up to 0.18
-  takes transformers 4), and sets PYTHONPATH and VLLM_CACHE_ROOT.
+  wheels the host lacks (transformers, tokenizers and huggingface_hub always where the release
+  takes transformers 4, as up to 0.18), and sets PYTHONPATH and VLLM_CACHE_ROOT.
 """
 
 from __future__ import annotations
@@ -69,7 +71,11 @@ DEPENDENCIES = (
     "tokenizers",
     "huggingface_hub",
 )
-FORCED = ("transformers", "tokenizers", "huggingface_hub", "pebble", "platformdirs")
+# Installed over the host's own: kprecompile's, and transformers' where the release takes 4.x.
+FORCED = ("pebble", "platformdirs")
+TRANSFORMERS_4 = ("transformers", "tokenizers", "huggingface_hub")
+# The host's own toolchain, never packed.
+HOST_OWN = {"vllm", "torch", "triton"}
 
 SETUP = """\
 # Source on the GPU host from the repository root (written by scripts/vllm_carry.py).
@@ -107,10 +113,42 @@ def _version(release_dir: Path, name: str) -> str | None:
         return None
 
 
+def _owners(release_dir: Path) -> dict[str, str]:
+    """Top-level module name -> the distribution beside the release that installs it."""
+    owners: dict[str, str] = {}
+    for info in release_dir.glob("*.dist-info"):
+        distribution = info.name[: -len(".dist-info")].partition("-")[0]
+        record = info / "RECORD"
+        if not record.is_file():
+            continue
+        for line in record.read_text().splitlines():
+            first = line.split(",")[0].split("/")[0]
+            if first and not first.endswith((".dist-info", ".data")) and first != "..":
+                owners.setdefault(first.removesuffix(".py").split(".")[0], distribution)
+    return owners
+
+
+def _imported_distributions(release_dir: Path, import_log: str) -> set[str]:
+    """The distributions beside the release whose modules a `PYTHONPROFILEIMPORTTIME` log names."""
+    owners = _owners(release_dir)
+    tops = set()
+    for line in import_log.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            tops.add(line.rsplit("|", 1)[1].strip().split(".")[0])
+    return {owners[top].lower() for top in tops if top in owners} - HOST_OWN
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--release", default="0.12.0")
     parser.add_argument("--out", default=".e2e")
+    parser.add_argument(
+        "--host-has",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="distributions the GPU host already has (its `pip list`): no wheel packed for them",
+    )
     args = parser.parse_args()
     out = ROOT / args.out
     release_dir = _installer().install(args.release)
@@ -125,38 +163,6 @@ def main() -> None:
             if (info / name).is_file():
                 archive.add(info / name, f"{info.name}/{name}")
 
-    versions = {name: _version(release_dir, name) for name in DEPENDENCIES}
-    pins = [f"{name}=={version}" for name, version in versions.items() if version is not None]
-    pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
-    tags = (
-        "manylinux_2_28_x86_64",
-        "manylinux_2_27_x86_64",
-        "manylinux_2_17_x86_64",
-        "manylinux2014_x86_64",
-        "manylinux1_x86_64",
-    )
-    platforms = [arg for tag in tags for arg in ("--platform", tag)]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            "--implementation",
-            "cp",
-            *platforms,
-            "-d",
-            str(out / "wheels"),
-            *pins,
-        ],
-        check=True,
-    )
-
     # vLLM's own model-info cache, written while it builds each model's engine configuration:
     # DeepSeek-V2-Lite, and the small gpt-oss and Gemma-2 configs of `vllm_e2e.py`'s layers part.
     environment = {
@@ -164,7 +170,10 @@ def main() -> None:
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(release_dir)]),
         "CUDA_VISIBLE_DEVICES": "",
         "VLLM_CACHE_ROOT": str(out / "vllm-cache"),
+        # Which modules the release imports for these plans: what the host may lack.
+        "PYTHONPROFILEIMPORTTIME": "1",
     }
+    imported: set[str] = set()
     sys.path.insert(0, str(ROOT / "scripts"))
     from vllm_e2e import layer_model_configs
 
@@ -172,7 +181,7 @@ def main() -> None:
         models = [("deepseek-v2-lite", "TRITON_MLA")]
         models += [(str(path), "TRITON_ATTN") for path in layer_model_configs(Path(cache) / "models").values()]
         for model, backend in models:
-            subprocess.run(
+            planned = subprocess.run(
                 [
                     sys.executable,
                     "-m",
@@ -196,12 +205,36 @@ def main() -> None:
                 env=environment,
                 check=True,
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
             )
+            imported |= _imported_distributions(release_dir, planned.stderr)
     for architecture in ("DeepseekV2ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM"):
         if not list((out / "vllm-cache" / "modelinfos").glob(f"*{architecture}.json")):
             sys.exit(f"vLLM wrote no model-info cache for {architecture}")
 
-    (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(FORCED)))
+    host_has = {name.lower().replace("-", "_") for name in args.host_has}
+    names = sorted({name for name in set(DEPENDENCIES) | imported if name.lower() not in host_has})
+    print(f"packing {len(names)} distributions: {' '.join(names)}", flush=True)
+    versions = {name: _version(release_dir, name) for name in names}
+    pins = [f"{name}=={version}" for name, version in versions.items() if version is not None]
+    pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
+    tags = (
+        "manylinux_2_28_x86_64",
+        "manylinux_2_27_x86_64",
+        "manylinux_2_17_x86_64",
+        "manylinux2014_x86_64",
+        "manylinux1_x86_64",
+    )
+    platforms = [arg for tag in tags for arg in ("--platform", tag)]
+    download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
+    download += ["--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(out / "wheels")]
+    unavailable = [pin for pin in pins if subprocess.run([*download, pin], capture_output=True).returncode]
+    if unavailable:
+        sys.exit(f"no CPython 3.12 manylinux wheel on the package index for: {' '.join(unavailable)}")
+
+    forced = FORCED + (TRANSFORMERS_4 if (_version(release_dir, "transformers") or "").startswith("4.") else ())
+    (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(forced)))
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
     print(f"{out}: {size / 1e6:.1f} MB to carry")
 

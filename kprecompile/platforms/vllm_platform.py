@@ -65,6 +65,7 @@ def rocm_platform(target: Target) -> Iterator[Any]:
     target inside the block."""
     if not target.is_rocm:
         raise InputError("--target", target.name, "a ROCm target for vLLM's ROCm platform")
+    _vllm_package()
     import vllm.platforms as platforms
 
     with _device_queries(target):
@@ -84,6 +85,7 @@ def cuda_platform(target: Target) -> Iterator[Any]:
     host (none on a builder, an H200 when baking for an A100 on one) whatever the target."""
     if target.is_rocm:
         raise InputError("--target", target.name, "an NVIDIA target for vLLM's CUDA platform")
+    _vllm_package()
     import vllm.platforms as platforms
 
     with _device_queries(target):
@@ -92,6 +94,14 @@ def cuda_platform(target: Target) -> Iterator[Any]:
         module = _without_extensions("vllm.platforms.cuda")
         platforms._current_platform = module.NonNvmlCudaPlatform()
         yield platforms._current_platform
+
+
+def _vllm_package() -> ModuleType:
+    """`vllm`, imported where its compiled extensions cannot be loaded (see `_without_extensions`):
+    from 0.2x importing the package resolves vLLM's current platform (`utils.torch_utils` asks it
+    whether memory can be pinned), which on a host with an NVIDIA driver is the CUDA platform and
+    imports its extension."""
+    return sys.modules.get("vllm") or _without_extensions("vllm")
 
 
 def _without_extensions(name: str) -> ModuleType:
@@ -172,6 +182,7 @@ def use_target_platform(target: Target) -> None:
     range and its arch checks at import. Also makes sure vLLM's `triton_utils` hold the real
     Triton (see `_real_triton`). Does nothing when it already is."""
     _quiet_logging()
+    _vllm_package()
     _real_triton(target)
     import vllm.platforms as platforms
 
@@ -311,6 +322,7 @@ def refresh_switches() -> None:
     module registers torch operators, so it is imported once: read them again, with vLLM's own
     `refresh_env_variables` where the release has it, else the same assignments its class body
     makes. Nothing under vLLM's CUDA platform, which has no such switches."""
+    _vllm_package()
     import vllm.platforms as platforms
 
     if platforms._current_platform is not None and not platforms._current_platform.is_rocm():

@@ -415,7 +415,9 @@ def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
 COMMON_METADATA_MODULES = ("vllm.v1.attention.backend", "vllm.v1.attention.backends.utils")
 
 
-def common_attention_metadata(query_lens: list[int], context_lens: list[int], width: int) -> tuple[Any, dict[int, Any]]:
+def common_attention_metadata(
+    query_lens: list[int], context_lens: list[int], width: int, max_seq_len: int | None = None
+) -> tuple[Any, dict[int, Any]]:
     """vLLM's `CommonAttentionMetadata` for one step, as its model runner fills it (the host-side
     tensors real: builders compute chunks and splits from them; the device ones on meta), and
     the host values of its device tensors for `host_copies`."""
@@ -443,10 +445,13 @@ def common_attention_metadata(query_lens: list[int], context_lens: list[int], wi
             "seq_lens_cpu": seq_lens,
             "seq_lens_cpu_upper_bound": seq_lens,
             "num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
+            # 0.19's runner fills the host copies behind its deprecated properties.
+            "_seq_lens_cpu": seq_lens,
+            "_num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
             "num_reqs": requests,
             "num_actual_tokens": tokens,
             "max_query_len": max(query_lens),
-            "max_seq_len": int(seq_lens.max()),
+            "max_seq_len": max_seq_len or int(seq_lens.max()),
             "block_table_tensor": torch.empty((requests, width), dtype=torch.int32, device=meta),
             "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
             "causal": True,

@@ -35,6 +35,7 @@ from ._vllm_backend import (
     LAYER_NAME,
     VLLM_ATTENTION_OPS,
     attention_class,
+    common_attention_metadata,
     host_copies,
     layer_arguments,
     layer_kv_cache,
@@ -333,7 +334,6 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     from ..vllm.engine_config import engine_config
 
     module = import_library_module(BACKEND_MODULE)
-    api = import_library_module("vllm.v1.attention.backend")
     meta = torch.device("meta")
     config = engine_config(shape.config_json, shape.serving, target)
     refresh_switches()
@@ -345,28 +345,11 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
         spec = layer.get_kv_cache_spec(config)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
-        query_lens = torch.tensor(shape.query_lens, dtype=torch.int32)
-        query_start_loc = torch.zeros(shape.num_seqs + 1, dtype=torch.int32)
-        torch.cumsum(query_lens, 0, out=query_start_loc[1:])
-        seq_lens = query_lens + torch.tensor(shape.context_lens, dtype=torch.int32)
-        tokens = sum(shape.query_lens)
-        common = vllm_record(
-            api.CommonAttentionMetadata,
-            {
-                "query_start_loc": query_start_loc.to(meta),
-                "query_start_loc_cpu": query_start_loc,
-                "seq_lens": seq_lens.to(meta),
-                "seq_lens_cpu_upper_bound": seq_lens,
-                "num_reqs": shape.num_seqs,
-                "num_actual_tokens": tokens,
-                "max_query_len": max(shape.query_lens),
-                "max_seq_len": shape.max_seq_len,
-                "block_table_tensor": torch.empty((shape.num_seqs, width), dtype=torch.int32, device=meta),
-                "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
-                "causal": True,
-            },
+        common, host_values = common_attention_metadata(
+            list(shape.query_lens), list(shape.context_lens), width, shape.max_seq_len
         )
-        with unpinned_host_memory(), host_copies({id(common.seq_lens): seq_lens}):
+        tokens = sum(shape.query_lens)
+        with unpinned_host_memory(), host_copies(host_values):
             metadata = builder.build(0, common)
         query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=getattr(torch, shape.dtype), device=meta)
         key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=query.dtype, device=meta)

@@ -314,6 +314,9 @@ class LayerDriver:
                 **device,
                 **host,
                 "seq_lens_cpu_upper_bound": host["seq_lens_cpu"],
+                # 0.19's runner fills the host copies behind its deprecated properties.
+                "_seq_lens_cpu": host["seq_lens_cpu"],
+                "_num_computed_tokens_cpu": host["num_computed_tokens_cpu"],
                 "num_reqs": requests,
                 "num_actual_tokens": slots,
                 "max_query_len": max(step.query_lens),
@@ -324,6 +327,9 @@ class LayerDriver:
             },
         )
         values = {id(device["query_start_loc"]): starts, id(device["seq_lens"]): host["seq_lens_cpu"]}
+        compute_context_lens = getattr(common, "compute_num_computed_tokens", None)
+        if compute_context_lens is not None:  # builders take them as computed on the device (0.19)
+            values[id(compute_context_lens())] = host["num_computed_tokens_cpu"]
         refresh_switches()
         config_module = import_library_module("vllm.config")
         with (

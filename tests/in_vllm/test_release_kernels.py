@@ -167,15 +167,15 @@ def test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cac
 
 def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
     """TRITON_MLA's decode (built as vLLM builds it, from a VllmConfig): the grouped stage 1 per KV
-    storage class and a stage-2 reduce, for 4 KV splits up to 0.18, for each power-of-2 split
-    count vLLM 0.19+ derives from the context (5 up to 8192 tokens); and the merges of its prefill
+    storage class and a stage-2 reduce, for 4 KV splits up to 0.19, for each power-of-2 split
+    count vLLM 0.20+ derives from the context (5 up to 8192 tokens); and the merges of its prefill
     with cached context, one chunk and two, where ROCm merges with Triton (up to 0.31)."""
     document = triton_mla
     assert document["choice"] == ["triton_mla", None]
     line = release_line(release)
     per_launch = merges_per_launch(release, probes.SERVING["max_num_batched_tokens"])
     merges = ["merge_attn_states_kernel"] * (2 * per_launch if line.mla_merge == "triton" else 0)
-    if line.triton_mla_decode == "forward_mqa":
+    if line.triton_mla_decode == "forward_mqa" and since(release, "0.20"):
         assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 10 + ["_fwd_kernel_stage2"] * 5 + merges
     else:
         assert document["kernels"] == ["_fwd_grouped_kernel_stage1"] * 2 + ["_fwd_kernel_stage2"] + merges

@@ -9,6 +9,7 @@ from collections import Counter
 
 import kernel_probes as probes
 import pytest
+from vllm_releases import since
 
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
@@ -93,13 +94,14 @@ def test_triton_attn_from_0_19_on_nvidia(nvidia):
 
 def test_triton_mla_on_nvidia_keys_and_coverage(nvidia, release):
     """TRITON_MLA's decode on sm90 under vLLM's CUDA platform: stage 1 and 2 for 4 KV splits up
-    to 0.18, for each power-of-2 split count from 0.19; the prefill's merges there take vLLM's
+    to 0.19, for each power-of-2 split count from 0.20; the prefill's merges there take vLLM's
     compiled CUDA merge (the release's own dispatcher launches no Triton kernel), so none is
     planned. Keys are the launch path's; random decode steps compile nothing outside the plan, and
     do outside a plan of the prefill steps alone."""
     mla = nvidia["triton_mla"]
     assert mla["choice"] == ["triton_mla", None]
-    splits = 5 if release_line(release).triton_mla_decode == "forward_mqa" else 1
+    # One split count (4) up to 0.19; from 0.20 one per power of 2 of the context (5 to 8192 tokens).
+    splits = 5 if release_line(release).triton_mla_decode == "forward_mqa" and since(release, "0.20") else 1
     assert mla["kernels"] == ["_fwd_grouped_kernel_stage1"] * splits + ["_fwd_kernel_stage2"] * splits
     assert nvidia["merge"] == 0
     keys = mla["keys"]
