@@ -77,6 +77,26 @@ def test_fp8_dtype_follows_the_target(gfx942, gfx950):
         assert json.loads(job.specialization)["signature"]["b_ptr"] == f"*{fp8}"
 
 
+def test_aiters_dtypes_on_a_builder_follow_the_target(gfx942, gfx950):
+    """AITER reads its FP8 type from the GPU at import; on a builder its `dtypes` answer for the
+    target being traced, alone and in the `d_dtypes` table vLLM 0.2x's AITER builders read."""
+    import sys
+
+    from kprecompile.platforms.triton_driver import active_target
+    from kprecompile.tracing.libraries import import_library_module
+
+    import_library_module("aiter")
+    dtypes = sys.modules["aiter.dtypes"]
+    for target, fp8, other in (
+        (gfx942, torch.float8_e4m3fnuz, torch.float8_e4m3fn),
+        (gfx950, torch.float8_e4m3fn, torch.float8_e4m3fnuz),
+    ):
+        with active_target(target):
+            assert dtypes.fp8 is fp8 and dtypes.d_dtypes["fp8"] is fp8 and dtypes.fp8 is not other
+            assert dtypes.d_dtypes["bf16"] is dtypes.bf16 is torch.bfloat16
+            assert (dtypes.i8, dtypes.u32) == (torch.int8, torch.uint32)
+
+
 def test_tracing_leaves_the_library_modules_as_it_found_them(gfx942):
     import sys
 

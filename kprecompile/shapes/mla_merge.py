@@ -4,9 +4,9 @@ ROCM_AITER_MLA (and ROCM_AITER_TRITON_MLA, whose impl is a subclass of it) run t
 attention in AITER, but a prefill whose sequences have cached context (prefix caching, chunked
 prefill) also runs vLLM's own code: the context in chunks of the prefill workspace, each
 chunk's partial result merged into the previous ones (`merge_attn_states` with the merged
-log-sum-exp), and the context's result merged with the new tokens' one. On ROCm up to 0.18,
-that merge is always vLLM's Triton `merge_attn_states_kernel`, compiled on the first request
-that hits a cached prefix, and up to 0.31 on every ROCm arch. The plan runs that step as the
+log-sum-exp), and the context's result merged with the new tokens' one. On ROCm up to 0.31
+that merge is vLLM's Triton `merge_attn_states_kernel` on every arch, compiled on the first
+request that hits a cached prefix. The plan runs that step as the
 installed release does (`_vllm_mla.py`: the impl's own `_forward_prefill` up to 0.15, vLLM's
 MLAAttention layer with its builder's metadata from 0.17), once with one context chunk and once
 with two where the engine's workspace makes several chunks reachable. The kernel specializes on
@@ -88,7 +88,7 @@ def describe_shapes(shapes: tuple[MlaMergeShape, ...]) -> dict[str, object]:
 
 def describe_call(shape: MlaMergeShape) -> str:
     chunks = shape.context_chunks
-    return f"_forward_prefill(prefills={shape.prefills}, tokens={shape.tokens}, context in {chunks} chunks)"
+    return f"prefill with context(prefills={shape.prefills}, tokens={shape.tokens}, context in {chunks} chunks)"
 
 
 def limits(model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None) -> str | None:

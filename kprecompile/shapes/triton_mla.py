@@ -96,9 +96,9 @@ def enumerate_triton_mla(
 
 
 def _decode_contexts(model_len: int) -> list[int]:
-    """Longest contexts of decode steps: up to 0.18 a short and the longest one (a fixed 4 KV
-    splits); from 0.19 the split count is the power of 2 of context / 512 (capped by the compute
-    units) and a constexpr, so one context per power of 2 up to the model length."""
+    """Longest contexts of decode steps: one per power of 2 up to the model length. Up to 0.19 the
+    KV-split count is a fixed 4; from 0.20 it is the power of 2 of context / 512 (capped by the
+    compute units) and a constexpr, so each power of 2 can be a kernel of its own."""
     contexts = {model_len}
     length = 512
     while length < model_len:
@@ -123,7 +123,7 @@ def describe_shapes(shapes: tuple[TritonMlaShape, ...]) -> dict[str, object]:
 
 def describe_call(shape: TritonMlaShape) -> str:
     if shape.context_chunks:
-        return f"_forward_prefill(tokens={shape.batch}, context in {shape.context_chunks} chunks)"
+        return f"prefill with context(tokens={shape.batch}, context in {shape.context_chunks} chunks)"
     return f"_forward_decode(batch={shape.batch}, max_seq_len={shape.max_seq_len}, kv_cache {shape.kv_cache_storage})"
 
 
