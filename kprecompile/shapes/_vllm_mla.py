@@ -293,6 +293,8 @@ def _layer_prefill(
     with import_library_module("vllm.config").set_current_vllm_config(config), prebuilt:
         spec = layer.get_kv_cache_spec(config)
         builder = backend.get_builder_cls()(spec, [name], config, meta)
+        # Each prefill takes two new tokens at least (one is a decode to the builder).
+        prefills = min(prefills, max(1, tokens // 2))
         if context_chunks > 1:
             prefills = max(prefills, _prefills_sharing_workspace(serving, tokens))
         chunk_limit = _context_chunk_limit(builder.chunked_prefill_workspace_size, serving, prefills)
