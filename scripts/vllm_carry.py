@@ -229,9 +229,10 @@ def main() -> None:
     platforms = [arg for tag in tags for arg in ("--platform", tag)]
     download = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
     download += ["--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(out / "wheels")]
-    unavailable = [pin for pin in pins if subprocess.run([*download, pin], capture_output=True).returncode]
-    if unavailable:
-        sys.exit(f"no CPython 3.12 manylinux wheel on the package index for: {' '.join(unavailable)}")
+    if subprocess.run([*download, *pins], capture_output=True).returncode:
+        # One pip resolves them all; where it fails, name the wheels the index does not have.
+        unavailable = [pin for pin in pins if subprocess.run([*download, pin], capture_output=True).returncode]
+        sys.exit(f"no CPython 3.12 manylinux wheel on the package index for: {' '.join(unavailable) or '?'}")
 
     forced = FORCED + (TRANSFORMERS_4 if (_version(release_dir, "transformers") or "").startswith("4.") else ())
     (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(forced)))

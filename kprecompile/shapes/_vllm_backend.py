@@ -71,6 +71,26 @@ def prebuilt_ops_skipped(names: tuple[str, ...]) -> Iterator[None]:
             setattr(ops, name, op)
 
 
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def attributes_set(*changes: tuple[object, str, object]) -> Iterator[None]:
+    """Set (object, attribute, value) for the block; then put back what the object itself held,
+    or nothing, so that what it finds on its class (a method) is found there again."""
+    saved = [(owner, name, vars(owner).get(name, _ABSENT)) for owner, name, _ in changes]
+    for owner, name, value in changes:
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            if value is _ABSENT:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, value)
+
+
 @contextlib.contextmanager
 def host_copies(values: dict[int, Any]) -> Iterator[None]:
     """Device tensors whose host copy a metadata builder takes (`.cpu()`, which a meta tensor
@@ -423,16 +443,18 @@ def common_attention_metadata(
     the host values of its device tensors for `host_copies`."""
     import torch
 
-    module = None
     for name in COMMON_METADATA_MODULES:
         with contextlib.suppress(ImportError):
             module = import_library_module(name)
             if hasattr(module, "CommonAttentionMetadata"):
                 break
+    else:
+        raise ImportError(f"vLLM's CommonAttentionMetadata is in none of {', '.join(COMMON_METADATA_MODULES)}")
     meta = torch.device("meta")
     requests, tokens = len(query_lens), sum(query_lens)
     query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
     seq_lens = torch.tensor([q + c for q, c in zip(query_lens, context_lens, strict=True)], dtype=torch.int32)
+    computed = torch.tensor(context_lens, dtype=torch.int32)
     device = {
         "query_start_loc": torch.empty(requests + 1, dtype=torch.int32, device=meta),
         "seq_lens": torch.empty(requests, dtype=torch.int32, device=meta),
@@ -444,10 +466,10 @@ def common_attention_metadata(
             "query_start_loc_cpu": query_start_loc,
             "seq_lens_cpu": seq_lens,
             "seq_lens_cpu_upper_bound": seq_lens,
-            "num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
+            "num_computed_tokens_cpu": computed,
             # 0.19's runner fills the host copies behind its deprecated properties.
             "_seq_lens_cpu": seq_lens,
-            "_num_computed_tokens_cpu": torch.tensor(context_lens, dtype=torch.int32),
+            "_num_computed_tokens_cpu": computed,
             "num_reqs": requests,
             "num_actual_tokens": tokens,
             "max_query_len": max(query_lens),
@@ -462,7 +484,7 @@ def common_attention_metadata(
     # remembers them): their host copy is the step's.
     compute_context_lens = getattr(record, "compute_num_computed_tokens", None)
     if compute_context_lens is not None:
-        host_values[id(compute_context_lens())] = torch.tensor(context_lens, dtype=torch.int32)
+        host_values[id(compute_context_lens())] = computed
     return record, host_values
 
 

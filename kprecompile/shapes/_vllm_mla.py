@@ -28,6 +28,7 @@ from ..inputs.targets import Target
 from ..tracing.libraries import import_library_module
 from ..tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped, prebuilt_varlen_attention
 from ._vllm_backend import (
+    attributes_set,
     common_attention_metadata,
     host_copies,
     layer_kv_cache,
@@ -336,17 +337,10 @@ def _layer_prefill(
                 )
 
 
-@contextlib.contextmanager
-def _prebuilt_prefill_attention(impl: Any, metadata: Any) -> Iterator[None]:
+def _prebuilt_prefill_attention(impl: Any, metadata: Any) -> Any:
     """The prefill's flash attention (prebuilt), where the release calls it: the impl's
     `flash_attn_varlen_func` (0.17 and 0.18), or the prefill backend the builder put in the
     metadata (0.19 and newer)."""
-    saved: list[tuple[Any, str, Any]] = []
-
-    def replace(owner: Any, attribute: str, stand_in: Any) -> None:
-        if owner is not None and hasattr(owner, attribute):
-            saved.append((owner, attribute, owner.__dict__.get(attribute, _ABSENT)))
-            setattr(owner, attribute, stand_in)
 
     def new_tokens(q: Any, k: Any, v: Any, return_softmax_lse: bool = False, out: Any = None, **_: Any) -> Any:
         return prebuilt_varlen_attention(q, k, v, out=out, return_lse=return_softmax_lse)
@@ -356,20 +350,12 @@ def _prebuilt_prefill_attention(impl: Any, metadata: Any) -> Iterator[None]:
         return prebuilt_varlen_attention(q, k, v, out=out, return_lse=True)
 
     prefill_backend = getattr(getattr(metadata, "prefill", None), "prefill_backend", None)
-    replace(impl, "flash_attn_varlen_func", prebuilt_varlen_attention)
-    replace(prefill_backend, "run_prefill_new_tokens", new_tokens)
-    replace(prefill_backend, "run_prefill_context_chunk", context_chunk)
-    try:
-        yield
-    finally:
-        for owner, attribute, value in reversed(saved):
-            if value is _ABSENT:
-                delattr(owner, attribute)
-            else:
-                setattr(owner, attribute, value)
-
-
-_ABSENT = object()
+    stand_ins = (
+        (impl, "flash_attn_varlen_func", prebuilt_varlen_attention),
+        (prefill_backend, "run_prefill_new_tokens", new_tokens),
+        (prefill_backend, "run_prefill_context_chunk", context_chunk),
+    )
+    return attributes_set(*(change for change in stand_ins if hasattr(change[0], change[1])))
 
 
 @contextlib.contextmanager
@@ -387,8 +373,5 @@ def _projection_stand_in(impl: Any, projected: int) -> Iterator[None]:
         def __getattr__(self, attribute: str) -> Any:
             return getattr(real, attribute)
 
-    impl.kv_b_proj = StandIn()
-    try:
+    with attributes_set((impl, "kv_b_proj", StandIn())):
         yield
-    finally:
-        impl.kv_b_proj = real

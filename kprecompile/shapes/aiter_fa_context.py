@@ -43,7 +43,6 @@ from ._vllm_backend import (
     prebuilt_ops_skipped,
     required_line,
     unpinned_host_memory,
-    vllm_record,
 )
 from .family import KernelFamily
 
@@ -242,40 +241,6 @@ def limits(model: ModelConfig, serving: ServingParams, target: Target, line: Rel
     return None
 
 
-def _common_metadata(shape: ExtendStep) -> Any:
-    """vLLM's `CommonAttentionMetadata` for the step, as its model runner fills it: the host-side
-    tensors real (the builder computes the chunking from them), the device ones on meta."""
-    import torch
-
-    utils = import_library_module("vllm.v1.attention.backends.utils")
-    meta = torch.device("meta")
-    query_lens = torch.tensor(shape.query_lens, dtype=torch.int32)
-    context_lens = torch.tensor(shape.context_lens, dtype=torch.int32)
-    query_start_loc = torch.zeros(len(shape.query_lens) + 1, dtype=torch.int32)
-    torch.cumsum(query_lens, 0, out=query_start_loc[1:])
-    seq_lens = query_lens + context_lens
-    tokens = int(query_lens.sum())
-    return vllm_record(
-        utils.CommonAttentionMetadata,
-        {
-            "query_start_loc": query_start_loc.to(meta),
-            "query_start_loc_cpu": query_start_loc,
-            "seq_lens": seq_lens.to(meta),
-            "seq_lens_cpu": seq_lens,
-            "num_computed_tokens_cpu": context_lens,
-            "num_reqs": len(shape.query_lens),
-            "num_actual_tokens": tokens,
-            "max_query_len": max(shape.query_lens),
-            "max_seq_len": int(seq_lens.max()),
-            "block_table_tensor": torch.empty(
-                (len(shape.query_lens), shape.max_blocks_per_seq), dtype=torch.int32, device=meta
-            ),
-            "slot_mapping": torch.empty(tokens, dtype=torch.int64, device=meta),
-            "causal": True,
-        },
-    )
-
-
 def launch(shape: ExtendStep, target: Target) -> None:
     # The backend's module imports `aiter` and calls its attention.
     with aiter_attention_prebuilt():
@@ -383,8 +348,11 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     with set_current_vllm_config(vllm_config), _attention_layer(vllm_config, shape, backend) as layer:
         spec = layer.get_kv_cache_spec(vllm_config)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], vllm_config, meta)
-        with unpinned_host_memory():
-            metadata = builder.build(common_prefix_len=0, common_attn_metadata=_common_metadata(shape))
+        common, host_values = common_attention_metadata(
+            list(shape.query_lens), list(shape.context_lens), shape.max_blocks_per_seq
+        )
+        with unpinned_host_memory(), host_copies(host_values):
+            metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
     element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
     element = torch.empty((), dtype=element_type, device=meta).element_size()
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element

@@ -30,6 +30,7 @@ from ..tracing.libraries import (
     import_library_module,
 )
 from ..vllm.releases import ReleaseLine
+from ._vllm_backend import attributes_set
 from .family import KernelFamily
 
 FP8_MODULE = "vllm.model_executor.layers.quantization.fp8"
@@ -277,23 +278,6 @@ class _Unlaunched:
         return lambda *args, **kwargs: None
 
 
-@contextlib.contextmanager
-def _attributes(*changes: tuple[object, str, object]) -> Iterator[None]:
-    """Set (object, attribute, value) for the block; put back what was there (or nothing)."""
-    missing = object()
-    saved = [(owner, name, getattr(owner, name, missing)) for owner, name, _ in changes]
-    for owner, name, value in changes:
-        setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        for owner, name, value in reversed(saved):
-            if value is missing:
-                delattr(owner, name)
-            else:
-                setattr(owner, name, value)
-
-
 def _target_platform_bound(platform: Any) -> list[tuple[object, str, object]]:
     """vLLM's modules bind `current_platform` at import, and the modules this call runs register
     torch operators and custom ops at import, so they cannot be imported afresh per target as
@@ -365,10 +349,10 @@ def built_layer(shape: BlockFp8LinearShape, target: Target, loaded: bool = True)
 
     queries = _compiled_queries(target)
     # vLLM inspects the model's class when it builds its config: its modules import as on the GPU host.
-    with target_imports(target), _attributes(*queries):
+    with target_imports(target), attributes_set(*queries):
         config = engine_config(shape.config_json, shape.serving, target)
     refresh_switches()
-    with aiter_hip_absent(), _attributes(*queries):
+    with aiter_hip_absent(), attributes_set(*queries):
         fp8 = import_library_module(FP8_MODULE)
         fp8_utils = import_library_module(FP8_UTILS_MODULE)
         set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
@@ -406,7 +390,7 @@ def built_layer(shape: BlockFp8LinearShape, target: Target, loaded: bool = True)
         memo.cache_clear()
     try:
         # AITER's HIP side is absent on a builder without ROCm (vLLM's kernel modules try it at import).
-        with set_current_vllm_config(config), _attributes(*changes), torch.device("meta"), aiter_hip_absent():
+        with set_current_vllm_config(config), attributes_set(*changes), torch.device("meta"), aiter_hip_absent():
             # vLLM's loader builds the model under the model's dtype as torch's default (0.19 and
             # newer take the GEMM's output dtype from it).
             default_dtype = torch.get_default_dtype()
