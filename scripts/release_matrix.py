@@ -28,8 +28,8 @@ from kprecompile.vllm.releases import release_line
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TABLE = ROOT / "docs" / "release-matrix.md"
 HEADER = (
-    "| release | line | Triton | passed | failed | skipped | minutes | date | first failures |\n"
-    "| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    "| release | line | Triton | passed | failed | skipped | minutes | date | commit | first failures |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n"
 )
 _COUNT = re.compile(r"(\d+) (passed|failed|skipped|error)")
 
@@ -60,6 +60,10 @@ def run_release(version: str) -> dict[str, object]:
         "skipped": counts.get("skipped", 0),
         "minutes": round((time.perf_counter() - started) / 60, 1),
         "date": datetime.date.today().isoformat(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "-",
         "failures": failures[:3],
     }
 
@@ -72,7 +76,7 @@ def write_row(table: Path, row: dict[str, object]) -> None:
         before = text or "# vLLM release matrix\n\nWritten by `python scripts/release_matrix.py VERSION...`.\n\n"
     rows = {line.split("|")[1].strip(): line for line in rows_text.splitlines() if line.startswith("| ")}
     failures = "; ".join(f"`{name.rpartition('::')[2]}`" for name in row["failures"]) or "-"
-    cells = [row[key] for key in ("release", "line", "triton", "passed", "failed", "skipped", "minutes", "date")]
+    cells = [row[key] for key in ("release", "line", "triton", "passed", "failed", "skipped", "minutes", "date", "commit")]
     rows[str(row["release"])] = "| " + " | ".join(map(str, cells)) + f" | {failures} |"
     ordered = sorted(rows, key=lambda release: [int(part) for part in re.findall(r"\d+", release)])
     table.write_text(before + HEADER + "\n".join(rows[release] for release in ordered) + "\n")
