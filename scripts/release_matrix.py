@@ -76,7 +76,8 @@ def write_row(table: Path, row: dict[str, object]) -> None:
         before = text or "# vLLM release matrix\n\nWritten by `python scripts/release_matrix.py VERSION...`.\n\n"
     rows = {line.split("|")[1].strip(): line for line in rows_text.splitlines() if line.startswith("| ")}
     failures = "; ".join(f"`{name.rpartition('::')[2]}`" for name in row["failures"]) or "-"
-    cells = [row[key] for key in ("release", "line", "triton", "passed", "failed", "skipped", "minutes", "date", "commit")]
+    columns = ("release", "line", "triton", "passed", "failed", "skipped", "minutes", "date", "commit")
+    cells = [row[key] for key in columns]
     rows[str(row["release"])] = "| " + " | ".join(map(str, cells)) + f" | {failures} |"
     ordered = sorted(rows, key=lambda release: [int(part) for part in re.findall(r"\d+", release)])
     table.write_text(before + HEADER + "\n".join(rows[release] for release in ordered) + "\n")

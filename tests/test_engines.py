@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import kprecompile_cli
@@ -14,6 +15,7 @@ from kprecompile.selection.engines import SELECTION_FLAGS, select
 
 DEEPSEEK = load_model("deepseek-r1")
 LLAMA = load_model("llama-3.1-8b-instruct")
+GPT_OSS = load_model(str(Path(__file__).parent / "models" / "gpt-oss-20b-bf16.json"))
 
 
 def planned(model, environ, engine="vllm-aiter", backend=None):
@@ -230,6 +232,17 @@ def test_unknown_family_names_the_ones_available():
         ("0.33.0", LLAMA, {"VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION": "1"}, None, "ROCM_ATTN", ()),
         ("0.33.0", LLAMA, {"VLLM_ATTENTION_BACKEND": "TRITON_ATTN"}, None, "ROCM_ATTN", ()),
         ("0.12.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm", "mla_decode")),
+        # Sinks skip ROCM_ATTN from 0.19; ROCM_AITER_FA takes them only from 0.23.
+        ("0.22.1", GPT_OSS, {}, None, "ROCM_AITER_UNIFIED_ATTN", ("prefix_prefill", "paged_decode")),
+        ("0.23.0", GPT_OSS, {}, None, "ROCM_AITER_FA", ()),
+        (
+            "0.19.1",
+            GPT_OSS,
+            {"VLLM_ROCM_USE_AITER_MHA": "0"},
+            None,
+            "ROCM_AITER_UNIFIED_ATTN",
+            ("prefix_prefill", "paged_decode"),
+        ),
         # From 0.19 AITER's MLA decode reduces with a HIP kernel: no Triton stage 2 to plan.
         ("0.33.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
     ],

@@ -62,6 +62,8 @@ UP_TO_0_18 = {
     "aiter_block_fp8": "ck_on_gfx942",
     # in_vllm/test_release_aiter_fa.py: test_random_steps_through_the_real_builder_and_impl_are_planned.
     "aiter_fa_windowed_paged_decode": False,
+    # ROCM_AITER_FA takes no sinks (test_engines.py: gpt-oss under AITER's flags).
+    "aiter_fa_sinks": False,
 }
 # The same since 0.11 (test_engines.py and test_vllm.py's CUDA and ROCm selection tests).
 EVERY_LINE = {
@@ -110,6 +112,9 @@ FROM_0_19 = {
     # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's unified attention
     # (0.25.1: the random steps miss them without) until 0.33 trims the block table for its paged kernel.
     "aiter_fa_windowed_paged_decode": False,
+    # in_vllm/test_release_spec.py and test_engines.py: gpt-oss (sinks) under AITER's flags takes
+    # ROCM_AITER_UNIFIED_ATTN up to 0.22 (vLLM's ROCM_AITER_FA refuses sinks), ROCM_AITER_FA from 0.23.
+    "aiter_fa_sinks": False,
 }
 # What the tests assert of a release of each line, field by field.
 RULES: dict[str, dict[str, object]] = {
@@ -148,8 +153,17 @@ RULES: dict[str, dict[str, object]] = {
             ("0.19.1", CAPTURE_UP_TO_0_19),
             # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20, sm100's
             # ceiling of 1024 from 0.28, speculative decode batches from 0.29, max-num-seqs from 0.31.
-            ("0.25.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
-            ("0.28.0", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True, "capture_ceiling_sm100": 1024}),
+            ("0.22.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
+            ("0.25.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True, "aiter_fa_sinks": True}),
+            (
+                "0.28.0",
+                {
+                    **CAPTURE_UP_TO_0_19,
+                    "capture_batched_tokens": True,
+                    "capture_ceiling_sm100": 1024,
+                    "aiter_fa_sinks": True,
+                },
+            ),
             (
                 "0.30.0",
                 {
@@ -157,10 +171,19 @@ RULES: dict[str, dict[str, object]] = {
                     "capture_ceiling_sm100": 1024,
                     "capture_decodes": "speculative",
                     "cuda_sm89_block_fp8": "marlin",
+                    "aiter_fa_sinks": True,
                 },
             ),
-            ("0.31.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin"}),
-            ("0.32.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "mla_merge": "compiled_on_cdna3"}),
+            ("0.31.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "aiter_fa_sinks": True}),
+            (
+                "0.32.0",
+                {
+                    **CAPTURE_FROM_0_31,
+                    "cuda_sm89_block_fp8": "marlin",
+                    "mla_merge": "compiled_on_cdna3",
+                    "aiter_fa_sinks": True,
+                },
+            ),
             (
                 "0.33.0",
                 {
@@ -168,6 +191,7 @@ RULES: dict[str, dict[str, object]] = {
                     "cuda_sm89_block_fp8": "marlin",
                     "mla_merge": "compiled_on_cdna3",
                     "aiter_fa_windowed_paged_decode": True,
+                    "aiter_fa_sinks": True,
                 },
             ),
         )

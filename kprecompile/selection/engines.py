@@ -371,11 +371,11 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLin
         return requested
     if line.gqa_rule == "priority_list":
         # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes. It takes
-        # no sinks: then AITER's FA with its MHA flag, else AITER's unified attention (where AITER is
-        # installed, as in vLLM's ROCm images).
+        # no sinks: then AITER's FA with its MHA flag (where the line's takes sinks), else AITER's
+        # unified attention (where AITER is installed, as in vLLM's ROCm images).
         if not has_sinks:
             return "ROCM_ATTN"
-        return "ROCM_AITER_FA" if mha else "ROCM_AITER_UNIFIED_ATTN"
+        return "ROCM_AITER_FA" if mha and line.aiter_fa_sinks else "ROCM_AITER_UNIFIED_ATTN"
     if unified:
         return "ROCM_AITER_UNIFIED_ATTN"
     if mha:

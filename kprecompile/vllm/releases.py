@@ -123,6 +123,9 @@ class ReleaseLine:
     # Whether ROCM_AITER_FA decodes a windowed layer's one-token steps with the paged kernel on a
     # trimmed block table (0.33; heads of 64 or more, no sinks): before, AITER's unified attention.
     aiter_fa_windowed_paged_decode: bool
+    # Whether ROCM_AITER_FA takes layers with attention sinks (0.23; before, vLLM's list passes it
+    # over for them: AITER's unified attention where AITER is found).
+    aiter_fa_sinks: bool
 
     @property
     def first_release(self) -> str:
@@ -153,6 +156,7 @@ _LINE_0_11 = ReleaseLine(
     cuda_sm89_block_fp8="triton_gemm",
     aiter_block_fp8="ck_on_gfx942",
     aiter_fa_windowed_paged_decode=False,
+    aiter_fa_sinks=False,
 )
 # Each later line: the one before it, with what its first release changed.
 _LINE_0_12 = replace(
@@ -190,7 +194,8 @@ _LINE_0_19 = replace(
     aiter_block_fp8="aiter_blockscale",
 )
 _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
-_LINE_0_28 = replace(_LINE_0_20, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
+_LINE_0_23 = replace(_LINE_0_20, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True)
+_LINE_0_28 = replace(_LINE_0_23, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
 _LINE_0_29 = replace(
     _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
 )
@@ -204,6 +209,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_13,
     _LINE_0_19,
     _LINE_0_20,
+    _LINE_0_23,
     _LINE_0_28,
     _LINE_0_29,
     _LINE_0_31,
