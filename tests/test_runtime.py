@@ -187,3 +187,36 @@ def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     kernels = results[0]["kernels"]
     assert sum(result["compiled"] for result in results) == kernels
     assert all(result["loaded"] == result["kernels"] == kernels for result in results)
+
+
+def test_a_group_file_that_swaps_two_files_is_not_served(cache_copy):
+    """The binary's name mapped to the IR (and back): each file matches its checksum, but Triton
+    would read the wrong bytes. The serving process compiles that kernel again instead."""
+    from test_verify import swap_children
+
+    cache_dir, kernels = cache_copy
+    swap_children(_binary_of_first_job(cache_dir).parent)
+    result, _ = serving_process(cache_dir)
+    assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
+    again, _ = serving_process(cache_dir)
+    assert again["preload"]["loaded"] == kernels and again["preload"]["compiled"] == 0
+
+
+def test_the_served_check_refuses_a_name_mapped_to_another_file(cache_copy):
+    """`ServedFiles.problem` checks which name maps to which file, not only the set of names."""
+    from kprecompile.cache.entries import group_children
+    from kprecompile.cache.served import ServedFiles
+
+    cache_dir, _ = cache_copy
+    layout = CacheLayout.of(cache_dir)
+    manifest = baked_manifest(layout, TARGETS["gfx942"]).manifest
+    entry = _binary_of_first_job(cache_dir).parent
+    [group] = entry.glob("__grp__*.json")
+    served = ServedFiles()
+    served.record(manifest)
+    files = group_children(entry, group.name)
+    assert served.problem(entry.name, files, []) is None  # negative control: as written
+    [binary] = [name for name in files if name.endswith(".hsaco")]
+    [ir] = [name for name in files if name.endswith(".amdgcn")]
+    swapped = {**files, binary: files[ir], ir: files[binary]}
+    assert served.problem(entry.name, swapped, []) == "its group file maps a file name to another file"

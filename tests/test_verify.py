@@ -432,3 +432,69 @@ def test_a_miss_names_the_closest_configuration_each_difference_and_the_warm_com
         f"to make it warm: kprecompile warm --model deepseek-v2-lite --target gfx942 --max-num-seqs 5 --family fp8_bmm "
         f"--cache-dir {baked_layout.root}"
     )
+
+
+def swap_children(entry, first_suffix=".hsaco", second_suffix=".amdgcn"):
+    """Exchange two files' paths in the entry's group file: each file is still the one its
+    manifest recorded, but the binary's name now maps to the IR and the IR's to the binary."""
+    [group] = entry.glob("__grp__*.json")
+    document = json.loads(group.read_text())
+    children = document["child_paths"]
+    [first] = [name for name in children if name.endswith(first_suffix)]
+    [second] = [name for name in children if name.endswith(second_suffix)]
+    children[first], children[second] = children[second], children[first]
+    group.write_text(json.dumps(document))
+    return group
+
+
+def test_a_group_file_that_swaps_two_files_is_damage_that_warm_rebuilds(layout):
+    """Verify (even without --deep) names it, the entry no longer counts as compiled, and warm
+    replaces it with an entry whose names map to their own files."""
+    job = gfx942_manifest(layout).jobs[0]
+    entry = layout.triton_entry(job.key)
+    [group] = entry.glob("__grp__*.json")
+    # Negative control: the same mapping written anew (other formatting) is still warm.
+    group.write_text(json.dumps(json.loads(group.read_text()), indent=3))
+    assert verdict(layout, deep=True).status == "warm" and compiled_files(layout, job.key) is not None
+
+    swap_children(entry)
+    for deep in (False, True):
+        result = verdict(layout, deep=deep)
+        assert result.status == "incomplete"
+        assert [(problem.key, problem.problem) for problem in result.problems] == [
+            (job.key, f"{group.name} maps a file name to another file, or is not a group file")
+        ]
+    assert compiled_files(layout, job.key) is None
+    report = warm(Request(MODEL, SERVING, select(MODEL), (GFX942,)), layout, max_workers=1)
+    assert (report.replaced, report.compiled, report.failed) == (1, 1, 0)
+    children = json.loads(group.read_text())["child_paths"]
+    assert all(os.path.basename(path) == name for name, path in children.items())
+    assert verdict(layout, deep=True).status == "warm"
+
+
+def test_a_group_file_naming_other_files_than_recorded_is_damage(layout):
+    """A group file that drops one of the recorded files (all the others intact) is not warm."""
+    job = gfx942_manifest(layout).jobs[0]
+    [group] = layout.triton_entry(job.key).glob("__grp__*.json")
+    document = json.loads(group.read_text())
+    [ir] = [name for name in document["child_paths"] if name.endswith(".amdgcn")]
+    del document["child_paths"][ir]
+    group.write_text(json.dumps(document))
+    assert [problem.problem for problem in verdict(layout).problems] == [
+        f"{group.name} names other files than the manifest records"
+    ]
+
+
+def test_compiling_a_key_whose_entry_swaps_two_files_writes_it_anew(layout):
+    """Without a manifest to say so, a compile must not take Triton's cache hit on the swapped
+    group file (Triton's own cache manager reads whatever it maps)."""
+    from kprecompile.warmup.compile import compile_job
+
+    job = gfx942_manifest(layout).jobs[0]
+    entry = layout.triton_entry(job.key)
+    swap_children(entry)
+    outcome = compile_job(job, layout)
+    assert outcome.status == "compiled", outcome.error
+    assert compiled_files(layout, job.key) is not None
+    # Negative control: an intact entry is a cache hit, left as it is.
+    assert compile_job(job, layout).status == "cached"

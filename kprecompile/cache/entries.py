@@ -13,7 +13,9 @@ from .files import sha256_file
 from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
 
 # Why an entry would not be served as its manifest recorded it.
-ProblemKind = Literal["not_in_cache", "file_missing", "not_a_file", "size_mismatch", "checksum_mismatch"]
+ProblemKind = Literal[
+    "not_in_cache", "group_mismatch", "file_missing", "not_a_file", "size_mismatch", "checksum_mismatch"
+]
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,26 @@ class EntryProblem:
     message: str
 
 
+def read_group(directory: str | os.PathLike[str], group_name: str) -> dict[str, str] | None:
+    """What a Triton group file maps, each child name to the file of that name in `directory`;
+    None when it is not a group file or maps a name to another file.
+
+    Triton writes each child under its own name (`k.hsaco` -> `<entry>/k.hsaco`) and opens what
+    the group file names: a file swapped under another name (the binary's path given as the
+    IR's) would hand Triton the wrong bytes while every file still matches its checksum.
+    """
+    import json
+
+    try:
+        with open(os.path.join(directory, group_name), "rb") as group:
+            children = json.loads(group.read())["child_paths"]
+        mapping = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    named_as_written = all(os.path.basename(path) == name not in ("", ".", "..") for name, path in children.items())
+    return mapping if mapping and named_as_written else None
+
+
 def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[str, str] | None:
     """The files a Triton group file names, found by name in its own directory, when all exist.
 
@@ -30,13 +52,8 @@ def group_children(directory: str | os.PathLike[str], group_name: str) -> dict[s
     is what lets a moved cache (a bundle, an image layer) be read. Used here and by the
     layered Triton cache manager.
     """
-    import json
-
-    try:
-        with open(os.path.join(directory, group_name), "rb") as group:
-            children = json.loads(group.read())["child_paths"]
-        found = {name: os.path.join(directory, os.path.basename(path)) for name, path in children.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    found = read_group(directory, group_name)
+    if found is None:
         return None
     # A symbolic link is never served: it could point anywhere after the entry was checked.
     return found if all(os.path.isfile(path) and not os.path.islink(path) for path in found.values()) else None
@@ -122,6 +139,12 @@ def entry_problem(
         return EntryProblem("not_in_cache", "not in the cache")
     if not recorded:
         return None if compiled_files(layout, key) is not None else EntryProblem("not_in_cache", "not in the cache")
+    group = next(file_name for file_name in files if file_name.startswith(GROUP_PREFIX))
+    mapping = read_group(os.path.dirname(files[group].path), group)
+    if mapping is None:
+        return EntryProblem("group_mismatch", f"{group} maps a file name to another file, or is not a group file")
+    if set(mapping) != set(recorded):
+        return EntryProblem("group_mismatch", f"{group} names other files than the manifest records")
     # The recorded files are the group file's children at warm time: with the group file
     # present and each of them intact, Triton's own completeness test passes.
     for file_name, expected in recorded.items():
@@ -136,6 +159,18 @@ def entry_problem(
         if deep and sha256_file(item.path) != expected["sha256"]:
             return EntryProblem("checksum_mismatch", f"{file_name} does not match its recorded sha256")
     return None
+
+
+def remove_unfinished_entry(layout: CacheLayout, key: str) -> bool:
+    """Delete the writable root's entry for `key` when it has a group file yet is not complete
+    (a child missing, or a name mapped to another file): Triton's own cache manager would load
+    it as it is instead of compiling. Call under the key's lock; returns whether it did."""
+    entry = layout.triton_entry(key)
+    group = group_file(entry)
+    if group is None or group_children(entry, group.name) is not None:
+        return False
+    remove_entry(layout, key)
+    return True
 
 
 def remove_entry(layout: CacheLayout, key: str) -> None:

@@ -61,7 +61,10 @@ class ServedFiles:
         records = self._records.get(entry_name) or self._read_new_manifests(manifest_dirs, entry_name)
         if not records:
             return "no manifest records it"
-        names = {os.path.basename(path): path for path in files.values()}
+        # Each name must be the file of that name: Triton reads what the name maps to.
+        if any(os.path.basename(path) != name for name, path in files.items()):
+            return "its group file maps a file name to another file"
+        names = dict(files)
         candidates = [record for record in records if set(record) == set(names)]
         if not candidates:
             return "its files are not the ones its manifest records"

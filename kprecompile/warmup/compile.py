@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..cache.entries import is_compiled
+from ..cache.entries import is_compiled, remove_unfinished_entry
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..cache.locks import hold_lock
@@ -55,6 +55,7 @@ def compile_job(job: CompileJob, layout: CacheLayout, lock_timeout_seconds: floa
         with job_lock(layout, job, lock_timeout_seconds):
             if is_compiled(layout, job.key):
                 return outcome("cached")
+            remove_unfinished_entry(layout, job.key)
             compiled_key = _preload(job, layout)
         if compiled_key != job.key:
             return outcome(
