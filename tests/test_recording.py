@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import json
 import logging
 import multiprocessing
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,8 +207,15 @@ def test_records_that_cannot_be_compiled_again_are_skipped_with_one_line_each(wa
     assert outcomes[script.triton_key].startswith("defined in a script")
     assert outcomes[inductor.triton_key].startswith("compiled outside a Triton kernel launch")
     assert outcomes[other_env.triton_key].startswith("it compiles under Triton key")
-    for record in [*skipped, failing]:
-        assert sum(record.triton_key[:12] in line for line in lines) == 1
+    # One line for all that were skipped, one for what failed to compile, none per record.
+    assert [line for line in lines if "recorded kernel" in line] == [
+        "11 recorded kernels not compiled again: 2 not installed here, 1 another environment, 1 in a function, "
+        "1 in a script, 1 in the standard library, 1 not a kernel, 1 not replayable, 1 not resolved, "
+        "1 source changed, 1 specialization does not replay (kprecompile misses says why for each)",
+        "1 recorded kernel failed to compile here, the first with: CompileTimeAssertionFailure: code 15 never "
+        "compiles (kprecompile misses says why for each)",
+    ]
+    assert not any(record.triton_key[:12] in line for record in [*skipped, failing] for line in lines)
     # Every outcome is final: the configuration is warm, and the next warm has nothing to do.
     assert run_cli(capsys, "verify", *BAKED, "--cache-dir", str(layout.root))[0] == 0
     # Records of another toolchain or target are kept for them, not replayed here.
@@ -259,6 +268,7 @@ def _sample_record() -> journal.Record:
         last_seen=1.0,
         seconds=0.5,
         hosts={"h": 1},
+        origin="local",
     )
 
 
@@ -348,7 +358,7 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
     # history merges with what the builder recorded itself, per host the larger count.
     run_cli_json(capsys, "import", str(archive), "--cache-dir", str(builder))
     assert {record.count for record in records_of(CacheLayout.of(builder)).values()} == {1}
-    recorded = next(iter(records_of(layout).values()))
+    recorded = next(record for record in records_of(layout).values() if record.kernel.startswith("aiter."))
     [host] = recorded.hosts
     journal.append(CacheLayout.of(builder), journal_of(layout), [dataclasses.replace(recorded, hosts={"builder": 5})])
     journal.append(layout, journal_of(layout), [dataclasses.replace(recorded, hosts={host: 2})])
@@ -360,7 +370,11 @@ def test_export_import_and_bake_carry_the_journal_to_a_builder(warm_copy, capsys
     baked = run_cli_json(capsys, "bake", *BAKED, "--cache-dir", str(builder), "--out", str(image))
     assert baked["failed"] == 0
     manifest = baked_manifest(CacheLayout.of(image), GFX942).manifest
-    assert sum(job.family == "recorded" for job in manifest.jobs) == 3
+    # The AITER kernels; the tests' own kernel came from an archive, which names no module outside
+    # the traced libraries that a warm would import.
+    assert sum(job.family == "recorded" for job in manifest.jobs) == 2
+    [sample] = [record for record in merged.values() if record.kernel.startswith(SAMPLE_MODULE)]
+    assert manifest.recorded[sample.triton_key].startswith(f"{SAMPLE_MODULE} is not a module of aiter or vllm")
     # The image carries the journal (listed in its bundle.json); with --no-recorded, none of it.
     assert any(name.startswith("journals-v1/") for name in json.loads((image / "bundle.json").read_text())["files"])
     plain = tmp_path / "plain"
@@ -409,3 +423,182 @@ def test_a_record_holds_the_specialization_data_of_every_supported_triton_and_no
         line = dataclasses.replace(record, specialization=json.dumps(damaged)).to_line()
         with pytest.raises(ValueError, match="specialization"):
             journal.Record.from_line(line.strip())
+
+
+# Modules a crafted journal could name, each leaving a marker file when its code runs.
+_PLANTED = {
+    "planted_cli/__init__.py": "",
+    # As `tqdm.__main__` or `numpy.f2py.__main__`: a command line that runs at import.
+    "planted_cli/__main__.py": "import pathlib; pathlib.Path({marker!r}, 'planted_cli').touch()\n",
+    "planted_kernels.py": (
+        "import pathlib; pathlib.Path({marker!r}, 'planted_kernels').touch()\n"
+        "import triton\n\n\n@triton.jit\ndef kernel(x_ptr):\n    pass\n"
+    ),
+}
+
+
+def _plant(tmp_path, monkeypatch, files) -> Path:
+    """Write `files` into a directory on the import path; returns the directory their markers go to."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    planted = tmp_path / "planted"
+    for name, text in files.items():
+        (planted / name).parent.mkdir(parents=True, exist_ok=True)
+        (planted / name).write_text(text.format(marker=str(markers)))
+    monkeypatch.syspath_prepend(str(planted))
+    return markers
+
+
+def _records_naming(*kernels: str, origin: str = "imported") -> list[journal.Record]:
+    base = dataclasses.replace(_sample_record(), origin=origin)
+    return [
+        dataclasses.replace(base, kernel=kernel, triton_key=hashlib.sha256(kernel.encode()).hexdigest())
+        for kernel in kernels
+    ]
+
+
+def test_replay_imports_no_module_an_imported_record_names(tmp_path, monkeypatch, caplog):
+    """A record from an archive naming a module outside the traced libraries is refused before
+    anything imports it (one naming a command line's `__main__` too, from anywhere); a local
+    record naming the same module is imported (the negative control: the markers work). Many
+    refused records are one warning line with counts by reason."""
+    from kprecompile.warmup.replay import replay
+
+    markers = _plant(tmp_path, monkeypatch, _PLANTED)
+    imported = _records_naming("planted_cli.__main__:x", "tqdm.__main__:x", "planted_kernels:kernel")
+    many = [dataclasses.replace(imported[2], triton_key=f"{n:064x}") for n in range(200)]
+    with caplog.at_level(logging.WARNING):
+        result = replay([*imported, *many], GFX942, set(), None)
+    assert result.jobs == () and not list(markers.iterdir())
+    assert result.outcomes[imported[0].triton_key] == (
+        "planted_cli.__main__:x is not a plain module and name (no dunder or relative names)"
+    )
+    assert result.outcomes[imported[2].triton_key].startswith(
+        "planted_kernels is not a module of aiter or vllm, and the record came from an archive"
+    )
+    [line] = [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+    assert line == (
+        "203 recorded kernels not compiled again: 201 imported, outside the traced libraries, 2 odd names "
+        "(kprecompile misses says why for each)"
+    )
+
+    [local] = _records_naming("planted_kernels:kernel", origin="local")
+    [dunder] = _records_naming("planted_cli.__main__:x", origin="local")
+    result = replay([local, dunder], GFX942, set(), None)
+    assert {path.name for path in markers.iterdir()} == {"planted_kernels"}
+    assert result.outcomes[local.triton_key] == "its source changed since it was recorded"
+    assert result.outcomes[dunder.triton_key].startswith("planted_cli.__main__:x is not a plain module")
+
+
+@pytest.fixture
+def planted_library(tmp_path, monkeypatch):
+    """A `vllm` package of the tests' own (this venv has none), its code leaving markers."""
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("a real vLLM is importable here")
+    marker = "import pathlib; pathlib.Path({marker!r}, __name__).touch()\n"
+    markers = _plant(
+        tmp_path,
+        monkeypatch,
+        {
+            "vllm/__init__.py": marker,
+            "vllm/attention/__init__.py": marker,
+            "vllm/attention/ops/__init__.py": marker,
+            "vllm/attention/ops/planted.py": marker
+            + "import triton\n\n\ndef kernel():\n    pass\n\n\n@triton.jit\ndef real(x_ptr):\n    pass\n",
+        },
+    )
+    yield markers
+    for name in [name for name in sys.modules if name == "vllm" or name.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def test_a_library_record_is_found_in_its_source_before_anything_is_imported(planted_library):
+    """A record naming a library module that defines no Triton kernel of that name (or no such
+    module) imports nothing, not even the packages above it; one whose source defines the
+    kernel goes on to the import (the negative control)."""
+    from kprecompile.warmup.replay import replay
+
+    not_a_kernel, missing, hidden, real = _records_naming(
+        "vllm.attention.ops.planted:kernel",
+        "vllm.attention.ops.missing:kernel",
+        "vllm.attention.__main__:kernel",
+        "vllm.attention.ops.planted:real",
+        origin="local",
+    )
+    result = replay([not_a_kernel, missing, hidden], GFX942, set(), None)
+    assert result.jobs == () and not list(planted_library.iterdir())
+    assert result.outcomes[not_a_kernel.triton_key] == (
+        "vllm.attention.ops.planted's source defines no Triton kernel kernel; not imported"
+    )
+    assert result.outcomes[missing.triton_key] == (
+        "cannot resolve it here (the installed vllm has no module vllm.attention.ops.missing)"
+    )
+    # The import begins (the package's code runs; vLLM's platform stand-ins then stop this one).
+    replay([real], GFX942, set(), None)
+    assert "vllm" in {path.name for path in planted_library.iterdir()}
+
+
+def test_the_kernel_source_reader_finds_jit_functions_where_libraries_define_them(tmp_path):
+    from kprecompile.tracing.kernel_source import defines_kernel, well_formed_module
+
+    source = tmp_path / "kernels.py"
+    source.write_text(
+        "import triton\nfrom triton import jit\n\n"
+        "@triton.heuristics({})\n@triton.jit(do_not_specialize=['n'])\ndef decorated(n):\n    pass\n\n"
+        "if platform.is_rocm():\n    @jit\n    def under_if(n):\n        pass\n\n"
+        "class Holder:\n    @triton.jit\n    def method(n):\n        pass\n\n"
+        "def plain(n):\n    pass\n\n"
+        "def outer():\n    @triton.jit\n    def inner(n):\n        pass\n"
+    )
+    assert [defines_kernel(source, name) for name in ("decorated", "under_if", "Holder.method")] == [True] * 3
+    assert [defines_kernel(source, name) for name in ("plain", "inner", "outer.inner", "Holder", "gone")] == [False] * 5
+    plain = ("aiter.ops.triton", "vllm._custom_ops", "sample_kernels")
+    assert [well_formed_module(name) for name in plain] == [True] * 3
+    odd = ("tqdm.__main__", "numpy.f2py.__main__", ".relative", "a..b", "a.", "class.x", "x.__init__", "é-x")
+    assert [well_formed_module(name) for name in odd] == [False] * len(odd)
+
+
+def test_a_settled_outcome_never_makes_verify_import_the_module_it_names(tmp_path, monkeypatch):
+    """A manifest's outcome (an archive's, possibly) names a missing module; deciding whether it
+    is found now searches a top-level name only, which runs nothing."""
+    from kprecompile.warmup.replay import settled
+
+    markers = _plant(
+        tmp_path, monkeypatch, {"plantedpkg/__init__.py": "import pathlib; pathlib.Path({marker!r}, 'ran').touch()\n"}
+    )
+    record = _sample_record()
+    assert settled(record, "cannot import it here (no module plantedpkg.sub)")
+    assert not settled(record, "cannot import it here (no module plantedpkg)")  # found now: retried
+    assert settled(record, "cannot import it here (no module no_such_package_here)")
+    assert not list(markers.iterdir())
+
+
+def test_a_journal_line_without_an_origin_reads_as_imported():
+    line = json.loads(_sample_record().to_line())
+    assert journal.Record.from_line(json.dumps(line).encode()).origin == "local"
+    del line["origin"]
+    assert journal.Record.from_line(json.dumps(line).encode()).origin == "imported"
+    with pytest.raises(ValueError, match="origin is not one of local, imported"):
+        journal.Record.from_line(json.dumps({**line, "origin": "trusted"}).encode())
+
+
+def test_an_imported_record_stays_imported_and_a_local_one_wins_a_merge():
+    local, imported = _sample_record(), dataclasses.replace(_sample_record(), origin="imported", kernel="n:k")
+    assert local.merged(imported).kernel == imported.merged(local).kernel == "m:k"
+    assert imported.merged(imported).origin == "imported"
+
+
+def test_import_marks_every_record_of_an_archive_imported_whatever_its_lines_say(warm_copy, capsys, tmp_path):
+    layout = warm_copy
+    exported = tmp_path / "host.tgz"
+    run_cli_json(capsys, "export", *BAKED, "--cache-dir", str(layout.root), "--archive", str(exported))
+    index, files = unpack(exported)
+    [claims_local] = _records_naming("planted_kernels:kernel", origin="local")
+    files[f"journals-v1/{journal_of(layout)}.jsonl"] = claims_local.to_line()
+    archive = pack(tmp_path / "edited.tgz", index, files)
+    builder = CacheLayout.of(tmp_path / "builder")
+    assert run_cli_json(capsys, "import", str(archive), "--cache-dir", str(builder.root))["journal_records"] == 1
+    assert [record.origin for record in records_of(builder).values()] == ["imported"]
+    # Negative control: what a serving process of this cache appends stays local.
+    journal.append(builder, journal_of(layout), [dataclasses.replace(claims_local, triton_key="f" * 64)])
+    assert sorted(record.origin for record in records_of(builder).values()) == ["imported", "local"]

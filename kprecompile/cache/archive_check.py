@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import dataclasses
 import errno
 import gzip
 import json
@@ -346,12 +347,16 @@ def _check_manifests(bundle: CheckedArchive) -> None:
 
 def _read_journals(bundle: CheckedArchive) -> None:
     """Each journal's records; a damaged line is skipped (one warning per journal), never fatal:
-    records only add work to a later warm, which checks each one again before compiling it."""
+    records only add work to a later warm, which checks each one again before compiling it.
+    Every record is marked imported, whatever its line says: replay trusts an imported record
+    to name only kernels of the libraries kprecompile traces (`warmup/replay.py`)."""
     for name, data in bundle.documents.items():
         if name.startswith(Bucket.JOURNALS.value + "/"):
             contents = journals.parse(data)
             contents.warn(Path(name))
-            bundle.journals[name.rpartition("/")[2].removesuffix(".jsonl")] = contents.records
+            bundle.journals[name.rpartition("/")[2].removesuffix(".jsonl")] = {
+                key: dataclasses.replace(record, origin="imported") for key, record in contents.records.items()
+            }
 
 
 def same_file(path: Path, digest: str, size: int) -> bool | None:

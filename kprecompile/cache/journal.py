@@ -30,7 +30,7 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .files import FILE_MODE, write_atomic
 from .jobs import describe_specialization_data
@@ -51,6 +51,10 @@ HEX64 = re.compile(r"[0-9a-f]{64}")
 KERNEL = re.compile(r"[A-Za-z_][\w.]{0,255}(:[A-Za-z_][\w.<>]{0,255})?")
 TARGET = re.compile(r"[a-z]{2,4}[0-9a-z]{1,8}")
 _TEXT_LIMIT = 512
+# Where a record came from: written by a serving process through this cache (`append`), or
+# merged from an archive by `import` (never trusted to name a module outside the traced libraries).
+Origin = Literal["local", "imported"]
+ORIGINS: tuple[Origin, ...] = ("local", "imported")
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,7 @@ class Record:
     seconds: float
     # Host name -> how many times a process there compiled it.
     hosts: dict[str, int]
+    origin: Origin
 
     @property
     def replayable(self) -> bool:
@@ -97,8 +102,9 @@ class Record:
     def merged(self, other: Record, imported: bool = False) -> Record:
         """Both sightings of one kernel: first and last seen, the replayable one's data, and per
         host the counts added (lines of one journal) or the larger one (`imported`: another copy
-        of the same history)."""
-        richer = self if self.replayable or not other.replayable else other
+        of the same history). Of two replayable sightings a local one wins: an archive cannot
+        rename a kernel this cache recorded itself."""
+        richer = max(self, other, key=lambda record: (record.replayable, record.origin == "local"))
         hosts = dict(self.hosts)
         for host, count in other.hosts.items():
             hosts[host] = max(hosts.get(host, 0), count) if imported else min(hosts.get(host, 0) + count, _MAX_COUNT)
@@ -127,6 +133,8 @@ class Record:
         if not isinstance(document, dict) or document.get("record") != RECORD_FORMAT:
             raise ValueError(f"not a record of format {RECORD_FORMAT}")
         fields = {field.name: field for field in dataclasses.fields(cls)}
+        # A line written before records carried their origin is of unknown origin: imported.
+        document = {"origin": "imported", **document}
         if set(document) != {"record", *fields}:
             raise ValueError("its fields are not a record's")
         values = {name: document[name] for name in fields}
@@ -149,6 +157,8 @@ def _check_record(values: dict[str, Any]) -> None:
         _check_specialization(values["specialization"])
     if not isinstance(values["model"], str) or len(values["model"]) > _TEXT_LIMIT:
         raise ValueError("model is not a short string")
+    if values["origin"] not in ORIGINS:
+        raise ValueError(f"origin is not one of {', '.join(ORIGINS)}")
     for name in ("first_seen", "last_seen", "seconds"):
         value = values[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e12:

@@ -80,6 +80,7 @@ class JournalSink:
             last_seen=sighting.seen,
             seconds=sighting.seconds,
             hosts={_HOST: 1},
+            origin="local",
         )
 
 

@@ -5,7 +5,22 @@ journal for the builders they belong to) and the kernel can be compiled again ex
 module imports, its source hash is the recorded one, and its specialization data, passed
 through `JITFunction.preload` under the capture hook as tracing does, gives the Triton key the
 serving process compiled (else this warm's binary would never be the one that process looks
-for). Every other record is skipped with one warning line saying why.
+for).
+
+Importing a module runs its code, and journals travel in archives, so which modules a record
+may make this process import is the rule:
+
+- a kernel of the libraries kprecompile traces (`aiter.*`, `vllm.*`) is first found by reading
+  the library's source (`tracing/kernel_source.py`): its module located through the package's
+  path without executing anything, and the file must define a `jit` function of that name;
+  only then is it imported, as tracing imports the library anyway;
+- any other module only when the record is local (`Record.origin`: written by a serving
+  process through this cache); a record an `import` brought is never trusted with one;
+- never a name that is not plain (`x.__main__`, dunder or relative names, keywords), a script
+  (`__main__`), a function's local, or a standard library module.
+
+Every skipped record's reason goes into the manifest (`kprecompile misses` shows each); the
+warm says one line with the counts by reason.
 """
 
 from __future__ import annotations
@@ -13,6 +28,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -21,6 +37,8 @@ from ..cache.journal import Record, read_records
 from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest
 from ..inputs.targets import Target
+from ..tracing import kernel_source
+from ..wording import plural
 from .manifest_key import ManifestLookup
 
 logger = logging.getLogger(__name__)
@@ -53,6 +71,8 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
     started = time.perf_counter()
     jobs: dict[str, CompileJob] = {}
     outcomes: dict[str, str] = {}
+    skipped: Counter[str] = Counter()
+    packages = frozenset(module.partition(".")[0] for module in LIBRARY_MODULES)
     # The libraries' modules are imported anew for the target, as tracing does; a record's own
     # module is imported as it is (never matched by prefix: a record named `t:x` must not take
     # `triton` and `torch` out of the process).
@@ -62,13 +82,21 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
                 outcomes[record.triton_key] = PLANNED
                 continue
             try:
-                job = _job(record, target, capture, resolve_kernel)
+                job = _job(record, target, capture, resolve_kernel, packages)
             except _Skip as skip:
-                outcomes[record.triton_key] = reason = shorten(str(skip))
-                logger.warning("recorded %s [%s…] not compiled: %s", record.kernel, record.triton_key[:12], reason)
+                outcomes[record.triton_key] = outcome = shorten(str(skip))
+                skipped[skip.reason] += 1
+                logger.info("recorded %s [%s…] not compiled: %s", record.kernel, record.triton_key[:12], outcome)
                 continue
             jobs[job.key] = job
             outcomes[record.triton_key] = REPLAYED
+    if skipped:
+        by_reason = sorted(skipped.items(), key=lambda item: (-item[1], item[0]))
+        logger.warning(
+            "%s not compiled again: %s (kprecompile misses says why for each)",
+            plural(skipped.total(), "recorded kernel"),
+            ", ".join(f"{count:,} {reason}" for reason, count in by_reason),
+        )
     return Replay(tuple(jobs.values()), outcomes, time.perf_counter() - started)
 
 
@@ -111,6 +139,8 @@ def settled(record: Record, outcome: str | None) -> bool:
         import importlib.util
 
         missing = outcome.removeprefix(NOT_IMPORTABLE).strip(" ()").removeprefix("no module ")
+        if not missing.isidentifier():
+            return True  # finding `a.b` would import `a`: an outcome (an imported manifest's) never names one
         try:
             return importlib.util.find_spec(missing) is None
         except (ImportError, ValueError):
@@ -119,37 +149,78 @@ def settled(record: Record, outcome: str | None) -> bool:
 
 
 class _Skip(Exception):
-    """Why a record is not compiled again."""
+    """Why a record is not compiled again: `reason` in a few words (the warm's summary counts
+    them), the message in full (the manifest's outcome)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
 
 
-def _job(record: Record, target: Target, capture, resolve_kernel) -> CompileJob:
+def _job(record: Record, target: Target, capture, resolve_kernel, packages: frozenset[str]) -> CompileJob:
     if not record.replayable:
-        raise _Skip("compiled outside a Triton kernel launch (Inductor's, or triton.compile): not replayable")
+        raise _Skip(
+            "not replayable", "compiled outside a Triton kernel launch (Inductor's, or triton.compile): not replayable"
+        )
     module, _, qualname = record.kernel.partition(":")
     if module == "__main__":
-        raise _Skip("defined in a script (__main__), which another process cannot import")
+        raise _Skip("in a script", "defined in a script (__main__), which another process cannot import")
     if "<locals>" in qualname:
-        raise _Skip("defined inside a function, which another process cannot look up by name")
+        raise _Skip("in a function", "defined inside a function, which another process cannot look up by name")
+    if not kernel_source.well_formed_module(module) or not kernel_source.well_formed_qualname(qualname):
+        raise _Skip("odd names", f"{module}:{qualname} is not a plain module and name (no dunder or relative names)")
     if module.partition(".")[0] in sys.stdlib_module_names:
-        raise _Skip(f"{module} is a standard library module, not a kernel library")
+        raise _Skip("in the standard library", f"{module} is a standard library module, not a kernel library")
+    if module.partition(".")[0] in packages:
+        _find_in_source(module, qualname)
+    elif record.origin != "local":
+        raise _Skip(
+            "imported, outside the traced libraries",
+            f"{module} is not a module of {' or '.join(sorted(packages))}, and the record came from an "
+            "archive: only a record this cache's serving processes wrote may name another module",
+        )
     try:
         kernel = resolve_kernel(record.kernel)
     except TypeError as error:
-        raise _Skip(str(error)) from None
+        raise _Skip("not a kernel", str(error)) from None
     except ModuleNotFoundError as error:
         if error.name and "." not in error.name and error.name == module.partition(".")[0]:
-            raise _Skip(f"{NOT_IMPORTABLE} (no module {error.name})") from None
-        raise _Skip(f"cannot resolve it here ({type(error).__name__}: {error})") from None
+            raise _Skip("not installed here", f"{NOT_IMPORTABLE} (no module {error.name})") from None
+        raise _Skip("not resolved", f"cannot resolve it here ({type(error).__name__}: {error})") from None
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # a module that exits or fails at import: skipped, never fatal
-        raise _Skip(f"cannot resolve it here ({type(error).__name__}: {error})") from None
+        raise _Skip("not resolved", f"cannot resolve it here ({type(error).__name__}: {error})") from None
     if kernel.cache_key != record.source_hash:
-        raise _Skip("its source changed since it was recorded")
+        raise _Skip("source changed", "its source changed since it was recorded")
     try:
         data, key = capture.specialization(kernel, record.specialization)
     except Exception as error:
-        raise _Skip(f"its specialization does not replay ({type(error).__name__}: {error})") from None
+        raise _Skip(
+            "specialization does not replay",
+            f"its specialization does not replay ({type(error).__name__}: {error})",
+        ) from None
     if key != record.triton_key:
-        raise _Skip(f"it compiles under Triton key {key[:12]}… here: this environment differs from the server's")
+        raise _Skip(
+            "another environment",
+            f"it compiles under Triton key {key[:12]}… here: this environment differs from the server's",
+        )
     return CompileJob(RECORDED_FAMILY, target.name, record.kernel, key, data)
+
+
+def _find_in_source(module: str, qualname: str) -> None:
+    """A library's kernel, found in its module's source before anything imports the module."""
+    try:
+        path = kernel_source.module_file(module)
+    except kernel_source.KernelSourceError as error:
+        raise _Skip("not in the library", f"cannot resolve it here ({error})") from None
+    except OSError as error:
+        raise _Skip("not in the library", f"cannot resolve it here ({error.strerror or error})") from None
+    if path is None:
+        raise _Skip("not installed here", f"{NOT_IMPORTABLE} (no module {module.partition('.')[0]})")
+    try:
+        found = kernel_source.defines_kernel(path, qualname)
+    except OSError as error:
+        raise _Skip("not in the library", f"cannot read {path} ({error.strerror or error})") from None
+    if not found:
+        raise _Skip("not in the library", f"{module}'s source defines no Triton kernel {qualname}; not imported")

@@ -28,6 +28,7 @@ from ..inputs.toolchain import triton_key_text
 from ..progress import Progress
 from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
+from ..wording import plural
 from .compile import JobOutcome, job_lock
 from .manifest_key import ManifestLookup, find_manifest
 from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_line, planned_shapes
@@ -141,12 +142,17 @@ def _without_failed_replays(
         return list(outcomes), jobs, replayed
     for outcome in outcomes:
         if outcome.job.key in failed:
-            logger.warning(
+            logger.info(
                 "recorded %s [%s…] failed to compile here: %s",
                 outcome.job.kernel,
                 outcome.job.key[:12],
                 shorten(failed[outcome.job.key]),
             )
+    logger.warning(
+        "%s failed to compile here, the first with: %s (kprecompile misses says why for each)",
+        plural(len(failed), "recorded kernel"),
+        shorten(next(iter(failed.values()))),
+    )
     settled = dict(replayed.outcomes)
     settled.update({key: shorten(f"failed to compile here: {error}") for key, error in failed.items()})
     kept = tuple(job for job in replayed.jobs if job.key not in failed)
