@@ -14,6 +14,8 @@ import sys
 import time
 from typing import Protocol
 
+from .wording import printable
+
 
 class Progress(Protocol):
     def start(self, label: str, total: int, done: int) -> None:
@@ -54,7 +56,9 @@ class ProgressBar:
         self.finish()
         from tqdm.contrib.logging import logging_redirect_tqdm
 
-        self._bar = tqdm(total=total, initial=done, desc=label, unit=self.unit, file=sys.stderr, dynamic_ncols=True)
+        self._bar = tqdm(
+            total=total, initial=done, desc=printable(label), unit=self.unit, file=sys.stderr, dynamic_ncols=True
+        )
         # Log records (warnings, -v details) are written above the bar, not into it.
         self._logging = logging_redirect_tqdm()
         self._logging.__enter__()
@@ -62,7 +66,7 @@ class ProgressBar:
     def status(self, label: str, text: str) -> None:
         from tqdm import tqdm
 
-        tqdm.write(f"{label}: {text}", file=sys.stderr)
+        tqdm.write(printable(f"{label}: {text}"), file=sys.stderr)
 
     def advance(self, count: int = 1) -> None:
         if self._bar is not None:
@@ -117,4 +121,4 @@ class ProgressLines:
 
     def _line(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):
-            print(f"kprecompile: {self._label}: {text}", file=self.stream or sys.stderr, flush=True)
+            print(printable(f"kprecompile: {self._label}: {text}"), file=self.stream or sys.stderr, flush=True)

@@ -442,3 +442,54 @@ def test_help_names_the_environment_variable_of_each_option_that_has_one(capsys)
     status, out, _ = run_cli(capsys, "warm", "--help")
     text = " ".join(out.split())
     assert status == 0 and "[env: KPRECOMPILE_CACHE_DIR;" in text and "[env: VLLM_ATTENTION_BACKEND;" in text
+
+
+def test_printable_escapes_what_a_terminal_would_act_on_and_nothing_else():
+    from kprecompile.wording import printable
+
+    assert printable("deepseek-v2-lite") == "deepseek-v2-lite"  # negative control
+    assert printable("/models/Llama 3 (8B)/é") == "/models/Llama 3 (8B)/é"
+    assert printable("m\nkprecompile: forged") == "m\\nkprecompile: forged"
+    assert printable("a\rb\tc\x1b[2Kd\x7f\u202ee\u2028") == "a\\rb\\tc\\x1b[2Kd\\x7f\\u202ee\\u2028"
+
+
+def test_a_label_with_a_newline_is_one_progress_line_each_time():
+    import io
+
+    from kprecompile.progress import ProgressLines
+
+    stream = io.StringIO()
+    progress = ProgressLines(stream=stream, interval_seconds=3600)
+    progress.start("/models/m\nkprecompile: all 95 kernels compiled on gfx942", 2, 0)
+    progress.status("/models/m\rx", "tracing\nthe engine's calls")
+    progress.advance(2)
+    progress.finish()
+    lines = stream.getvalue().splitlines()
+    assert lines == [
+        "kprecompile: /models/m\\nkprecompile: all 95 kernels compiled on gfx942: 2 kernels",
+        "kprecompile: /models/m\\rx: tracing\\nthe engine's calls",
+        "kprecompile: /models/m\\rx: 2/2 kernels (100%), 0 s",
+    ]
+
+
+def test_a_model_path_with_a_newline_is_one_escaped_error_line(tmp_path):
+    from helpers import kprecompile_cli
+
+    model = tmp_path / "m\nkprecompile: cache is warm"
+    result = kprecompile_cli("verify", "--model", model, "--target", "gfx942")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "m\\nkprecompile: cache is warm" in result.stderr
+
+
+def test_a_warning_naming_a_path_with_a_newline_is_one_line(tmp_path):
+    """The CLI's log handler escapes each message (here the damaged journal's path)."""
+    from helpers import kprecompile_cli
+
+    root = tmp_path / "cache\nWARNING kprecompile: forged"
+    journals = root / "journals-v1"
+    journals.mkdir(parents=True)
+    (journals / f"{'e' * 64}.jsonl").write_bytes(b"damaged\n")
+    result = kprecompile_cli("misses", "--cache-dir", root)
+    assert result.returncode == 0
+    [line] = result.stderr.splitlines()
+    assert line.startswith("WARNING kprecompile.cache.journal: journal ") and "cache\\nWARNING" in line

@@ -32,7 +32,7 @@ from helpers import (
 
 from kprecompile.cache import journal
 from kprecompile.cache.layout import CacheLayout
-from kprecompile.cache.manifest import read_manifest
+from kprecompile.cache.manifest import read_manifest, write_manifest
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
@@ -602,3 +602,27 @@ def test_import_marks_every_record_of_an_archive_imported_whatever_its_lines_say
     # Negative control: what a serving process of this cache appends stays local.
     journal.append(builder, journal_of(layout), [dataclasses.replace(claims_local, triton_key="f" * 64)])
     assert sorted(record.origin for record in records_of(builder).values()) == ["imported", "local"]
+
+
+def test_a_model_name_with_a_newline_prints_escaped_in_misses(tmp_path, capsys):
+    """A journal's model name (an archive's) cannot add a line to `misses`; --json keeps it as is."""
+    layout = CacheLayout.of(tmp_path / "cache")
+    forged = "m\nKERNEL  LIBRARY  FAMILY  SEEN  LAST SEEN  STATUS  compiled"
+    journal.append(layout, "e" * 64, [dataclasses.replace(_sample_record(), model=forged)])
+    _, out, _ = run_cli(capsys, "misses", "--cache-dir", str(layout.root))
+    lines = out.splitlines()
+    assert lines[0].startswith("m\\nKERNEL  LIBRARY") and len(lines) == 3  # the title, the header, the kernel
+    assert run_cli_json(capsys, "misses", "--cache-dir", str(layout.root))["journals"][0]["model"] == forged
+
+
+def test_a_model_name_with_a_newline_is_one_row_of_cache_ls(warm_copy, capsys):
+    layout = warm_copy
+    lookup = baked_manifest(layout, GFX942)
+    forged = {"name": "/models/m\n/models/other  gfx950  forged row", "source": "path /models/m\n"}
+    write_manifest(layout, dataclasses.replace(lookup.manifest, model=forged))
+    _, plain, _ = run_cli(capsys, "cache", "ls", "--cache-dir", str(layout.root))
+    configurations = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(layout.root))["configurations"]
+    lines = plain.splitlines()
+    assert len(lines) == 1 + len(configurations) + 1  # the header, one row each, the totals
+    assert sum(line.startswith("/models/m\\n/models/other  gfx950  forged row") for line in lines) == 1
+    assert forged["name"] in {configuration["model"] for configuration in configurations}

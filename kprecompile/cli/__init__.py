@@ -18,6 +18,7 @@ from .._version import __version__
 from ..errors import InputError, KprecompileError, LibraryUnavailableError
 from ..inputs import settings
 from ..inputs.toolchain import INSTALL_ADVICE
+from ..wording import printable
 from .output import ExitStatus
 
 # Each command's module, imported only when that command runs: `verify` and a warm that finds
@@ -52,7 +53,9 @@ class LazyGroup(click.Group):
 def cli(verbose: int) -> None:
     """Precompile the Triton and AITER kernels an LLM serving engine will JIT-compile."""
     level = {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
-    logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler])
     # Every KPRECOMPILE_* variable is checked before any work: a bad one is one line, not one
     # failure per kernel after the cache was written.
     for setting in settings.SETTINGS:
@@ -82,6 +85,14 @@ def _use_named_engine(arguments: list[str]) -> None:
             version = value if equals else (arguments[index + 1] if index + 1 < len(arguments) else "")
     if version and installed_release() != version and use_engine(version) is not None:
         logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
+
+
+class _OneLineFormatter(logging.Formatter):
+    """Warnings name models, paths and kernels a user or an archive chose: each message is
+    escaped to one line (a traceback, with -vv, follows as Python prints it)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return printable(super().formatMessage(record))
 
 
 def vllm_spelling(argument: str) -> str:
@@ -114,13 +125,13 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("kprecompile: interrupted", err=True)
         status = ExitStatus.INTERRUPTED
     except click.ClickException as error:
-        click.echo(f"kprecompile: {error.format_message()}", err=True)
+        click.echo(printable(f"kprecompile: {error.format_message()}"), err=True)
         status = ExitStatus.USAGE
     except InputError as error:
-        click.echo(f"kprecompile: {error}", err=True)
+        click.echo(printable(f"kprecompile: {error}"), err=True)
         status = ExitStatus.USAGE
     except KprecompileError as error:
-        click.echo(f"kprecompile: {error}", err=True)
+        click.echo(printable(f"kprecompile: {error}"), err=True)
         status = ExitStatus.FAILURE
     except ModuleNotFoundError as error:
         if error.name not in ("triton", "torch"):
@@ -130,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as error:
         # The machine said no (a full disk, a read-only file system, a directory where a file
         # belongs): one line naming the path and what to do, never a traceback.
-        click.echo(f"kprecompile: {describe_os_error(error)}", err=True)
+        click.echo(printable(f"kprecompile: {describe_os_error(error)}"), err=True)
         status = ExitStatus.FAILURE
     sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)
 

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from ..progress import Progress, ProgressBar, ProgressLines
-from ..wording import human_size, plural
+from ..wording import human_size, plural, printable
 
 __all__ = ["ExitStatus", "Output", "human_size", "plural"]
 
@@ -32,9 +32,10 @@ class Output:
         self.json_output = json_output
 
     def data(self, line: str = "") -> None:
-        """A line of the command's result (stdout); nothing with --json, which prints a document."""
+        """A line of the command's result (stdout); nothing with --json, which prints a document.
+        Names in it (a journal's model, a model path) are escaped: one line stays one line."""
         if not self.json_output:
-            click.echo(line)
+            click.echo(printable(line))
 
     def document(self, document: Any) -> None:
         """The --json document, with the version of its schema first."""

@@ -9,6 +9,7 @@ import click
 from ..inputs import settings
 from ..inputs.layers import AttentionLayer
 from ..warmup.planning import FamilyPlan, plan
+from ..wording import printable
 from . import options
 from .output import ExitStatus, Output, plural
 
@@ -49,7 +50,8 @@ def report_failed_families(model: str, families: Sequence[FamilyPlan]) -> None:
     """One line on stderr per family whose planning failed (the command then exits 1)."""
     for family in families:
         if family.error is not None:
-            click.echo(f"kprecompile: {model}: {family.family} on {family.target} failed: {family.error}", err=True)
+            line = f"kprecompile: {model}: {family.family} on {family.target} failed: {family.error}"
+            click.echo(printable(line), err=True)
 
 
 @click.command(name="plan")

@@ -9,6 +9,7 @@ import click
 from ..cache.trust import check_writable
 from ..inputs import settings
 from ..warmup.warming import FamilyFailure, KernelFailure, warm
+from ..wording import printable
 from . import options
 from .output import ExitStatus, Output, plural
 from .plan import show_families
@@ -26,8 +27,10 @@ def show_family_failures(failures: Sequence[FamilyFailure]) -> None:
     """One line on stderr per family whose planning failed: its target is not warm."""
     for failure in failures:
         click.echo(
-            f"kprecompile: {failure.model}: {failure.family} on {failure.target} failed, "
-            f"{failure.target} is not warm: {failure.error}",
+            printable(
+                f"kprecompile: {failure.model}: {failure.family} on {failure.target} failed, "
+                f"{failure.target} is not warm: {failure.error}"
+            ),
             err=True,
         )
 
