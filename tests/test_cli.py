@@ -473,6 +473,7 @@ def test_a_label_with_a_newline_is_one_progress_line_each_time():
 
 
 def test_a_model_path_with_a_newline_is_one_escaped_error_line(tmp_path):
+    """One line either way: InputError quotes its value with repr, and the CLI escapes the line."""
     from helpers import kprecompile_cli
 
     model = tmp_path / "m\nkprecompile: cache is warm"
