@@ -13,11 +13,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import baked_manifest, kprecompile_cli
+from helpers import baked_manifest, kprecompile_cli, signature
 
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.signing import SIGNATURE_FILE
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
 from kprecompile.inputs.targets import TARGETS
@@ -182,11 +183,18 @@ def test_export_refuses_a_damaged_kernel_instead_of_giving_it_fresh_checksums(wa
 
 
 def _rewrite(archive: Path, crafted: Path, edit) -> Path:
-    """A copy of `archive` with `edit(name, data) -> [(TarInfo, data)]` applied to every member."""
+    """A copy of `archive` with `edit(name, data) -> [(TarInfo, data)]` applied to every member;
+    an edited bundle.json is signed again by the session's key (which import trusts)."""
+    index = None
     with tarfile.open(archive) as source, tarfile.open(crafted, "w:gz") as target:
         for member in source.getmembers():
             data = source.extractfile(member).read() if member.isfile() else None
             for info, payload in edit(member, data):
+                if info.name == BUNDLE_FILE:
+                    index = payload
+                elif info.name == SIGNATURE_FILE:
+                    payload = signature(index)
+                    info.size = len(payload)
                 target.addfile(info, io.BytesIO(payload) if payload is not None else None)
     return crafted
 

@@ -812,7 +812,8 @@ def test_staging_left_by_a_killed_import_is_removed_by_the_next_run(baked, tmp_p
     _, archive, _ = baked
     index, files = unpack(archive)
     files[f"{JIT}/large.so"] = bytes(192 << 20)
-    large = pack(tmp_path / "large.tgz", index, files)
+    # Uncompressed: zeros packed by gzip are an archive bomb (1,000 times smaller), refused unread.
+    large = pack(tmp_path / "large.tar", index, files, mode="w")
     root = tmp_path / "cache"
     process = subprocess.Popen(
         [sys.executable, "-m", "kprecompile", "import", str(large), "--cache-dir", str(root)],

@@ -24,6 +24,7 @@ from .entries import compiled_files, group_file
 from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
 from .manifest import HEX64, is_file_record, locate_manifest
+from .signing import FINGERPRINT, SIGNATURE_FILE, SigningKey, sign
 
 BUNDLE_FILE = "bundle.json"
 BUNDLE_SCHEMA = 1
@@ -38,13 +39,20 @@ class BundleIndex:
     configurations: tuple[dict[str, Any], ...]
     files: int
     bytes: int
+    # The fingerprint of the key that signed it, or None.
+    signing_key: str | None = None
 
 
 def write_index(
-    root: Path, configurations: Iterable[dict[str, Any]], toolchains: dict[str, dict[str, Any]], producer: str
+    root: Path,
+    configurations: Iterable[dict[str, Any]],
+    toolchains: dict[str, dict[str, Any]],
+    producer: str,
+    signing_key: SigningKey | None = None,
 ) -> BundleIndex:
     """Write `bundle.json` for the cache at `root`: the configurations given, the toolchain of
-    each target, and every file of the bundle's buckets with its size and sha256."""
+    each target, and every file of the bundle's buckets with its size and sha256; with
+    `signing_key`, its fingerprint, and `bundle.sig` beside it (`cache/signing.py`)."""
     files = {}
     for top in BUNDLE_TOP_LEVEL:
         for path in sorted((root / top).rglob("*")) if (root / top).is_dir() else ():
@@ -58,9 +66,21 @@ def write_index(
         "configurations": list(configurations),
         "toolchains": toolchains,
         "files": files,
+        "signing_key": signing_key.fingerprint if signing_key is not None else None,
     }
-    write_atomic(root / BUNDLE_FILE, json.dumps(document, indent=1, sort_keys=True).encode())
-    return BundleIndex(str(root / BUNDLE_FILE), configurations, len(files), sum(f["size"] for f in files.values()))
+    index = json.dumps(document, indent=1, sort_keys=True).encode()
+    # The signature of an earlier index goes first: it never stands beside an index it did not sign.
+    (root / SIGNATURE_FILE).unlink(missing_ok=True)
+    write_atomic(root / BUNDLE_FILE, index)
+    if signing_key is not None:
+        write_atomic(root / SIGNATURE_FILE, sign(signing_key, index))
+    return BundleIndex(
+        str(root / BUNDLE_FILE),
+        configurations,
+        len(files),
+        sum(f["size"] for f in files.values()),
+        signing_key.fingerprint if signing_key is not None else None,
+    )
 
 
 def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], out: Path) -> None:
@@ -82,10 +102,12 @@ def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], ou
 
 
 def write_archive(bundle: Path, archive: Path) -> None:
-    """A gzip-compressed tar of the bundle's index and contents, deterministic (sorted, no owners)."""
+    """A gzip-compressed tar of the bundle's index, its signature and contents, deterministic
+    (sorted, no owners)."""
     index = json.loads((bundle / BUNDLE_FILE).read_text())
+    signature = [SIGNATURE_FILE] if (bundle / SIGNATURE_FILE).is_file() else []
     with atomic_file(archive) as output, tarfile.open(fileobj=output, mode="w:gz", compresslevel=6) as tar:
-        for name in [BUNDLE_FILE, *sorted(index["files"])]:
+        for name in [BUNDLE_FILE, *signature, *sorted(index["files"])]:
             info = tar.gettarinfo(str(bundle / name), arcname=name)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
@@ -134,6 +156,9 @@ def check_index(document: Any) -> None:
         for name, value in fields.items():
             if not (value is None or isinstance(value, str) and len(value) <= _MAX_TOOLCHAIN_VALUE):
                 raise ValueError(f"toolchains[{target[:80]!r}].{name[:80]} is {_short(value)}, expected a string")
+    signing_key = document.get("signing_key")
+    if signing_key is not None and not (isinstance(signing_key, str) and FINGERPRINT.fullmatch(signing_key)):
+        raise ValueError(f"signing_key is {_short(signing_key)}, expected a key fingerprint (SHA256:...) or null")
     files = document.get("files")
     if not isinstance(files, dict):
         raise ValueError(f"files is a JSON {json_type(files)}, expected an object")

@@ -30,6 +30,7 @@ COMMANDS = {
     "bake": "bake",
     "export": "export",
     "import": "import_archive",
+    "key": "key",
     "cache": "cache",
     "misses": "misses",
     "doctor": "doctor",
