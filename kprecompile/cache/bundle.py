@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError
+from ..errors import BundleError, InputError
 from .entries import compiled_files, group_file
 from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
@@ -49,15 +49,23 @@ def write_index(
     toolchains: dict[str, dict[str, Any]],
     producer: str,
     signing_key: SigningKey | None = None,
+    names: Iterable[str] | None = None,
 ) -> BundleIndex:
     """Write `bundle.json` for the cache at `root`: the configurations given, the toolchain of
-    each target, and every file of the bundle's buckets with its size and sha256; with
+    each target, and every file of the bundle's buckets (or only those `names`, relative) with its
+    size and sha256; with
     `signing_key`, its fingerprint, and `bundle.sig` beside it (`cache/signing.py`)."""
     files = {}
-    for top in BUNDLE_TOP_LEVEL:
-        for path in sorted((root / top).rglob("*")) if (root / top).is_dir() else ():
-            if path.is_file() and not path.is_symlink():
-                files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    if names is None:
+        names = [
+            path.relative_to(root).as_posix()
+            for top in BUNDLE_TOP_LEVEL
+            for path in (sorted((root / top).rglob("*")) if (root / top).is_dir() else ())
+        ]
+    for name in sorted(set(names)):
+        path = root / name
+        if path.is_file() and not path.is_symlink():
+            files[name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     configurations = tuple(configurations)
     document = {
         "schema": BUNDLE_SCHEMA,
@@ -81,6 +89,57 @@ def write_index(
         sum(f["size"] for f in files.values()),
         signing_key.fingerprint if signing_key is not None else None,
     )
+
+
+BAKE_MARKER = ".kprecompile-bake"
+
+
+def check_bake_directory(out: Path) -> None:
+    """`out` is empty (or missing), or a bundle kprecompile baked there (a finished one, with its
+    `bundle.json`, or one whose bake stopped, with `BAKE_MARKER`), so that a bundle lists nothing
+    someone else put there. Files of AITER's JIT directory, which a bake lists without a manifest
+    naming them, must be ones the earlier `bundle.json` lists, same size and sha256."""
+    try:
+        names = sorted(path.name for path in out.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise InputError("--out", str(out), "a directory") from None
+    if not names:
+        return
+    index = out / BUNDLE_FILE
+    if not (index.is_file() or (out / BAKE_MARKER).is_file()):
+        raise InputError(
+            "--out",
+            str(out),
+            f"an empty directory or a bundle kprecompile baked (it holds {names[0]}, no {BUNDLE_FILE})",
+        )
+    listed: dict[str, Any] = {}
+    if index.is_file():
+        try:
+            document = json.loads(index.read_bytes())
+            check_index(document)
+            listed = document["files"]
+        except (OSError, ValueError, RecursionError):
+            raise InputError("--out", str(out), f"a bundle kprecompile baked (its {BUNDLE_FILE} is not one)") from None
+    jit = out / Bucket.AITER_JIT.value
+    for path in sorted(jit.rglob("*")) if jit.is_dir() else ():
+        if path.is_dir() and not path.is_symlink():
+            continue
+        name = path.relative_to(out).as_posix()
+        record = listed.get(name)
+        if (
+            record is None
+            or path.is_symlink()
+            or path.stat().st_size != record["size"]
+            or sha256_file(path) != record["sha256"]
+        ):
+            raise InputError(
+                "--out",
+                str(out),
+                f"an empty directory or a bundle kprecompile baked ({name} is not a file its {BUNDLE_FILE} lists: "
+                "remove it, or bake into an empty directory)",
+            )
 
 
 def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], out: Path) -> None:

@@ -21,13 +21,22 @@ from typing import Any
 from .._version import __version__
 from ..cache.archive_check import DEFAULT_LIMITS, ArchiveTrust, ImportLimits
 from ..cache.archive_install import ImportReport, install_archive
-from ..cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
+from ..cache.bundle import (
+    BAKE_MARKER,
+    BUNDLE_FILE,
+    BundleIndex,
+    check_bake_directory,
+    copy_configurations,
+    write_archive,
+)
 from ..cache.bundle import write_index as write_bundle_index
+from ..cache.entries import group_file
+from ..cache.journal import journal_path, read_records
 from ..cache.journal import merge as merge_journal
-from ..cache.journal import read_records
 from ..cache.layout import CacheLayout
 from ..cache.manifest import job_problems, read_manifest
 from ..cache.signing import SigningKey, load_signing_key, load_trusted_keys
+from ..cache.trust import check_layout
 from ..errors import BundleError, DamagedCacheError, InputError
 from ..inputs import settings
 from ..inputs.targets import TARGETS
@@ -112,10 +121,34 @@ def check_archive_path(archive: str | Path) -> Path:
     return path
 
 
+def baked_files(layout: CacheLayout, manifest_keys: Sequence[str]) -> list[str]:
+    """What a bake wrote into its bundle: the manifests, each of their kernel entries' files and
+    group file, the journals of their configurations, and AITER's JIT files (checked before the
+    bake by `check_bake_directory`); nothing else that lies in the directory."""
+    root = layout.root
+    names = [path.relative_to(root).as_posix() for path in sorted(layout.aiter_jit_dir.rglob("*")) if path.is_file()]
+    for key in sorted(set(manifest_keys)):
+        manifest = read_manifest(layout, key)
+        if manifest is None:
+            raise BundleError(f"{layout.manifests_dir.name}/{key}.json", "a readable manifest")
+        names.append(layout.manifest_path(key).relative_to(root).as_posix())
+        names.append(journal_path(layout, journal_key(manifest.parts)).relative_to(root).as_posix())
+        for job in manifest.jobs:
+            entry = layout.triton_entry(job.key)
+            group = group_file(entry)
+            files = [*manifest.artifacts.get(job.key, {}), *([group.name] if group is not None else [])]
+            names += [(entry / name).relative_to(root).as_posix() for name in files]
+    return names
+
+
 def write_index(
-    layout: CacheLayout, manifest_keys: Sequence[str], signed_by: SigningKey | None = None
+    layout: CacheLayout,
+    manifest_keys: Sequence[str],
+    signed_by: SigningKey | None = None,
+    names: Sequence[str] | None = None,
 ) -> BundleIndex:
-    """`bundle.json` for the named manifests of the cache at `layout`, signed with `signed_by`."""
+    """`bundle.json` for the named manifests of the cache at `layout`, signed with `signed_by`,
+    listing `names` (default: every file of its buckets)."""
     configurations, toolchains = [], {}
     for key in sorted(set(manifest_keys)):
         manifest = read_manifest(layout, key)
@@ -133,7 +166,7 @@ def write_index(
                 "kernels": len(manifest.jobs),
             }
         )
-    return write_bundle_index(layout.root, configurations, toolchains, __version__, signed_by)
+    return write_bundle_index(layout.root, configurations, toolchains, __version__, signed_by, names)
 
 
 def bake(
@@ -159,6 +192,10 @@ def bake(
     archive_path = check_archive_path(archive) if archive is not None else None
     key = signing_key(signing_key_path, required=archive_path is not None)
     layout = CacheLayout.of(out)
+    check_layout(layout)
+    check_bake_directory(layout.root)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    (layout.root / BAKE_MARKER).touch()
     keys: list[str] = []
     failures: list[KernelFailure] = []
     family_failures: list[FamilyFailure] = []
@@ -181,7 +218,7 @@ def bake(
             totals[name] += getattr(report, name)
     index, archive_bytes = None, None
     if not failures and not family_failures:
-        index = write_index(layout, keys, key)
+        index = write_index(layout, keys, key, baked_files(layout, keys))
         if archive_path is not None:
             write_archive(layout.root, archive_path)
             archive_bytes = archive_path.stat().st_size
