@@ -96,6 +96,18 @@ def test_a_binary_replaced_by_a_link_is_not_loaded(cache_copy, tmp_path):
     assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
 
 
+def test_an_entry_directory_others_can_write_is_not_served(cache_copy):
+    """The issue's world-writable entry directory, served: anyone could swap its files after the
+    check. Guard: `others_can_write` in `LayeredCacheManager.get_group`. Control: every other
+    entry, private, is loaded."""
+    cache_dir, kernels = cache_copy
+    entry = _binary_of_first_job(cache_dir).parent
+    entry.chmod(0o777)
+    result, stderr = serving_process(cache_dir)
+    assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
+    assert f"not serving cache entry {entry} ({entry.name} is writable by others (mode 0o777))" in stderr
+
+
 def test_a_moved_cache_serves_from_itself(cache_copy, tmp_path):
     """Triton's group files name their files by absolute path at compile time; the cache is
     read by name beside them, so a cache moved elsewhere (the old place gone) loads every kernel."""
