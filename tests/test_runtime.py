@@ -199,3 +199,42 @@ def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     kernels = results[0]["kernels"]
     assert sum(result["compiled"] for result in results) == kernels
     assert all(result["loaded"] == result["kernels"] == kernels for result in results)
+
+
+def test_another_configurations_manifest_does_not_vouch_for_this_ones_entries(warm_copy):
+    """The issue: any manifest in any root vouched for any entry, so a forged manifest (imported
+    with --allow-unsigned) also covered kernels shared with other configurations. Once a process
+    has its own configuration's manifest (`preload` hands it over), only that one vouches for its
+    entries. Guard: `self._own.get(entry_name)` in `ServedFiles.problem`. Controls: without its own
+    manifest the forged one would vouch (it is well-formed); the genuine bytes are served."""
+    import dataclasses
+    import hashlib
+
+    from kprecompile.cache.entries import group_children, group_file
+    from kprecompile.cache.manifest import manifest_key, write_manifest
+    from kprecompile.cache.served import ServedFiles
+
+    own = baked_manifest(warm_copy, TARGETS["gfx942"]).manifest
+    binary = _binary_of_first_job(warm_copy.root)
+    genuine = binary.read_bytes()
+    forged = bytearray(genuine)
+    forged[len(forged) // 2] ^= 0xFF
+    binary.write_bytes(bytes(forged))
+    job_key = own.jobs[0].key
+    artifacts = {**own.artifacts, job_key: dict(own.artifacts[job_key])}
+    artifacts[job_key][binary.name] = {"sha256": hashlib.sha256(forged).hexdigest(), "size": len(forged)}
+    parts = {**own.parts, "model_digest": "f" * 64}  # another configuration
+    write_manifest(warm_copy, dataclasses.replace(own, key=manifest_key(parts), parts=parts, artifacts=artifacts))
+    entry = binary.parent
+    files = group_children(entry, group_file(entry).name)
+    served = ServedFiles()
+    served.record(own)
+    # An entry no manifest it has records (another configuration's kernel) makes it read them all.
+    assert served.problem("A" * 52, {"x": str(entry / "x")}, [warm_copy.manifests_dir]) == "no manifest records it"
+    assert served.problem(entry.name, files, [warm_copy.manifests_dir]) == (
+        "its files' checksums are not the ones recorded"
+    )
+    assert ServedFiles().problem(entry.name, files, [warm_copy.manifests_dir]) is None
+    binary.write_bytes(genuine)
+    assert ServedFiles().problem(entry.name, files, [warm_copy.manifests_dir]) is None
+    assert served.problem(entry.name, files, [warm_copy.manifests_dir]) is None
