@@ -25,6 +25,7 @@ import pytest
 from helpers import CACHE_VARIABLES, UNSET_VARIABLES
 
 from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.signing import generate_key
 from kprecompile.inputs.environment import VARIABLES
 from kprecompile.inputs.targets import TARGETS
 
@@ -84,6 +85,13 @@ def isolated_session(tmp_path_factory):
         # And the engine's flags: tests set the ones they are about.
         for name in (*UNSET_VARIABLES, *(variable.name for variable in VARIABLES)):
             patch.delenv(name, raising=False)
+        # The session's own signing key, which signs every archive the tests make and which import
+        # trusts: tests of unsigned or foreign archives unset KPRECOMPILE_TRUSTED_KEYS or sign with
+        # another key (the default, with no trusted key, refuses every archive).
+        (home / "keys").mkdir(mode=0o700)
+        key = generate_key(home / "keys" / "session-key", "kprecompile tests")
+        patch.setenv("KPRECOMPILE_SIGNING_KEY", key.private_key_path)
+        patch.setenv("KPRECOMPILE_TRUSTED_KEYS", key.public_key_path)
         yield Isolation(home, tuple(real))
     after = _snapshot(real)
     changed = sorted(set(before.items()) ^ set(after.items()))
@@ -159,6 +167,7 @@ def copy_cache(source: Path, destination: Path) -> Path:
     for group in destination.glob("triton-v1/*/__grp__*.json"):
         group.write_text(group.read_text().replace(str(source), str(destination)))
     (destination / "bundle.json").unlink(missing_ok=True)
+    (destination / "bundle.sig").unlink(missing_ok=True)
     return destination
 
 

@@ -17,6 +17,7 @@ import pytest
 from triton import knobs
 
 from kprecompile.cache.bundle import BUNDLE_FILE
+from kprecompile.cache.signing import SIGNATURE_FILE, load_signing_key, sign
 from kprecompile.errors import LaunchRefusedError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
@@ -159,24 +160,50 @@ def launch_path_keys(cache_dir, target, launch, fresh_modules):
 
 
 def unpack(archive: Path) -> tuple[dict, dict[str, bytes]]:
-    """bundle.json and every other file of a real archive."""
+    """bundle.json and every other file of a real archive (its signature left out)."""
     with tarfile.open(archive) as tar:
         files = {member.name: tar.extractfile(member).read() for member in tar.getmembers() if member.isfile()}
+    files.pop(SIGNATURE_FILE, None)
     return json.loads(files.pop(BUNDLE_FILE)), files
+
+
+def signature(index: bytes, key_path: str | os.PathLike[str] | None = None) -> bytes:
+    """`bundle.sig` for these index bytes, by the key at `key_path` (default: the session's key,
+    which the tests' imports trust)."""
+    key = load_signing_key(key_path or os.environ["KPRECOMPILE_SIGNING_KEY"], "test key")
+    return sign(key, index)
 
 
 def record(data: bytes) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
-def pack(path: Path, index, files: dict[str, bytes], extra=(), *, reindex=True, index_bytes=None, mode="w:gz"):
+def pack(
+    path: Path,
+    index,
+    files: dict[str, bytes],
+    extra=(),
+    *,
+    reindex=True,
+    index_bytes=None,
+    mode="w:gz",
+    key_path: str | os.PathLike[str] | None = None,
+    signed: bool = True,
+):
     """An archive of `index` and `files` (bundle.json first, its file records recomputed unless
-    `reindex` is false), then `extra` raw members: (TarInfo, bytes or None for a header only)."""
+    `reindex` is false, then its signature by the key at `key_path`, by default the session's,
+    unless not `signed`), then `extra` raw members: (TarInfo, bytes or None for a header only)."""
     if reindex:
         index = {**index, "files": {name: record(data) for name, data in files.items()}}
+    if signed and index_bytes is None:
+        fingerprint = load_signing_key(key_path or os.environ["KPRECOMPILE_SIGNING_KEY"], "test key").fingerprint
+        index = {**index, "signing_key": fingerprint}
+    elif not signed and index_bytes is None:
+        index = {**index, "signing_key": None}
     data = index_bytes if index_bytes is not None else json.dumps(index).encode()
+    signatures = [(SIGNATURE_FILE, signature(data, key_path))] if signed else []
     with tarfile.open(path, mode, format=tarfile.GNU_FORMAT) as tar:
-        for name, payload in [(BUNDLE_FILE, data), *sorted(files.items())]:
+        for name, payload in [(BUNDLE_FILE, data), *signatures, *sorted(files.items())]:
             info = tarfile.TarInfo(name)
             info.size = len(payload)
             tar.addfile(info, io.BytesIO(payload))

@@ -13,11 +13,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import baked_manifest, kprecompile_cli
+from helpers import baked_manifest, kprecompile_cli, signature
 
 from kprecompile.cache.bundle import BUNDLE_FILE
 from kprecompile.cache.entries import compiled_files
 from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.signing import SIGNATURE_FILE
 from kprecompile.cli import main
 from kprecompile.errors import BundleError
 from kprecompile.inputs.targets import TARGETS
@@ -182,11 +183,18 @@ def test_export_refuses_a_damaged_kernel_instead_of_giving_it_fresh_checksums(wa
 
 
 def _rewrite(archive: Path, crafted: Path, edit) -> Path:
-    """A copy of `archive` with `edit(name, data) -> [(TarInfo, data)]` applied to every member."""
+    """A copy of `archive` with `edit(name, data) -> [(TarInfo, data)]` applied to every member;
+    an edited bundle.json is signed again by the session's key (which import trusts)."""
+    index = None
     with tarfile.open(archive) as source, tarfile.open(crafted, "w:gz") as target:
         for member in source.getmembers():
             data = source.extractfile(member).read() if member.isfile() else None
             for info, payload in edit(member, data):
+                if info.name == BUNDLE_FILE:
+                    index = payload
+                elif info.name == SIGNATURE_FILE:
+                    payload = signature(index)
+                    info.size = len(payload)
                 target.addfile(info, io.BytesIO(payload) if payload is not None else None)
     return crafted
 
@@ -330,3 +338,53 @@ def test_bad_bake_and_export_input_exits_2_and_writes_nothing(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith(message.format(tmp=tmp_path)) and err.count("\n") == 1, err
     assert not out.exists() and not (tmp_path / "x.tgz").exists()
+
+
+BAKE = ["bake", *SELECTION, "--target", "gfx942", "--jobs", "1", "--no-recorded"]
+
+
+def test_bake_refuses_an_out_directory_holding_files_it_did_not_bake(tmp_path, capsys):
+    """The issue's planted aiter-jit-v1/evil.so in a directory that is no bundle. Guard: the
+    no-bundle.json refusal in `check_bake_directory`."""
+    out = tmp_path / "out"
+    (out / "aiter-jit-v1").mkdir(parents=True)
+    (out / "aiter-jit-v1" / "evil.so").write_bytes(b"\x7fELF planted")
+    before = tree(out)
+    assert run(*BAKE, "--out", str(out)) == 2
+    assert capsys.readouterr().err == (
+        f"kprecompile: --out: got '{out}', expected an empty directory or a bundle kprecompile baked "
+        "(it holds aiter-jit-v1, no bundle.json)\n"
+    )
+    assert tree(out) == before
+
+
+def test_bake_into_its_earlier_bundle_lists_only_what_it_baked(baked, tmp_path, capsys):
+    """An earlier bundle with a planted JIT module is refused (guard: the JIT check in
+    `check_bake_directory`); a planted Triton entry is left out of bundle.json and the archive
+    (guard: `baked_files`). Control: the earlier bundle as it was bakes again, exit 0."""
+    source, _, _ = baked
+    out = tmp_path / "out"
+    shutil.copytree(source, out)
+    (out / "aiter-jit-v1").mkdir(exist_ok=True)
+    (out / "aiter-jit-v1" / "evil.so").write_bytes(b"\x7fELF planted")
+    assert run(*BAKE, "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"kprecompile: --out: got '{out}', expected an empty directory or a bundle kprecompile baked "
+        "(aiter-jit-v1/evil.so is not a file its bundle.json lists: remove it, or bake into an empty directory)\n"
+    )
+    (out / "aiter-jit-v1" / "evil.so").unlink()
+    planted = out / "triton-v1" / ("B" * 52)
+    planted.mkdir()
+    (planted / "evil.hsaco").write_bytes(b"\x7fELF planted")
+    archive = tmp_path / "again.tgz"
+    assert run(*BAKE, "--out", str(out), "--archive", str(archive), "--json") == 0
+    document = json.loads(capsys.readouterr().out)
+    index = json.loads((out / BUNDLE_FILE).read_text())
+    manifest = baked_manifest(CacheLayout.of(out), TARGETS["gfx942"]).manifest
+    entries = {name.split("/")[1] for name in index["files"] if name.startswith("triton-v1/")}
+    assert entries == {compiled_files(CacheLayout.of(out), job.key)[0].parent.name for job in manifest.jobs}
+    assert not any("evil" in name for name in index["files"])
+    with tarfile.open(archive) as tar:
+        assert not any("evil" in name for name in tar.getnames())
+    assert [c["target"] for c in document["configurations"]] == ["gfx942"]

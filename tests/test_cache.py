@@ -21,7 +21,7 @@ CACHE_PACKAGE = Path(__file__).parent.parent / "kprecompile" / "cache"
 
 def test_cache_is_a_leaf():
     """cache/ imports only cache/, errors, the standard library and its storage libraries."""
-    allowed_third_party = {"filelock"}
+    allowed_third_party = {"filelock", "cryptography"}  # locks; the signatures of bundles
     for path in CACHE_PACKAGE.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level > 0:
@@ -80,7 +80,10 @@ def test_triton_key_is_remembered_by_the_stat_of_its_inputs(cache_layout):
     # The memo, not a fresh hash, answers the next call.
     import triton
 
-    text = triton.__version__ + "-".join(["0" * 64, "1" * 64])
+    # Its Python sources' digests as they are, libtriton's (the one the memo saves hashing) another.
+    libtriton = hashlib.sha256(next(Path(triton.__file__).parent.glob("_C/libtriton.*")).read_bytes()).hexdigest()
+    text = triton_key().replace(libtriton, "1" * 64)
+    assert text != triton_key()
     memo.write_text(json.dumps({"triton_key_text": text}))
     remembered = hashlib.sha256(text.encode()).hexdigest()
     assert triton_key_digest(cache_layout) == remembered
@@ -96,7 +99,24 @@ def test_a_remembered_triton_key_that_is_not_one_is_computed_again_and_replaced(
     memo.write_text(json.dumps({"triton_key_text": "poison"}))
     with caplog.at_level(logging.WARNING):
         assert triton_key_digest(cache_layout) == hashlib.sha256(triton_key().encode()).hexdigest()
-    assert "ignoring a remembered Triton key that is not one" in caplog.text
+    assert "ignoring a remembered Triton key that is not this Triton's" in caplog.text
+    assert json.loads(memo.read_text())["triton_key_text"] == triton_key()
+
+
+def test_a_remembered_triton_key_of_plausible_digests_that_are_not_these_files_is_computed_again(cache_layout, caplog):
+    """The issue's memo of plausible 64-hex values: verify then said toolchain mismatch on a warm
+    cache and warm wrote manifests under the wrong key. Guard: the source digests' check in
+    `_is_triton_key`."""
+    import triton
+    from triton.runtime.cache import triton_key
+
+    triton_key_digest(cache_layout)
+    [memo] = cache_layout.toolchain_dir.iterdir()
+    plausible = triton.__version__ + "-".join(hashlib.sha256(bytes([n])).hexdigest() for n in range(29))
+    memo.write_text(json.dumps({"triton_key_text": plausible}))
+    with caplog.at_level(logging.WARNING):
+        assert triton_key_digest(cache_layout) == hashlib.sha256(triton_key().encode()).hexdigest()
+    assert "ignoring a remembered Triton key that is not this Triton's" in caplog.text
     assert json.loads(memo.read_text())["triton_key_text"] == triton_key()
 
 

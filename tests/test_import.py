@@ -812,7 +812,8 @@ def test_staging_left_by_a_killed_import_is_removed_by_the_next_run(baked, tmp_p
     _, archive, _ = baked
     index, files = unpack(archive)
     files[f"{JIT}/large.so"] = bytes(192 << 20)
-    large = pack(tmp_path / "large.tgz", index, files)
+    # Uncompressed: zeros packed by gzip are an archive bomb (1,000 times smaller), refused unread.
+    large = pack(tmp_path / "large.tar", index, files, mode="w")
     root = tmp_path / "cache"
     process = subprocess.Popen(
         [sys.executable, "-m", "kprecompile", "import", str(large), "--cache-dir", str(root)],
@@ -881,3 +882,118 @@ def test_a_truncated_archive_is_not_reported_as_aborted(baked, tmp_path, capsys)
         "download or copy?)\n"
     )
     assert not (tmp_path / "cache").exists()
+
+
+# --- Bounds on what an archive can make (issue 25, deliverable 4) ---------------------------
+
+
+def _blank_journal(size: int) -> bytes:
+    """`size` bytes of blank lines (64 KiB each): no record, all of it read."""
+    line = b" " * ((64 << 10) - 1) + b"\n"
+    return line * (size // len(line))
+
+
+def _baked_journal_key(files: dict[str, bytes]) -> str:
+    from kprecompile.warmup.manifest_key import journal_key
+
+    return journal_key(a_manifest(files)[1]["parts"])
+
+
+def test_an_archive_that_unpacks_to_more_than_the_ratio_is_refused_unread(baked, tmp_path, capsys):
+    """The issue's bomb: zeros in aiter-jit-v1/ (1,000 times smaller gzipped). Guard: the
+    `total > expansion` check in `read_archive`. Control: the same archive under a ratio it keeps
+    imports, as does the real bake (about 6 times)."""
+    _, archive, _ = baked
+    index, files = unpack(archive)
+    files[f"{JIT}/bomb.so"] = bytes(64 << 20)
+    bomb = pack(tmp_path / "bomb.tgz", index, files)
+    assert bomb.stat().st_size < 700_000
+    destination = tmp_path / "cache"
+    assert run("import", bomb, "--cache-dir", destination) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"kprecompile: archive member: got '{JIT}/bomb.so', expected an archive that unpacks to at most 100 times "
+        f"its size ({100 * bomb.stat().st_size:,} bytes), not"
+    ), err
+    assert err.endswith("(an archive bomb?)\n") and err.count("\n") == 1
+    assert not destination.exists()
+    report = import_archive(bomb, CacheLayout.of(destination), ImportLimits(ratio=1000))
+    assert report.jit_files_added == 1 and (destination / JIT / "bomb.so").stat().st_size == 64 << 20
+
+
+def test_journals_beyond_their_bytes_in_all_are_refused(baked, tmp_path, capsys):
+    """The issue's 60 blank 8 MiB journals. Guard: the `journal_bytes` check. Control: one such
+    journal of the bundle's configuration is within the bound and imports."""
+    _, archive, _ = baked
+    index, files = unpack(archive)
+    key = _baked_journal_key(files)
+    blank = _blank_journal(8 << 20)
+    many = dict(files)
+    for number in range(9):
+        many[f"journals-v1/{number:064x}.jsonl"] = blank
+    bombed = pack(tmp_path / "journals.tar", index, many, mode="w")
+    assert run("import", bombed, "--cache-dir", tmp_path / "cache") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kprecompile: archive member: got 'journals-v1/") and err.endswith(
+        "expected journals of at most 67,108,864 bytes in all\n"
+    ), err
+    assert not (tmp_path / "cache").exists()
+    one = pack(tmp_path / "one.tar", index, {**files, f"journals-v1/{key}.jsonl": blank}, mode="w")
+    assert run("import", one, "--cache-dir", tmp_path / "cache") == 0
+
+
+def test_journals_beyond_their_records_in_all_are_refused(baked, tmp_path):
+    """Guard: the `journal_records` check. Control: the same journal under a bound it keeps."""
+    from kprecompile.cache.journal import Record
+
+    _, archive, _ = baked
+    index, files = unpack(archive)
+    key = _baked_journal_key(files)
+    lines = b"".join(
+        Record(f"{number:064x}", "m:k", "gfx942", "0" * 64, None, None, None, "m", 1.0, 1.0, 0.1, {"h": 1}).to_line()
+        for number in range(10)
+    )
+    journaled = pack(tmp_path / "records.tgz", index, {**files, f"journals-v1/{key}.jsonl": lines})
+    with pytest.raises(ValueError, match=r"expected journals of at most 9 records in all$"):
+        import_archive(journaled, CacheLayout.of(tmp_path / "cache"), ImportLimits(journal_records=9))
+    assert not (tmp_path / "cache").exists()
+    assert import_archive(journaled, CacheLayout.of(tmp_path / "cache")).journal_records == 10
+
+
+def test_a_journal_of_a_configuration_the_bundle_does_not_list_is_refused(baked, tmp_path, capsys):
+    """The issue's journals under keys no configuration has. Guard: the `listed` check in
+    `_read_journals`. Control: the same journal under the bundle's configuration's key imports."""
+    _, archive, _ = baked
+    index, files = unpack(archive)
+    key = _baked_journal_key(files)
+    blank = _blank_journal(1 << 20)
+    foreign = pack(tmp_path / "foreign.tgz", index, {**files, f"journals-v1/{'ab' * 32}.jsonl": blank})
+    assert run("import", foreign, "--cache-dir", tmp_path / "cache") == 2
+    assert capsys.readouterr().err == (
+        f"kprecompile: archive member: got 'journals-v1/{'ab' * 32}.jsonl', expected the journal of a "
+        "configuration bundle.json lists\n"
+    )
+    assert not (tmp_path / "cache").exists()
+    own = pack(tmp_path / "own.tgz", index, {**files, f"journals-v1/{key}.jsonl": blank})
+    assert run("import", own, "--cache-dir", tmp_path / "cache") == 0
+
+
+def test_import_memory_does_not_grow_with_the_number_of_journals(baked, tmp_path):
+    """The issue's 572 MB for 60 blank journals, growing with their number: journals are parsed
+    while they are hashed, never held whole. Guard: `keep = None` for journals in `read_archive`
+    (with their bytes kept, eight journals take 64 MiB more than one)."""
+    import tracemalloc
+
+    _, archive, _ = baked
+    index, files = unpack(archive)
+    blank = _blank_journal(8 << 20)
+    peaks = []
+    for count in (1, 8):
+        journals = {f"journals-v1/{number:064x}.jsonl": blank for number in range(count)}
+        path = pack(tmp_path / f"{count}.tar", index, {**files, **journals}, mode="w")
+        tracemalloc.start()
+        with pytest.raises(ValueError, match="expected the journal of a configuration bundle.json lists"):
+            import_archive(path, CacheLayout.of(tmp_path / "cache"), ImportLimits(journal_bytes=1 << 30))
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < peaks[0] + (8 << 20), peaks

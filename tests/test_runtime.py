@@ -96,6 +96,18 @@ def test_a_binary_replaced_by_a_link_is_not_loaded(cache_copy, tmp_path):
     assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
 
 
+def test_an_entry_directory_others_can_write_is_not_served(cache_copy):
+    """The issue's world-writable entry directory, served: anyone could swap its files after the
+    check. Guard: `others_can_write` in `LayeredCacheManager.get_group`. Control: every other
+    entry, private, is loaded."""
+    cache_dir, kernels = cache_copy
+    entry = _binary_of_first_job(cache_dir).parent
+    entry.chmod(0o777)
+    result, stderr = serving_process(cache_dir)
+    assert result["preload"]["loaded"] == kernels - 1 and result["preload"]["compiled"] == 1
+    assert f"not serving cache entry {entry} ({entry.name} is writable by others (mode 0o777))" in stderr
+
+
 def test_a_moved_cache_serves_from_itself(cache_copy, tmp_path):
     """Triton's group files name their files by absolute path at compile time; the cache is
     read by name beside them, so a cache moved elsewhere (the old place gone) loads every kernel."""
@@ -220,3 +232,42 @@ def test_the_served_check_refuses_a_name_mapped_to_another_file(cache_copy):
     [ir] = [name for name in files if name.endswith(".amdgcn")]
     swapped = {**files, binary: files[ir], ir: files[binary]}
     assert served.problem(entry.name, swapped, []) == "its group file maps a file name to another file"
+
+
+def test_another_configurations_manifest_does_not_vouch_for_this_ones_entries(warm_copy):
+    """The issue: any manifest in any root vouched for any entry, so a forged manifest (imported
+    with --allow-unsigned) also covered kernels shared with other configurations. Once a process
+    has its own configuration's manifest (`preload` hands it over), only that one vouches for its
+    entries. Guard: `self._own.get(entry_name)` in `ServedFiles.problem`. Controls: without its own
+    manifest the forged one would vouch (it is well-formed); the genuine bytes are served."""
+    import dataclasses
+    import hashlib
+
+    from kprecompile.cache.entries import group_children, group_file
+    from kprecompile.cache.manifest import manifest_key, write_manifest
+    from kprecompile.cache.served import ServedFiles
+
+    own = baked_manifest(warm_copy, TARGETS["gfx942"]).manifest
+    binary = _binary_of_first_job(warm_copy.root)
+    genuine = binary.read_bytes()
+    forged = bytearray(genuine)
+    forged[len(forged) // 2] ^= 0xFF
+    binary.write_bytes(bytes(forged))
+    job_key = own.jobs[0].key
+    artifacts = {**own.artifacts, job_key: dict(own.artifacts[job_key])}
+    artifacts[job_key][binary.name] = {"sha256": hashlib.sha256(forged).hexdigest(), "size": len(forged)}
+    parts = {**own.parts, "model_digest": "f" * 64}  # another configuration
+    write_manifest(warm_copy, dataclasses.replace(own, key=manifest_key(parts), parts=parts, artifacts=artifacts))
+    entry = binary.parent
+    files = group_children(entry, group_file(entry).name)
+    served = ServedFiles()
+    served.record(own)
+    # An entry no manifest it has records (another configuration's kernel) makes it read them all.
+    assert served.problem("A" * 52, {"x": str(entry / "x")}, [warm_copy.manifests_dir]) == "no manifest records it"
+    assert served.problem(entry.name, files, [warm_copy.manifests_dir]) == (
+        "its files' checksums are not the ones recorded"
+    )
+    assert ServedFiles().problem(entry.name, files, [warm_copy.manifests_dir]) is None
+    binary.write_bytes(genuine)
+    assert ServedFiles().problem(entry.name, files, [warm_copy.manifests_dir]) is None
+    assert served.problem(entry.name, files, [warm_copy.manifests_dir]) is None

@@ -124,3 +124,25 @@ def test_an_os_error_is_one_line_naming_the_path_and_the_fix(tmp_path, capsys):
     )
     assert "Traceback" not in captured.err
     assert [path.name for path in (root / "manifests-v7").iterdir()] == [os.path.basename(manifest)]
+
+
+def test_a_cache_inside_a_parent_everyone_can_write_without_the_sticky_bit_is_refused(tmp_path, capsys):
+    """Anyone could rename the cache away and put their own in its place. Guard: `check_parents`.
+    Control: the same parent with the sticky bit (as /tmp is) is accepted."""
+    parent = tmp_path / "shared"
+    parent.mkdir()
+    parent.chmod(0o777)
+    root = parent / "cache"
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", *SELECTION, "--cache-dir", str(root)])
+    captured = capsys.readouterr()
+    assert exited.value.code == 2 and captured.out == ""
+    assert captured.err == (
+        f"kprecompile: cache root: got '{root}', expected a directory whose parents only their owners can write, "
+        f"not {parent} (mode 0o777, no sticky bit: chmod go-w {parent}, or choose another directory)\n"
+    )
+    assert list(parent.iterdir()) == []
+    parent.chmod(0o1777)
+    with pytest.raises(SystemExit) as exited:
+        main(["verify", *SELECTION, "--cache-dir", str(root)])
+    assert exited.value.code == 1 and "not warm" in capsys.readouterr().out

@@ -19,6 +19,7 @@ import dataclasses
 import errno
 import gzip
 import json
+import logging
 import lzma
 import os
 import posixpath
@@ -27,7 +28,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ from .bundle import BUNDLE_FILE, BUNDLE_TOP_LEVEL, check_index
 from .files import sha256_file
 from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
 from .manifest import FILE_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, signature_problem
+
+logger = logging.getLogger(__name__)
 
 _BLOCK_BYTES = 1 << 20
 
@@ -52,9 +56,28 @@ class ImportLimits:
     total_bytes: int = 32 << 30
     index_bytes: int = 64 << 20
     members: int = 500_000
+    # Unpacked bytes per byte of the archive file: a bake's archive unpacks to about 6 times its
+    # size; gzip reaches 1,000 on zeros. Archives below `ratio_floor_bytes` unpacked are not held to it.
+    ratio: int = 100
+    ratio_floor_bytes: int = 16 << 20
+    # Journals: what serving processes recorded, a few records a configuration. Their bytes and
+    # records in all, and the bytes of what is kept in memory to be parsed (index, manifests,
+    # group files): import's memory does not grow with the number of members.
+    journal_bytes: int = 64 << 20
+    journal_records: int = 16_384
+    document_bytes: int = 512 << 20
 
 
 DEFAULT_LIMITS = ImportLimits()
+
+
+@dataclass(frozen=True)
+class ArchiveTrust:
+    """Whose archives import accepts: those signed by one of `keys` (fingerprint -> ed25519 public
+    key); any other only with `allow_unsigned` (`--allow-unsigned`), with a warning."""
+
+    keys: dict[str, Any] = field(default_factory=dict)
+    allow_unsigned: bool = False
 
 
 _ENTRY_NAME = re.compile(r"[A-Z2-7]{52}")
@@ -70,7 +93,8 @@ _GROUP_BYTES = 1 << 20
 
 
 _SHAPES = (
-    f"{BUNDLE_FILE}, {Bucket.MANIFESTS.value}/<64 hex digits>.json, {Bucket.TRITON.value}/<entry>/<file name>, "
+    f"{BUNDLE_FILE}, {SIGNATURE_FILE}, {Bucket.MANIFESTS.value}/<64 hex digits>.json, "
+    f"{Bucket.TRITON.value}/<entry>/<file name>, "
     f"{Bucket.AITER_JIT.value}/<path> or {Bucket.JOURNALS.value}/<64 hex digits>.jsonl"
 )
 
@@ -92,6 +116,8 @@ class CheckedArchive:
     jit_files: list[str] = field(default_factory=list)
     # Journal key -> its records, damaged lines left out.
     journals: dict[str, dict[str, journals.Record]] = field(default_factory=dict)
+    # The fingerprint of the trusted key whose signature was checked; None when accepted unsigned.
+    signing_key: str | None = None
 
 
 def _truncated(archive: Path) -> InputError:
@@ -114,9 +140,19 @@ def reading(archive: Path) -> Iterator[None]:
         raise InputError("archive", str(archive), f"an intact archive ({str(error)[:200]})") from None
 
 
-def read_archive(tar: tarfile.TarFile, limits: ImportLimits) -> CheckedArchive:
+def read_archive(
+    tar: tarfile.TarFile,
+    limits: ImportLimits,
+    trust: ArchiveTrust,
+    archive: Path,
+    journal_key: Callable[[dict[str, Any]], str],
+) -> CheckedArchive:
+    """Read and check all of `archive` (module doc); `journal_key`: the key of the journal of the
+    configuration with these manifest parts (the recipe lives above storage)."""
     bundle = CheckedArchive()
-    total = count = 0
+    total = count = journal_bytes = document_bytes = 0
+    parsers: dict[str, journals.JournalParser] = {}
+    expansion = max(limits.ratio * archive.stat().st_size, limits.ratio_floor_bytes)
     while (member := tar.next()) is not None:
         count += 1
         if count > limits.members:
@@ -132,16 +168,38 @@ def read_archive(tar: tarfile.TarFile, limits: ImportLimits) -> CheckedArchive:
         total += member.size
         if total > limits.total_bytes:
             raise BundleError(name, f"an archive of at most {limits.total_bytes:,} bytes unpacked")
+        if total > expansion:
+            raise BundleError(
+                name,
+                f"an archive that unpacks to at most {limits.ratio} times its size ({expansion:,} bytes), "
+                f"not {total:,} bytes so far (an archive bomb?)",
+            )
         keep = _kept_bytes(name, limits)
         if keep is not None and member.size > keep:
             raise BundleError(name, f"a file of at most {keep:,} bytes, not {member.size:,}")
+        parser = None
+        if name.startswith(Bucket.JOURNALS.value + "/"):
+            journal_bytes += member.size
+            if journal_bytes > limits.journal_bytes:
+                raise BundleError(name, f"journals of at most {limits.journal_bytes:,} bytes in all")
+            parser = parsers[name] = journals.JournalParser()
+            keep = None
+        elif keep is not None:
+            document_bytes += member.size
+            if document_bytes > limits.document_bytes:
+                raise BundleError(
+                    name, f"an index, manifests and group files of at most {limits.document_bytes:,} bytes in all"
+                )
         bundle.members[name] = member
-        bundle.digests[name] = _hash_member(tar, member, bundle.documents if keep is not None else None, name)
+        bundle.digests[name] = _hash_member(tar, member, bundle.documents if keep is not None else None, name, parser)
+        if parser is not None and sum(parser.count for parser in parsers.values()) > limits.journal_records:
+            raise BundleError(name, f"journals of at most {limits.journal_records:,} records in all")
     _check_end(tar)
     _check_index(bundle)
+    _check_signature(bundle, trust, archive)
     _check_entries(bundle)
     _check_manifests(bundle)
-    _read_journals(bundle)
+    _read_journals(bundle, parsers, journal_key)
     return bundle
 
 
@@ -166,7 +224,7 @@ def _check_member(member: tarfile.TarInfo) -> str | None:
         if normal != "." and top not in BUNDLE_TOP_LEVEL:
             raise BundleError(name, f"a path under {', '.join(BUNDLE_TOP_LEVEL)}, or {BUNDLE_FILE}")
         return None
-    if normal != BUNDLE_FILE and top not in BUNDLE_TOP_LEVEL:
+    if normal not in (BUNDLE_FILE, SIGNATURE_FILE) and top not in BUNDLE_TOP_LEVEL:
         raise BundleError(name, f"a path under {', '.join(BUNDLE_TOP_LEVEL)}, or {BUNDLE_FILE}")
     if not _is_bundle_path(normal):
         raise BundleError(name, f"a path shaped like a bundle's files: {_SHAPES}")
@@ -175,7 +233,7 @@ def _check_member(member: tarfile.TarInfo) -> str | None:
 
 def _is_bundle_path(name: str) -> bool:
     parts = name.split("/")
-    if name == BUNDLE_FILE:
+    if name in (BUNDLE_FILE, SIGNATURE_FILE):
         return True
     if parts[0] == Bucket.MANIFESTS.value:
         return len(parts) == 2 and re.fullmatch(r"[0-9a-f]{64}\.json", parts[1]) is not None
@@ -201,6 +259,8 @@ def _kept_bytes(name: str, limits: ImportLimits) -> int | None:
     """The size up to which a member is kept in memory to be parsed; None for one only hashed."""
     if name == BUNDLE_FILE:
         return limits.index_bytes
+    if name == SIGNATURE_FILE:
+        return MAX_SIGNATURE_BYTES
     if name.startswith(Bucket.MANIFESTS.value + "/"):
         return MAX_MANIFEST_BYTES
     if name.startswith(Bucket.JOURNALS.value + "/"):
@@ -210,7 +270,14 @@ def _kept_bytes(name: str, limits: ImportLimits) -> int | None:
     return None
 
 
-def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: dict[str, bytes] | None, name: str) -> str:
+def _hash_member(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    keep: dict[str, bytes] | None,
+    name: str,
+    parser: journals.JournalParser | None = None,
+) -> str:
+    """The member's sha256; its content kept in `keep` or fed to a journal `parser` on the way."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -219,6 +286,8 @@ def _hash_member(tar: tarfile.TarFile, member: tarfile.TarInfo, keep: dict[str, 
         digest.update(block)
         if keep is not None:
             kept.append(block)
+        if parser is not None:
+            parser.feed(block)
     if keep is not None:
         keep[name] = b"".join(kept)
     return digest.hexdigest()
@@ -254,7 +323,7 @@ def _check_index(bundle: CheckedArchive) -> None:
         raise BundleError(BUNDLE_FILE, f"a valid bundle index ({str(error)[:300]})") from None
     files = index["files"]
     for name, member in bundle.members.items():
-        if name == BUNDLE_FILE:
+        if name in (BUNDLE_FILE, SIGNATURE_FILE):
             continue
         expected = files.get(name)
         if expected is None:
@@ -267,6 +336,26 @@ def _check_index(bundle: CheckedArchive) -> None:
         if name not in bundle.members:
             raise BundleError(name[:300], "in the archive, as bundle.json lists it")
     bundle.index = index
+
+
+def _check_signature(bundle: CheckedArchive, trust: ArchiveTrust, archive: Path) -> None:
+    """The archive is signed by a trusted key (its `bundle.json`, which lists every other member's
+    size and sha256), or refused unless `trust.allow_unsigned`."""
+    fingerprint = bundle.index.get("signing_key")
+    problem = signature_problem(
+        bundle.documents[BUNDLE_FILE], fingerprint, bundle.documents.get(SIGNATURE_FILE), trust.keys
+    )
+    if problem is None:
+        bundle.signing_key = fingerprint
+        return
+    if not trust.allow_unsigned:
+        raise InputError(
+            "archive",
+            str(archive),
+            f"an archive signed by a trusted key: {problem} (trust its signer's public key with --trusted-key or "
+            "KPRECOMPILE_TRUSTED_KEYS, or import it anyway with --allow-unsigned)",
+        )
+    logger.warning("importing %s without a trusted signature (--allow-unsigned): %s", archive, problem)
 
 
 def _check_entries(bundle: CheckedArchive) -> None:
@@ -345,18 +434,28 @@ def _check_manifests(bundle: CheckedArchive) -> None:
             )
 
 
-def _read_journals(bundle: CheckedArchive) -> None:
-    """Each journal's records; a damaged line is skipped (one warning per journal), never fatal:
-    records only add work to a later warm, which checks each one again before compiling it.
-    Every record is marked imported, whatever its line says: replay trusts an imported record
-    to name only kernels of the libraries kprecompile traces (`warmup/replay.py`)."""
-    for name, data in bundle.documents.items():
-        if name.startswith(Bucket.JOURNALS.value + "/"):
-            contents = journals.parse(data)
-            contents.warn(Path(name))
-            bundle.journals[name.rpartition("/")[2].removesuffix(".jsonl")] = {
-                key: dataclasses.replace(record, origin="imported") for key, record in contents.records.items()
-            }
+def _read_journals(
+    bundle: CheckedArchive, parsers: dict[str, journals.JournalParser], journal_key: Callable[[dict[str, Any]], str]
+) -> None:
+    """Each journal's records, read while hashing; a damaged line is skipped (one warning per
+    journal), never fatal: records only add work to a later warm, which checks each one again
+    before compiling it. A journal must be one of a configuration the bundle lists: recorded
+    kernels are replayed under that configuration's key. Every record is marked imported, whatever
+    its line says: replay trusts an imported record to name only kernels of the libraries
+    kprecompile traces (`warmup/replay.py`)."""
+    listed = {
+        journal_key(bundle.manifests[configuration["manifest"]].parts)
+        for configuration in bundle.index["configurations"]
+    }
+    for name, parser in parsers.items():
+        key = name.rpartition("/")[2].removesuffix(".jsonl")
+        if key not in listed:
+            raise BundleError(name, "the journal of a configuration bundle.json lists")
+        contents = parser.contents()
+        contents.warn(Path(name))
+        bundle.journals[key] = {
+            record_key: dataclasses.replace(record, origin="imported") for record_key, record in contents.records.items()
+        }
 
 
 def same_file(path: Path, digest: str, size: int) -> bool | None:

@@ -1,6 +1,7 @@
 """Importing a bundle archive into a cache: all of it or none of it, safe beside other writers.
 
-`archive_check.py` reads and checks everything first (and the caller's check, the toolchain);
+`archive_check.py` reads and checks everything first (the signature, and the caller's check, the
+toolchain);
 only then is anything written, in a staging directory inside the cache root (`staging`: the next
 run removes one a killed import left), then installed: each kernel entry under its compile lock,
 so that a concurrent warm or import waits instead of racing the rename; AITER's JIT files without
@@ -30,6 +31,7 @@ from ..errors import BundleError, InputError
 from . import journal as journals
 from .archive_check import (
     DEFAULT_LIMITS,
+    ArchiveTrust,
     CheckedArchive,
     ImportLimits,
     check_free_space,
@@ -46,6 +48,7 @@ from .files import FILE_MODE, write_atomic
 from .layout import Bucket, CacheLayout
 from .locks import hold_lock
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .signing import SIGNATURE_FILE
 from .staging import remove_stale_staging, staging_directory
 from .usage import tag_cache_dir, using
 
@@ -70,11 +73,16 @@ class ImportReport:
     jit_files_present: int
     # Records of kernels compiled while serving, merged into the cache's journals.
     journal_records: int = 0
+    # The fingerprint of the trusted key that signed the archive; None when it was accepted
+    # unsigned (or wrongly signed) with --allow-unsigned.
+    signing_key: str | None = None
 
 
 # Called with bundle.json's toolchains (target name -> toolchain fields) before anything is
 # written; raises BundleError when this machine cannot serve them.
 ToolchainCheck = Callable[[dict[str, dict[str, Any]]], None]
+# The key of the journal of the configuration with these manifest parts.
+JournalKey = Callable[[dict[str, Any]], str]
 
 
 def install_archive(
@@ -82,11 +90,14 @@ def install_archive(
     layout: CacheLayout,
     check_toolchains: ToolchainCheck,
     *,
+    trust: ArchiveTrust,
+    journal_key: JournalKey,
     lock_timeout_seconds: float,
     lock_timeout_variable: str,
     limits: ImportLimits = DEFAULT_LIMITS,
 ) -> ImportReport:
-    """Validate all of `archive`, then add it to the writable root of `layout`; all or nothing."""
+    """Validate all of `archive` (its signature by one of `trust`'s keys first), then add it to
+    the writable root of `layout`; all or nothing."""
     with reading(archive):
         try:
             tar = tarfile.open(archive, "r:*")
@@ -95,7 +106,7 @@ def install_archive(
             raise InputError("archive", str(archive), f"a readable .tar.gz bundle ({reason})") from None
     with tar:
         with reading(archive):
-            bundle = read_archive(tar, limits)
+            bundle = read_archive(tar, limits, trust, archive, journal_key)
         check_toolchains(bundle.index["toolchains"])
         check_jit_files(bundle, layout)
         check_free_space(bundle, layout.root)
@@ -176,7 +187,8 @@ def _install(
         except BaseException:
             journal.undo()
             raise
-    return ImportReport(str(archive), str(layout.root), len(bundle.index["configurations"]), **vars(counts))
+    configurations = len(bundle.index["configurations"])
+    return ImportReport(str(archive), str(layout.root), configurations, **vars(counts), signing_key=bundle.signing_key)
 
 
 def _missing_directories(directory: Path) -> list[Path]:
@@ -195,7 +207,7 @@ def _extract(tar: tarfile.TarFile, bundle: CheckedArchive, staging: Path) -> Non
     import hashlib
 
     for name, member in bundle.members.items():
-        if name == BUNDLE_FILE:
+        if name in (BUNDLE_FILE, SIGNATURE_FILE):
             continue
         target = staging / name
         target.parent.mkdir(parents=True, exist_ok=True)

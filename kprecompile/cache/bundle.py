@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import BundleError
+from ..errors import BundleError, InputError
 from .entries import compiled_files, group_file
 from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
 from .manifest import HEX64, is_file_record, locate_manifest
+from .signing import FINGERPRINT, SIGNATURE_FILE, SigningKey, sign
 
 BUNDLE_FILE = "bundle.json"
 BUNDLE_SCHEMA = 1
@@ -38,18 +39,33 @@ class BundleIndex:
     configurations: tuple[dict[str, Any], ...]
     files: int
     bytes: int
+    # The fingerprint of the key that signed it, or None.
+    signing_key: str | None = None
 
 
 def write_index(
-    root: Path, configurations: Iterable[dict[str, Any]], toolchains: dict[str, dict[str, Any]], producer: str
+    root: Path,
+    configurations: Iterable[dict[str, Any]],
+    toolchains: dict[str, dict[str, Any]],
+    producer: str,
+    signing_key: SigningKey | None = None,
+    names: Iterable[str] | None = None,
 ) -> BundleIndex:
     """Write `bundle.json` for the cache at `root`: the configurations given, the toolchain of
-    each target, and every file of the bundle's buckets with its size and sha256."""
+    each target, and every file of the bundle's buckets (or only those `names`, relative) with its
+    size and sha256; with
+    `signing_key`, its fingerprint, and `bundle.sig` beside it (`cache/signing.py`)."""
     files = {}
-    for top in BUNDLE_TOP_LEVEL:
-        for path in sorted((root / top).rglob("*")) if (root / top).is_dir() else ():
-            if path.is_file() and not path.is_symlink():
-                files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    if names is None:
+        names = [
+            path.relative_to(root).as_posix()
+            for top in BUNDLE_TOP_LEVEL
+            for path in (sorted((root / top).rglob("*")) if (root / top).is_dir() else ())
+        ]
+    for name in sorted(set(names)):
+        path = root / name
+        if path.is_file() and not path.is_symlink():
+            files[name] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     configurations = tuple(configurations)
     document = {
         "schema": BUNDLE_SCHEMA,
@@ -58,9 +74,72 @@ def write_index(
         "configurations": list(configurations),
         "toolchains": toolchains,
         "files": files,
+        "signing_key": signing_key.fingerprint if signing_key is not None else None,
     }
-    write_atomic(root / BUNDLE_FILE, json.dumps(document, indent=1, sort_keys=True).encode())
-    return BundleIndex(str(root / BUNDLE_FILE), configurations, len(files), sum(f["size"] for f in files.values()))
+    index = json.dumps(document, indent=1, sort_keys=True).encode()
+    # The signature of an earlier index goes first: it never stands beside an index it did not sign.
+    (root / SIGNATURE_FILE).unlink(missing_ok=True)
+    write_atomic(root / BUNDLE_FILE, index)
+    if signing_key is not None:
+        write_atomic(root / SIGNATURE_FILE, sign(signing_key, index))
+    return BundleIndex(
+        str(root / BUNDLE_FILE),
+        configurations,
+        len(files),
+        sum(f["size"] for f in files.values()),
+        signing_key.fingerprint if signing_key is not None else None,
+    )
+
+
+BAKE_MARKER = ".kprecompile-bake"
+
+
+def check_bake_directory(out: Path) -> None:
+    """`out` is empty (or missing), or a bundle kprecompile baked there (a finished one, with its
+    `bundle.json`, or one whose bake stopped, with `BAKE_MARKER`), so that a bundle lists nothing
+    someone else put there. Files of AITER's JIT directory, which a bake lists without a manifest
+    naming them, must be ones the earlier `bundle.json` lists, same size and sha256."""
+    try:
+        names = sorted(path.name for path in out.iterdir())
+    except FileNotFoundError:
+        return
+    except NotADirectoryError:
+        raise InputError("--out", str(out), "a directory") from None
+    if not names:
+        return
+    index = out / BUNDLE_FILE
+    if not (index.is_file() or (out / BAKE_MARKER).is_file()):
+        raise InputError(
+            "--out",
+            str(out),
+            f"an empty directory or a bundle kprecompile baked (it holds {names[0]}, no {BUNDLE_FILE})",
+        )
+    listed: dict[str, Any] = {}
+    if index.is_file():
+        try:
+            document = json.loads(index.read_bytes())
+            check_index(document)
+            listed = document["files"]
+        except (OSError, ValueError, RecursionError):
+            raise InputError("--out", str(out), f"a bundle kprecompile baked (its {BUNDLE_FILE} is not one)") from None
+    jit = out / Bucket.AITER_JIT.value
+    for path in sorted(jit.rglob("*")) if jit.is_dir() else ():
+        if path.is_dir() and not path.is_symlink():
+            continue
+        name = path.relative_to(out).as_posix()
+        record = listed.get(name)
+        if (
+            record is None
+            or path.is_symlink()
+            or path.stat().st_size != record["size"]
+            or sha256_file(path) != record["sha256"]
+        ):
+            raise InputError(
+                "--out",
+                str(out),
+                f"an empty directory or a bundle kprecompile baked ({name} is not a file its {BUNDLE_FILE} lists: "
+                "remove it, or bake into an empty directory)",
+            )
 
 
 def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], out: Path) -> None:
@@ -82,10 +161,12 @@ def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], ou
 
 
 def write_archive(bundle: Path, archive: Path) -> None:
-    """A gzip-compressed tar of the bundle's index and contents, deterministic (sorted, no owners)."""
+    """A gzip-compressed tar of the bundle's index, its signature and contents, deterministic
+    (sorted, no owners)."""
     index = json.loads((bundle / BUNDLE_FILE).read_text())
+    signature = [SIGNATURE_FILE] if (bundle / SIGNATURE_FILE).is_file() else []
     with atomic_file(archive) as output, tarfile.open(fileobj=output, mode="w:gz", compresslevel=6) as tar:
-        for name in [BUNDLE_FILE, *sorted(index["files"])]:
+        for name in [BUNDLE_FILE, *signature, *sorted(index["files"])]:
             info = tar.gettarinfo(str(bundle / name), arcname=name)
             info.uid = info.gid = 0
             info.uname = info.gname = ""
@@ -134,6 +215,9 @@ def check_index(document: Any) -> None:
         for name, value in fields.items():
             if not (value is None or isinstance(value, str) and len(value) <= _MAX_TOOLCHAIN_VALUE):
                 raise ValueError(f"toolchains[{target[:80]!r}].{name[:80]} is {_short(value)}, expected a string")
+    signing_key = document.get("signing_key")
+    if signing_key is not None and not (isinstance(signing_key, str) and FINGERPRINT.fullmatch(signing_key)):
+        raise ValueError(f"signing_key is {_short(signing_key)}, expected a key fingerprint (SHA256:...) or null")
     files = document.get("files")
     if not isinstance(files, dict):
         raise ValueError(f"files is a JSON {json_type(files)}, expected an object")

@@ -242,21 +242,54 @@ def merge_records(into: dict[str, Record], records: Iterable[Record], imported: 
     return into
 
 
+class JournalParser:
+    """A journal's records from its bytes in blocks: memory bounded by one line, not the file (an
+    import reads every journal of an archive this way)."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, Record] = {}
+        # Records read (before merging), for bounds across journals.
+        self.count = 0
+        self.damaged = 0
+        self._partial = bytearray()
+        self._overlong = False
+
+    def feed(self, block: bytes) -> None:
+        lines = block.split(b"\n")
+        for line in lines[:-1]:
+            self._line(bytes(self._partial) + line)
+            self._partial.clear()
+            self._overlong = False
+        if not self._overlong:
+            self._partial += lines[-1]
+            if len(self._partial) > MAX_LINE_BYTES:
+                self._partial.clear()
+                self._overlong = True
+
+    def _line(self, line: bytes) -> None:
+        if self._overlong:
+            self.damaged += 1
+            return
+        if not line.strip():
+            return
+        try:
+            record = Record.from_line(line)
+        except ValueError:
+            self.damaged += 1
+            return
+        self.count += 1
+        merge_records(self.records, [record], imported=False)
+
+    def contents(self) -> JournalContents:
+        """What was read; a torn last line (an append in progress, or cut by the bound) is ignored."""
+        return JournalContents(self.records, self.damaged)
+
+
 def parse(data: bytes) -> JournalContents:
     """Merge the records of a journal's bytes (a torn last line, an append in progress, is ignored)."""
-    records: list[Record] = []
-    damaged = 0
-    lines = data.split(b"\n")
-    if lines and lines[-1]:
-        lines.pop()  # not terminated: still being written, or cut by the bound
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            records.append(Record.from_line(line))
-        except ValueError:
-            damaged += 1
-    return JournalContents(merge_records({}, records, imported=False), damaged)
+    parser = JournalParser()
+    parser.feed(data)
+    return parser.contents()
 
 
 def read_journal(path: Path) -> JournalContents:

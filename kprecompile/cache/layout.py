@@ -16,6 +16,8 @@
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
+      bundle.json, bundle.sig      a bundle's index and its signature (cache/bundle.py, cache/signing.py)
+      .kprecompile-bake            in a bundle `bake` writes into (cache/bundle.py)
       .import-<id>/                an import unpacking (cache/staging.py): removed when it ends, or
                                    by the next import or warm once its owner's lock is free
 

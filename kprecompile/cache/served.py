@@ -35,19 +35,24 @@ Record = dict[str, tuple[int, str]]
 class ServedFiles:
     def __init__(self) -> None:
         self._records: dict[str, list[Record]] = {}
+        # The records of the configurations this process serves (handed over by `preload`).
+        self._own: dict[str, list[Record]] = {}
         self._written: set[str] = set()
         self._read_manifests: set[Path] = set()
         self._warned: set[str] = set()
         self._lock = threading.Lock()
 
-    def record(self, manifest: Manifest) -> None:
-        """Serve the entries `manifest` records (as it recorded them)."""
+    def record(self, manifest: Manifest, own: bool = True) -> None:
+        """Serve the entries `manifest` records (as it recorded them). The manifest of a
+        configuration this process serves (`own`) is then the only one that vouches for its
+        entries: another configuration's manifest (an imported one) never covers them."""
         with self._lock:
             for job_key, files in manifest.artifacts.items():
                 record = {name: (int(file["size"]), str(file["sha256"])) for name, file in files.items()}
-                records = self._records.setdefault(triton_entry_name(job_key), [])
-                if record not in records:
-                    records.append(record)
+                for table in (self._records, self._own) if own else (self._records,):
+                    records = table.setdefault(triton_entry_name(job_key), [])
+                    if record not in records:
+                        records.append(record)
 
     def wrote(self, path: str | os.PathLike[str]) -> None:
         """A file this process wrote into the writable cache."""
@@ -58,7 +63,11 @@ class ServedFiles:
         """Why the entry's `files` (Triton's names -> paths) must not be served, or None."""
         if all(path in self._written for path in files.values()):
             return None
-        records = self._records.get(entry_name) or self._read_new_manifests(manifest_dirs, entry_name)
+        records = (
+            self._own.get(entry_name)
+            or self._records.get(entry_name)
+            or self._read_new_manifests(manifest_dirs, entry_name)
+        )
         if not records:
             return "no manifest records it"
         # Each name must be the file of that name: Triton reads what the name maps to.
@@ -103,7 +112,7 @@ class ServedFiles:
                 try:
                     if os.lstat(path).st_size > MAX_MANIFEST_BYTES:
                         continue
-                    self.record(parse_manifest(path.read_bytes(), path.stem))
+                    self.record(parse_manifest(path.read_bytes(), path.stem), own=False)
                 except (OSError, ValueError):
                     continue  # `verify` and `warm` report a bad manifest; here it just serves nothing
         return self._records.get(entry_name, [])

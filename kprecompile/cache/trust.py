@@ -3,8 +3,10 @@
 A cache root, a read-only layer, and each of their buckets are refused, as ssh's StrictModes
 and sudo refuse their files, when another user could change what is in them: writable by group
 or others, or owned by a user other than this one or root. A bucket may not be a symbolic link
-(a planted link would send writes, or reads, elsewhere). A directory that does not exist yet is
-fine: kprecompile creates it 0755.
+(a planted link would send writes, or reads, elsewhere); nor may a parent of a root be writable by
+others without the sticky bit (/tmp is fine). A directory that does not exist yet is fine:
+kprecompile creates it 0755. A serving process does not serve an entry whose directory or files
+others could write (`others_can_write`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ def check_layout(layout: CacheLayout) -> None:
     """Refuse the layout's roots and buckets that other users could write (see module doc)."""
     for root in layout.roots:
         role = "cache root" if root == layout.root else "cache layer"
+        check_parents(root, role)
         check_directory(root, role, follow=True)
         for bucket in Bucket:
             check_directory(root / bucket.value, f"{role} bucket", follow=False)
@@ -44,6 +47,43 @@ def check_directory(path: Path, role: str, *, follow: bool) -> None:
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         mode = oct(stat.S_IMODE(status.st_mode))
         raise InputError(role, str(path), f"a directory only its owner can write, not mode {mode} (chmod go-w {path})")
+
+
+def check_parents(path: Path, role: str) -> None:
+    """Refuse `path` when one of its existing parents lets every user write without the sticky
+    bit: anyone could rename the cache away and put their own in its place (/tmp, 1777, is fine;
+    a group-writable parent is left to its group, as /usr/local often is)."""
+    for parent in Path(os.path.realpath(path)).parents:
+        try:
+            status = parent.stat()
+        except OSError:
+            continue
+        if status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_ISVTX:
+            mode = oct(stat.S_IMODE(status.st_mode))
+            raise InputError(
+                role,
+                str(path),
+                f"a directory whose parents only their owners can write, not {parent} (mode {mode}, no sticky bit: "
+                f"chmod go-w {parent}, or choose another directory)",
+            )
+
+
+def others_can_write(path: str | os.PathLike[str]) -> str | None:
+    """Why another user could change what is at `path` (a link, group or other write, another
+    owner), or None; an entry directory or file of a cache is not served then."""
+    try:
+        status = os.lstat(path)
+    except OSError as error:
+        return f"{os.path.basename(path)}: {error.strerror or error}"
+    if stat.S_ISLNK(status.st_mode):
+        return f"{os.path.basename(path)} is a symbolic link"
+    # Group write is others' write unless the group is this user's own (a umask of 002 with a
+    # group per user makes every directory Triton creates group-writable).
+    if status.st_mode & stat.S_IWOTH or (status.st_mode & stat.S_IWGRP and status.st_gid != os.getgid()):
+        return f"{os.path.basename(path)} is writable by others (mode {oct(stat.S_IMODE(status.st_mode))})"
+    if status.st_uid not in (os.getuid(), 0):
+        return f"{os.path.basename(path)} is owned by uid {status.st_uid}"
+    return None
 
 
 def check_writable(layout: CacheLayout, field: str = "--cache-dir") -> None:

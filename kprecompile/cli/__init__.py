@@ -31,6 +31,7 @@ COMMANDS = {
     "bake": "bake",
     "export": "export",
     "import": "import_archive",
+    "key": "key",
     "cache": "cache",
     "misses": "misses",
     "doctor": "doctor",

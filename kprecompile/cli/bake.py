@@ -23,8 +23,11 @@ from .workers import check_worker_options, worker_options
     help="Leave out the kernels serving processes recorded in the cache's journals; by default the "
     "bundle carries the journals of its configurations from --cache-dir and compiles their kernels.",
 )
+@options.signing_key_option
 @options.cache_dir_option
-def command(json_output, out, archive, max_workers, job_timeout_seconds, no_recorded, cache_dir, **chosen) -> None:
+def command(
+    json_output, out, archive, max_workers, job_timeout_seconds, no_recorded, signing_key_path, cache_dir, **chosen
+) -> None:
     """Build a self-describing cache bundle for several models and targets (a CPU builder will do)."""
     output = Output(json_output)
     check_worker_options(max_workers, job_timeout_seconds)
@@ -38,6 +41,7 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, no_reco
         job_timeout_seconds=job_timeout_seconds,
         progress=output.progress(),
         recorded_from=recorded_from,
+        signing_key_path=signing_key_path,
     )
     output.document(report.as_dict())
     show_failures(output, report.failures)
@@ -56,4 +60,6 @@ def command(json_output, out, archive, max_workers, job_timeout_seconds, no_reco
     size = f"{human_size(report.bytes)} in {plural(report.files, 'file')}"
     if report.archive_bytes is not None:
         size += f"; {report.archive} {human_size(report.archive_bytes)}"
+    if report.signing_key is not None:
+        size += f", signed by {report.signing_key}"
     output.data(f"bundle {report.out}: {size}, in {report.seconds:.1f} s")

@@ -189,6 +189,14 @@ def selection_options(multiple_models: bool = False) -> Decorator:
 
 
 json_option = click.option("--json", "json_output", is_flag=True, help="Print one JSON document.")
+signing_key_option = click.option(
+    "--signing-key",
+    "signing_key_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The ed25519 private key to sign the archive with (`kprecompile key generate`); "
+    "default $KPRECOMPILE_SIGNING_KEY.",
+)
 
 # vLLM's own spellings of --dtype.
 _DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}

@@ -124,8 +124,31 @@ VLLM_HOOK = Setting(
     lambda: True,
     "whether the vLLM plugin installs the loader hook",
 )
+SIGNING_KEY = Setting(
+    "KPRECOMPILE_SIGNING_KEY",
+    "a private key file path",
+    lambda raw: Path(raw).expanduser(),
+    lambda: None,
+    "the ed25519 private key `export` and `bake --archive` sign archives with (--signing-key wins)",
+)
+TRUSTED_KEYS = Setting(
+    "KPRECOMPILE_TRUSTED_KEYS",
+    f"public key files or ssh-ed25519 key lines separated by {os.pathsep!r}",
+    lambda raw: tuple(part.strip() for part in raw.split(os.pathsep) if part.strip()),
+    tuple,
+    "the public keys whose signed archives `import` accepts (with each --trusted-key)",
+)
 
-SETTINGS: tuple[Setting, ...] = (CACHE_DIR, CACHE_LAYERS, ENGINES_DIR, LOCK_TIMEOUT, STRICT, VLLM_HOOK)
+SETTINGS: tuple[Setting, ...] = (
+    CACHE_DIR,
+    CACHE_LAYERS,
+    ENGINES_DIR,
+    LOCK_TIMEOUT,
+    SIGNING_KEY,
+    STRICT,
+    TRUSTED_KEYS,
+    VLLM_HOOK,
+)
 
 
 def cache_layout(

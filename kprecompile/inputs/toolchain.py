@@ -95,12 +95,13 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
     triton_dir = Path(triton.__file__).parent
     memo = None
     if layout is not None:
-        memo = layout.toolchain_dir / f"{stat_digest(_triton_key_inputs(triton_dir))}.json"
+        inputs = _triton_key_inputs(triton_dir)
+        memo = layout.toolchain_dir / f"{stat_digest(inputs)}.json"
         try:
             text = json.loads(memo.read_text())["triton_key_text"]
-            if _is_triton_key(text, triton.__version__):
+            if _is_triton_key(text, triton.__version__, inputs):
                 return text
-            logger.warning("ignoring a remembered Triton key that is not one (%s): computing it again", memo)
+            logger.warning("ignoring a remembered Triton key that is not this Triton's (%s): computing it again", memo)
         except (OSError, ValueError, KeyError, TypeError):
             pass
     from triton.runtime.cache import triton_key
@@ -114,12 +115,18 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
     return text
 
 
-def _is_triton_key(text: object, version: str) -> bool:
-    """Whether `text` has the form of `triton_key()`: the version, then sha256 digests joined by '-'."""
+def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:
+    """Whether `text` is `triton_key()` of these inputs, as far as checking costs milliseconds: the
+    version, then the sha256 of each Python source it reads (hashed here, about 4 ms) and one more
+    digest, libtriton's (hashing it is what the memo saves). A memo of plausible digests that are
+    not these files' is not taken."""
     if not isinstance(text, str) or not text.startswith(version):
         return False
     digests = text[len(version) :].split("-")
-    return len(digests) > 1 and all(_SHA256.fullmatch(digest) for digest in digests)
+    if len(digests) < 2 or not all(_SHA256.fullmatch(digest) for digest in digests):
+        return False
+    sources = {hashlib.sha256(path.read_bytes()).hexdigest() for path in inputs if path.suffix == ".py"}
+    return sum(digest not in sources for digest in digests) == 1
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

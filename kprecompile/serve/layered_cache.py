@@ -26,6 +26,7 @@ from ..cache.entries import group_children
 from ..cache.files import write_atomic
 from ..cache.layout import GROUP_PREFIX, Bucket, CacheLayout
 from ..cache.served import SERVED
+from ..cache.trust import others_can_write
 from ..inputs import settings
 
 
@@ -63,7 +64,9 @@ class LayeredCacheManager(CacheManager):
             found = group_children(directory, f"{GROUP_PREFIX}{filename}")
             if found is None:
                 continue
-            problem = SERVED.problem(self.key, found, self._manifest_dirs)
+            # What others could change after this check is not served, however it checks out now.
+            problem = next(filter(None, map(others_can_write, [directory, *found.values()])), None)
+            problem = problem or SERVED.problem(self.key, found, self._manifest_dirs)
             if problem is None:
                 return found
             SERVED.warn_once(directory, problem)

@@ -19,21 +19,31 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..cache.archive_check import DEFAULT_LIMITS, ImportLimits
+from ..cache.archive_check import DEFAULT_LIMITS, ArchiveTrust, ImportLimits
 from ..cache.archive_install import ImportReport, install_archive
-from ..cache.bundle import BUNDLE_FILE, BundleIndex, copy_configurations, write_archive
+from ..cache.bundle import (
+    BAKE_MARKER,
+    BUNDLE_FILE,
+    BundleIndex,
+    check_bake_directory,
+    copy_configurations,
+    write_archive,
+)
 from ..cache.bundle import write_index as write_bundle_index
+from ..cache.entries import group_file
+from ..cache.journal import journal_path, read_records
 from ..cache.journal import merge as merge_journal
-from ..cache.journal import read_records
 from ..cache.layout import CacheLayout
 from ..cache.manifest import job_problems, read_manifest
+from ..cache.signing import SigningKey, load_signing_key, load_trusted_keys
+from ..cache.trust import check_layout
 from ..errors import BundleError, DamagedCacheError, InputError
 from ..inputs import settings
 from ..inputs.targets import TARGETS
 from ..inputs.toolchain import SERVING_FIELDS, current_toolchain, toolchain_differences
 from ..progress import Progress
 from ..selection.request import Request
-from .manifest_key import find_manifest
+from .manifest_key import find_manifest, journal_key
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS
 from .warming import FamilyFailure, KernelFailure, warm
 
@@ -55,6 +65,8 @@ class BakeReport:
     seconds: float
     # Families whose planning failed (the rest was compiled into `out`).
     family_failures: tuple[FamilyFailure, ...] = ()
+    # The fingerprint of the key that signed bundle.json (and the archive), or None.
+    signing_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,9 +79,36 @@ class ExportReport:
     files: int
     bytes: int
     archive_bytes: int
+    # The fingerprint of the key that signed it.
+    signing_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def signing_key(path: str | Path | None, required: bool = True) -> SigningKey | None:
+    """The key archives are signed with: `path` (--signing-key), else $KPRECOMPILE_SIGNING_KEY;
+    InputError when there is none and one is `required`."""
+    field = "--signing-key"
+    if path is None:
+        path, field = settings.SIGNING_KEY.read(), settings.SIGNING_KEY.name
+    if path is None:
+        if not required:
+            return None
+        raise InputError(
+            "--signing-key",
+            None,
+            "a private key to sign the archive with (`kprecompile key generate PATH` makes one; "
+            f"{settings.SIGNING_KEY.name} names one for every archive)",
+        )
+    return load_signing_key(path, field)
+
+
+def archive_trust(trusted_keys: Sequence[str] = (), allow_unsigned: bool = False) -> ArchiveTrust:
+    """The keys import trusts: $KPRECOMPILE_TRUSTED_KEYS and each of `trusted_keys` (--trusted-key)."""
+    keys = load_trusted_keys(settings.TRUSTED_KEYS.read(), settings.TRUSTED_KEYS.name)
+    keys.update(load_trusted_keys(trusted_keys, "--trusted-key"))
+    return ArchiveTrust(keys, allow_unsigned)
 
 
 def check_archive_path(archive: str | Path) -> Path:
@@ -82,8 +121,34 @@ def check_archive_path(archive: str | Path) -> Path:
     return path
 
 
-def write_index(layout: CacheLayout, manifest_keys: Sequence[str]) -> BundleIndex:
-    """`bundle.json` for the named manifests of the cache at `layout`."""
+def baked_files(layout: CacheLayout, manifest_keys: Sequence[str]) -> list[str]:
+    """What a bake wrote into its bundle: the manifests, each of their kernel entries' files and
+    group file, the journals of their configurations, and AITER's JIT files (checked before the
+    bake by `check_bake_directory`); nothing else that lies in the directory."""
+    root = layout.root
+    names = [path.relative_to(root).as_posix() for path in sorted(layout.aiter_jit_dir.rglob("*")) if path.is_file()]
+    for key in sorted(set(manifest_keys)):
+        manifest = read_manifest(layout, key)
+        if manifest is None:
+            raise BundleError(f"{layout.manifests_dir.name}/{key}.json", "a readable manifest")
+        names.append(layout.manifest_path(key).relative_to(root).as_posix())
+        names.append(journal_path(layout, journal_key(manifest.parts)).relative_to(root).as_posix())
+        for job in manifest.jobs:
+            entry = layout.triton_entry(job.key)
+            group = group_file(entry)
+            files = [*manifest.artifacts.get(job.key, {}), *([group.name] if group is not None else [])]
+            names += [(entry / name).relative_to(root).as_posix() for name in files]
+    return names
+
+
+def write_index(
+    layout: CacheLayout,
+    manifest_keys: Sequence[str],
+    signed_by: SigningKey | None = None,
+    names: Sequence[str] | None = None,
+) -> BundleIndex:
+    """`bundle.json` for the named manifests of the cache at `layout`, signed with `signed_by`,
+    listing `names` (default: every file of its buckets)."""
     configurations, toolchains = [], {}
     for key in sorted(set(manifest_keys)):
         manifest = read_manifest(layout, key)
@@ -101,7 +166,7 @@ def write_index(layout: CacheLayout, manifest_keys: Sequence[str]) -> BundleInde
                 "kernels": len(manifest.jobs),
             }
         )
-    return write_bundle_index(layout.root, configurations, toolchains, __version__)
+    return write_bundle_index(layout.root, configurations, toolchains, __version__, signed_by, names)
 
 
 def bake(
@@ -113,8 +178,10 @@ def bake(
     job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
     progress: Progress | None = None,
     recorded_from: CacheLayout | None = None,
+    signing_key_path: str | Path | None = None,
 ) -> BakeReport:
-    """Warm every request into `out` and describe it as a bundle (and an archive).
+    """Warm every request into `out` and describe it as a bundle (and an archive), signed with the
+    key at `signing_key_path` (else $KPRECOMPILE_SIGNING_KEY; required for an archive).
 
     `recorded_from`: a cache whose journals of these configurations are carried into the bundle
     and compiled (None: only what `out` already records). When a kernel or a family's planning
@@ -123,7 +190,12 @@ def bake(
     """
     started = time.perf_counter()
     archive_path = check_archive_path(archive) if archive is not None else None
+    key = signing_key(signing_key_path, required=archive_path is not None)
     layout = CacheLayout.of(out)
+    check_layout(layout)
+    check_bake_directory(layout.root)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    (layout.root / BAKE_MARKER).touch()
     keys: list[str] = []
     failures: list[KernelFailure] = []
     family_failures: list[FamilyFailure] = []
@@ -146,7 +218,7 @@ def bake(
             totals[name] += getattr(report, name)
     index, archive_bytes = None, None
     if not failures and not family_failures:
-        index = write_index(layout, keys)
+        index = write_index(layout, keys, key, baked_files(layout, keys))
         if archive_path is not None:
             write_archive(layout.root, archive_path)
             archive_bytes = archive_path.stat().st_size
@@ -161,13 +233,18 @@ def bake(
         failures=tuple(failures),
         seconds=time.perf_counter() - started,
         family_failures=tuple(family_failures),
+        signing_key=index.signing_key if index else None,
         **totals,
     )
 
 
-def export(request: Request, layout: CacheLayout, archive: str | Path) -> ExportReport:
-    """This configuration's manifests (one per target) and kernels, from `layout`, as an archive."""
+def export(
+    request: Request, layout: CacheLayout, archive: str | Path, signing_key_path: str | Path | None = None
+) -> ExportReport:
+    """This configuration's manifests (one per target) and kernels, from `layout`, as an archive
+    signed with the key at `signing_key_path` (else $KPRECOMPILE_SIGNING_KEY)."""
     archive_path = check_archive_path(archive)
+    key = signing_key(signing_key_path)
     manifests: dict[str, list[str]] = {}
     for target in request.targets:
         lookup = find_manifest(request, target, layout, remember=False)
@@ -192,9 +269,16 @@ def export(request: Request, layout: CacheLayout, archive: str | Path) -> Export
         bundle = CacheLayout.of(scratch)
         copy_configurations(layout, manifests, bundle.root)
         carry_journals(layout, bundle, request)
-        index = write_index(bundle, list(manifests))
+        index = write_index(bundle, list(manifests), key)
         write_archive(bundle.root, archive_path)
-    return ExportReport(str(archive_path), index.configurations, index.files, index.bytes, archive_path.stat().st_size)
+    return ExportReport(
+        str(archive_path),
+        index.configurations,
+        index.files,
+        index.bytes,
+        archive_path.stat().st_size,
+        index.signing_key,
+    )
 
 
 def carry_journals(source: CacheLayout, destination: CacheLayout, request: Request) -> int:
@@ -223,13 +307,25 @@ def check_toolchains(toolchains: dict[str, dict[str, Any]]) -> None:
             )
 
 
-def import_archive(archive: str | Path, layout: CacheLayout, limits: ImportLimits = DEFAULT_LIMITS) -> ImportReport:
+def import_archive(
+    archive: str | Path,
+    layout: CacheLayout,
+    limits: ImportLimits = DEFAULT_LIMITS,
+    *,
+    trusted_keys: Sequence[str] = (),
+    allow_unsigned: bool = False,
+) -> ImportReport:
     """Add the archive to the cache's writable root after validating all of it; all or nothing.
-    Each kernel entry is installed under its compile lock, waiting up to $KPRECOMPILE_LOCK_TIMEOUT."""
+    It must be signed by a key of $KPRECOMPILE_TRUSTED_KEYS or `trusted_keys` (public keys, or
+    files of them), unless `allow_unsigned`. Each kernel entry is installed under its compile
+    lock, waiting up to $KPRECOMPILE_LOCK_TIMEOUT."""
+    trust = archive_trust(trusted_keys, allow_unsigned)
     return install_archive(
         Path(archive),
         CacheLayout.of(layout.root),
         check_toolchains,
+        trust=trust,
+        journal_key=journal_key,
         lock_timeout_seconds=settings.LOCK_TIMEOUT.read(),
         lock_timeout_variable=settings.LOCK_TIMEOUT.name,
         limits=limits,
