@@ -60,8 +60,9 @@ UP_TO_0_18 = {
     "cuda_sm89_block_fp8": "triton_gemm",
     # test_engines.py: test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm; test_vllm.py.
     "aiter_block_fp8": "ck_on_gfx942",
-    # in_vllm/test_release_aiter_fa.py: test_random_steps_through_the_real_builder_and_impl_are_planned.
-    "aiter_fa_windowed_paged_decode": False,
+    # in_vllm/test_release_aiter_fa.py: test_random_steps_through_the_real_builder_and_impl_are_planned
+    # (0.12.0: its sweeps miss the windowed decodes without them; 0.11 has no unified attention).
+    "aiter_fa_windowed_decode": "unified",
     # ROCM_AITER_FA takes no sinks (test_engines.py: gpt-oss under AITER's flags).
     "aiter_fa_sinks": False,
 }
@@ -109,9 +110,10 @@ FROM_0_19 = {
     # in_vllm/test_release_linear.py: vLLM's FP8 Marlin refuses sm89 and newer up to 0.28.
     "cuda_sm89_block_fp8": "triton_gemm",
     "aiter_block_fp8": "aiter_blockscale",
-    # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's unified attention
-    # (0.25.1: the random steps miss them without) until 0.33 trims the block table for its paged kernel.
-    "aiter_fa_windowed_paged_decode": False,
+    # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's paged attention with
+    # the window (0.19.1: nothing missed without them), AITER's unified attention from 0.23 (0.25.1:
+    # the random steps miss them without) until 0.33 trims the block table for its paged kernel.
+    "aiter_fa_windowed_decode": "paged",
     # in_vllm/test_release_spec.py and test_engines.py: gpt-oss (sinks) under AITER's flags takes
     # ROCM_AITER_UNIFIED_ATTN up to 0.22 (vLLM's ROCM_AITER_FA refuses sinks), ROCM_AITER_FA from 0.23.
     "aiter_fa_sinks": False,
@@ -128,6 +130,7 @@ RULES: dict[str, dict[str, object]] = {
         # test_vllm.py: CLI_CASES "none" (0.11 and 0.12 take AITER's MLA for pages of one token).
         "aiter_mla_for_block_size_1": True,
         "capture_scales_with_speculation": False,
+        "aiter_fa_windowed_decode": "paged",
     },
     "0.12.0": {
         **EVERY_LINE,
@@ -147,6 +150,16 @@ RULES: dict[str, dict[str, object]] = {
         # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
         "capture_scales_with_speculation": True,
     },
+    # Its impl passes the window to AITER's paged attention (read in 0.18.1's rocm_aiter_fa.py).
+    "0.18.1": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        "rocm_mla_backends": ALL_MLA,
+        "gqa_rule": "named_then_unified_flag",
+        "aiter_mla_for_block_size_1": False,
+        "capture_scales_with_speculation": True,
+        "aiter_fa_windowed_decode": "paged",
+    },
     **{
         release: {**FROM_0_19, **capture}
         for release, capture in (
@@ -154,7 +167,15 @@ RULES: dict[str, dict[str, object]] = {
             # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20, sm100's
             # ceiling of 1024 from 0.28, speculative decode batches from 0.29, max-num-seqs from 0.31.
             ("0.22.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
-            ("0.25.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True, "aiter_fa_sinks": True}),
+            (
+                "0.25.1",
+                {
+                    **CAPTURE_UP_TO_0_19,
+                    "capture_batched_tokens": True,
+                    "aiter_fa_sinks": True,
+                    "aiter_fa_windowed_decode": "unified",
+                },
+            ),
             (
                 "0.28.0",
                 {
@@ -162,6 +183,7 @@ RULES: dict[str, dict[str, object]] = {
                     "capture_batched_tokens": True,
                     "capture_ceiling_sm100": 1024,
                     "aiter_fa_sinks": True,
+                    "aiter_fa_windowed_decode": "unified",
                 },
             ),
             (
@@ -172,9 +194,18 @@ RULES: dict[str, dict[str, object]] = {
                     "capture_decodes": "speculative",
                     "cuda_sm89_block_fp8": "marlin",
                     "aiter_fa_sinks": True,
+                    "aiter_fa_windowed_decode": "unified",
                 },
             ),
-            ("0.31.0", {**CAPTURE_FROM_0_31, "cuda_sm89_block_fp8": "marlin", "aiter_fa_sinks": True}),
+            (
+                "0.31.0",
+                {
+                    **CAPTURE_FROM_0_31,
+                    "cuda_sm89_block_fp8": "marlin",
+                    "aiter_fa_sinks": True,
+                    "aiter_fa_windowed_decode": "unified",
+                },
+            ),
             (
                 "0.32.0",
                 {
@@ -182,6 +213,7 @@ RULES: dict[str, dict[str, object]] = {
                     "cuda_sm89_block_fp8": "marlin",
                     "mla_merge": "compiled_on_cdna3",
                     "aiter_fa_sinks": True,
+                    "aiter_fa_windowed_decode": "unified",
                 },
             ),
             (
@@ -190,7 +222,7 @@ RULES: dict[str, dict[str, object]] = {
                     **CAPTURE_FROM_0_31,
                     "cuda_sm89_block_fp8": "marlin",
                     "mla_merge": "compiled_on_cdna3",
-                    "aiter_fa_windowed_paged_decode": True,
+                    "aiter_fa_windowed_decode": "trimmed_paged",
                     "aiter_fa_sinks": True,
                 },
             ),
@@ -211,7 +243,7 @@ def test_the_lines_follow_one_another_and_each_has_its_rules_row():
     fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
     for release, row in RULES.items():
         assert set(row) == fields, release
-    assert release_line("0.18.9").name == "0.13" and release_line("0.19.1").name == "0.19"
+    assert [release_line(release).name for release in ("0.17.9", "0.18.9", "0.19.1")] == ["0.13", "0.18", "0.19"]
     assert release_line("0.30.0").name == "0.29" and release_line("0.40").name == RELEASE_LINES[-1].name
     for too_old in ("0.11.1", "0.10.2", "vllm"):
         with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):
@@ -306,7 +338,7 @@ def test_the_families_follow_every_records_rules(line):
     assert context and all(isinstance(shape, EngineStep) == engine_steps for shape in context)
     windowed = FAMILIES["aiter_fa_context"].enumerate_shapes(MISTRAL, SMALL, line)
     one_token_decodes = any(max(shape.query_lens) == 1 for shape in windowed)
-    assert one_token_decodes == (not engine_steps or not line.aiter_fa_windowed_paged_decode)
+    assert one_token_decodes == (not engine_steps or line.aiter_fa_windowed_decode == "unified")
     mla = FAMILIES["triton_mla"].enumerate_shapes(V2_LITE, SMALL, line)
     assert {(shape.decode_entry, shape.merge) for shape in mla} == {(line.triton_mla_decode, line.mla_merge)}
     fp8 = ServingParams(max_num_seqs=4, kv_cache_dtype="fp8")

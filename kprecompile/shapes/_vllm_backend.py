@@ -213,12 +213,12 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
     `get_block_table_width` (0.27)."""
     import torch
 
-    from ..vllm.engine_config import no_cutlass_gemms
+    from ..vllm.engine_config import cutlass_answered
 
     interface = import_library_module("vllm.v1.kv_cache_interface")
     # The runner's helpers; their module imports vLLM's model loader, which asks the CUDA build's
     # CUTLASS support at import (`engine_config`: no answer on a builder without the extension).
-    with no_cutlass_gemms(target):
+    with cutlass_answered(target):
         worker = import_library_module("vllm.v1.worker.utils")
     layers = config.model_config.get_num_layers(config.parallel_config)
     names = [LAYER_NAME.replace(".0.", f".{index}.") for index in range(layers)]
@@ -293,13 +293,13 @@ def _block_table_width(config: Any, spec: Any, kernel_block: int, target: Target
     (its alignment came and went between releases)."""
     import torch
 
-    from ..vllm.engine_config import no_cutlass_gemms
+    from ..vllm.engine_config import cutlass_answered
 
     block_table = import_library_module("vllm.v1.worker.block_table")
     max_model_len = config.model_config.max_model_len
     if hasattr(block_table, "get_block_table_width"):
         return block_table.get_block_table_width(-(-max_model_len // kernel_block), kernel_block)
-    with unpinned_host_memory(), no_cutlass_gemms(target):
+    with unpinned_host_memory(), cutlass_answered(target):
         table = _call_with(
             block_table.MultiGroupBlockTable,
             max_num_reqs=1,
@@ -329,9 +329,9 @@ def _runner_views(
     only what they read (the KV-cache config, the attention group, the cache config)."""
     import torch
 
-    from ..vllm.engine_config import no_cutlass_gemms
+    from ..vllm.engine_config import cutlass_answered
 
-    with no_cutlass_gemms(target):
+    with cutlass_answered(target):
         runner_module = import_library_module("vllm.v1.worker.gpu_model_runner")
     runner = object.__new__(runner_module.GPUModelRunner)
     group = vllm_record(

@@ -175,7 +175,7 @@ def _enumerate_kind(model: ModelConfig, serving: ServingParams, line: ReleaseLin
 def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams, line: ReleaseLine) -> tuple[EngineStep, ...]:
     """The extend mixes of `_context_mixes` (decodes before them do not move the extends' rows of
     the block table off 16 bytes: vLLM aligns its width to 128 tokens, a multiple of 4 blocks of the
-    16 or 32 tokens this backend takes); with speculative decoding, sinks or (up to 0.32) a window,
+    16 or 32 tokens this backend takes); with speculative decoding, sinks or a window (`aiter_fa_windowed_decode`),
     decode steps (which then run AITER's Triton unified attention) at every batch size, each longest query from 2 (1
     with sinks) to 1 + k tokens, over keys up to 512 (its 2D kernel), just past, and the longest.
     Other decodes of one token run AITER's prebuilt paged attention. Each in both storage classes:
@@ -196,8 +196,9 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams, line: Re
     # Keys up to the 2D bound, just past it, and the longest.
     spans = {min(_SHORT_CONTEXT, model_len), min(_SHORT_CONTEXT + 1, model_len), model_len}
     # A layer with sinks decodes one token through unified attention too (the paged kernels take
-    # none), and so does a windowed layer unless the line trims its block table for the paged kernel.
-    paged_window = line.aiter_fa_windowed_paged_decode and base["head_size"] >= 64
+    # none), and so does a windowed layer where the line's paged kernel does not take its window.
+    window = line.aiter_fa_windowed_decode
+    paged_window = window == "paged" or (window == "trimmed_paged" and base["head_size"] >= 64)
     shortest = 1 if base["sinks"] or (base["sliding_window"] and not paged_window) else 2
     for longest in range(shortest, serving.decode_query_len + 1):
         for context in sorted({max(1, span - longest) for span in spans}):

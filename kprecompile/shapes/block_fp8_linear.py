@@ -11,6 +11,7 @@ and those not: docs/engine-kernels.md, "Block-FP8 linear layers".
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from ..tracing.libraries import (
     aiter_hip_absent,
     import_library_module,
 )
+from ..vllm.engine_config import CUTLASS_FROM_CAPABILITY, cutlass_answer
 from ..vllm.releases import ReleaseLine
 from ._vllm_backend import attributes_set
 from .family import KernelFamily
@@ -63,7 +65,7 @@ DEVICE_NAMES = {
 CUTLASS_QUERY = "cutlass_scaled_mm_supports_block_fp8"
 # The module vLLM 0.19+ imports from AITER to ask whether its Triton block-scale GEMM is tuned.
 AITER_TUNED_LOOKUP = "aiter.ops.triton.utils.gemm_config_utils"
-CUTLASS_BLOCK_FP8_FROM = 90
+CUTLASS_BLOCK_FP8_FROM = CUTLASS_FROM_CAPABILITY[CUTLASS_QUERY]
 
 
 @dataclass(frozen=True)
@@ -298,13 +300,17 @@ def _target_platform_bound(platform: Any) -> list[tuple[object, str, object]]:
 
 
 def _compiled_queries(target: Target) -> list[tuple[object, str, object]]:
-    """On NVIDIA targets where vLLM's extension is not loaded: its CUTLASS query (CUTLASS_QUERY)
-    answering for the target, as the extension would on its GPU."""
+    """On NVIDIA targets where vLLM's extension is not loaded: its CUTLASS queries answering as
+    the extension would on the target's GPU (0.19's FP8 method asks `cutlass_scaled_mm_supports_fp8`
+    as well when it is built)."""
     import torch
 
     if target.is_rocm or hasattr(torch.ops._C, CUTLASS_QUERY):
         return []
-    return [(torch.ops._C, CUTLASS_QUERY, lambda capability: capability >= CUTLASS_BLOCK_FP8_FROM)]
+    return [
+        (torch.ops._C, name, functools.partial(cutlass_answer, first))
+        for name, first in CUTLASS_FROM_CAPABILITY.items()
+    ]
 
 
 def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
@@ -313,7 +319,10 @@ def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
     does for the platform."""
     import sys
 
-    answer, name = int(target.arch) >= CUTLASS_BLOCK_FP8_FROM, "CUTLASS_BLOCK_FP8_SUPPORTED"
+    answer, name = (
+        cutlass_answer(CUTLASS_FROM_CAPABILITY[CUTLASS_QUERY], int(target.arch)),
+        "CUTLASS_BLOCK_FP8_SUPPORTED",
+    )
     return [
         (module, name, answer)
         for module_name, module in list(sys.modules.items())

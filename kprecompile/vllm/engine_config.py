@@ -3,8 +3,8 @@
 Some of vLLM's attention implementations read the engine's configuration when they are built:
 the families traced through them get a `VllmConfig` from vLLM's `EngineArgs` (a temporary model
 directory with only config.json; no weights, no tokenizer), under the target's platform, once
-per (model, serving, target) in a process. Why speculative decoding uses `ngram` and why CUTLASS
-queries answer False on NVIDIA targets: docs/engine-kernels.md, "vLLM's configuration on a builder".
+per (model, serving, target) in a process. Why speculative decoding uses `ngram` and how CUTLASS
+queries are answered on NVIDIA targets: docs/engine-kernels.md, "vLLM's configuration on a builder".
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def _engine_config(
     try:
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
         # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
-        with target_imports(target), aiter_hip_absent(), no_cutlass_gemms(target):
+        with target_imports(target), aiter_hip_absent(), cutlass_answered(target), models_inspected_here():
             engine_args = EngineArgs(**{name: value for name, value in arguments.items() if name in names})
             try:
                 return engine_args.create_engine_config()
@@ -154,29 +154,62 @@ def _engine_config(
             os.environ[settings.VLLM_HOOK.name] = saved
 
 
-_CUTLASS_QUERIES = (
-    "cutlass_scaled_mm_supports_fp8",
-    "cutlass_scaled_mm_supports_block_fp8",
-    "cutlass_group_gemm_supported",
-    "cutlass_sparse_scaled_mm_supported",
-)
+@contextlib.contextmanager
+def models_inspected_here() -> Iterator[None]:
+    """vLLM inspects a model's class in a subprocess of its own (`_run_in_subprocess`, to keep CUDA
+    out of its parent), which has none of the builder's stand-ins (AITER without HIP, the target's
+    platform): 0.13 to 0.16 import AITER at the top of `vllm._aiter_ops`, so there every model
+    "failed to be inspected". kprecompile's process is already the one vLLM's configuration is
+    built for, with no GPU: the class is inspected in it (also saving a Python start and vLLM's import)."""
+    from ..tracing.libraries import import_library_module
+
+    registry = import_library_module("vllm.model_executor.models.registry")
+    saved = getattr(registry, "_run_in_subprocess", None)
+    if saved is None:
+        yield
+        return
+    registry._run_in_subprocess = _run_here
+    try:
+        yield
+    finally:
+        registry._run_in_subprocess = saved
+
+
+def _run_here(function: Any) -> Any:
+    return function()
+
+
+# vLLM's CUTLASS capability queries and the smallest compute capability each answers yes for, as
+# its extension answers on the GPU (`csrc/quantization/w8a8/cutlass/scaled_mm_entry.cu`, in the
+# CUDA 12.8+ builds vLLM releases): FP8 from sm89, block FP8, grouped and sparse GEMMs from sm90.
+CUTLASS_FROM_CAPABILITY = {
+    "cutlass_scaled_mm_supports_fp8": 89,
+    "cutlass_scaled_mm_supports_block_fp8": 90,
+    "cutlass_group_gemm_supported": 90,
+    "cutlass_sparse_scaled_mm_supported": 90,
+}
+
+
+def cutlass_answer(first: int, capability: int) -> bool:
+    """Whether a CUTLASS query built for `first` and newer answers yes for `capability`."""
+    return capability >= first
 
 
 @contextlib.contextmanager
-def no_cutlass_gemms(target: Target) -> Iterator[None]:
+def cutlass_answered(target: Target) -> Iterator[None]:
     """See the module doc: on an NVIDIA target whose vLLM extension cannot be loaded here, vLLM's
-    CUTLASS capability queries answer False in the block."""
+    CUTLASS capability queries answer in the block as the extension answers on the target's GPU."""
     import torch
 
     from ..tracing.libraries import import_library_module
 
     ops = import_library_module("vllm._custom_ops")
-    if target.is_rocm or hasattr(torch.ops._C, _CUTLASS_QUERIES[0]):
+    if target.is_rocm or hasattr(torch.ops._C, next(iter(CUTLASS_FROM_CAPABILITY))):
         yield
         return
-    saved = {name: getattr(ops, name) for name in _CUTLASS_QUERIES if hasattr(ops, name)}
+    saved = {name: getattr(ops, name) for name in CUTLASS_FROM_CAPABILITY if hasattr(ops, name)}
     for name in saved:
-        setattr(ops, name, lambda capability: False)
+        setattr(ops, name, functools.partial(cutlass_answer, CUTLASS_FROM_CAPABILITY[name]))
     try:
         yield
     finally:

@@ -67,10 +67,11 @@ def installed(version: str, dest: Path) -> bool:
     return (release_dir(version, dest) / "vllm" / "__init__.py").is_file()
 
 
-def pip_install(*args: str) -> None:
+def pip_install(*args: str, isolated: bool = False) -> None:
     """pip in this interpreter; its failure is one line with pip's own last words."""
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *args],
+        [sys.executable, "-m", "pip", *(["--isolated"] if isolated else []), "install", "--quiet"]
+        + ["--disable-pip-version-check", *args],
         capture_output=True,
         text=True,
         check=False,
@@ -82,12 +83,13 @@ def pip_install(*args: str) -> None:
         raise KprecompileError(f"pip install {' '.join(args[-3:])} failed: {(lines or ['no output'])[-1].strip()}")
 
 
-def _resolved(*requirements: str) -> dict[str, dict]:
+def _resolved(*requirements: str, isolated: bool = False) -> dict[str, dict]:
     """What pip would install for `requirements` here, as its report's entries by canonical name
-    (a dry run that ignores what is installed: every package is in it, with its metadata)."""
+    (a dry run that ignores what is installed: every package is in it, with its metadata);
+    `isolated`: from the package index alone, pip's configuration (its find-links) ignored."""
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
-        pip_install("--dry-run", "--ignore-installed", "--report", str(report), *requirements)
+        pip_install("--dry-run", "--ignore-installed", "--report", str(report), *requirements, isolated=isolated)
         entries = json.loads(report.read_text())["install"]
     return {canonicalize_name(entry["metadata"]["name"]): entry for entry in entries}
 
@@ -158,6 +160,11 @@ def pinned_triton(version: str) -> str:
         raise KprecompileError(f"vLLM {version}'s metadata names no one torch requirement here")
     [torch_entry] = _resolved("--no-deps", _spelled(torches[0])).values()
     tritons = [requirement for requirement in _requires(torch_entry) if canonicalize_name(requirement.name) == "triton"]
+    if not tritons and "+" in torch_entry["metadata"]["version"]:
+        # A local build found first (a CPU torch, 2.13.0+cpu, in pip's find-links) pins none: the
+        # package index's own build of that version says what the release's servers run.
+        [torch_entry] = _resolved("--no-deps", _spelled(torches[0]), isolated=True).values()
+        tritons = [req for req in _requires(torch_entry) if canonicalize_name(req.name) == "triton"]
     if len(tritons) != 1 or not tritons[0].specifier:
         raise KprecompileError(f"torch {torch_entry['metadata']['version']} (vLLM {version}'s) pins no Triton here")
     [triton] = _resolved("--no-deps", _spelled(tritons[0])).values()

@@ -312,7 +312,7 @@ def build_model(question: Question) -> tuple[Any, Any]:
     from ..platforms.vllm_platform import target_imports, use_target_platform
     from ..tracing.libraries import aiter_hip_absent, import_library_module
     from ..tracing.prebuilt import aiter_attention_prebuilt
-    from .engine_config import engine_config, no_cutlass_gemms, remember_model_directory
+    from .engine_config import cutlass_answered, engine_config, remember_model_directory
 
     remember_model_directory(question.config_json, question.directory)
     target = TARGETS[question.target]
@@ -336,7 +336,7 @@ def build_model(question: Question) -> tuple[Any, Any]:
         with (
             target_imports(target),
             aiter_hip_absent(),
-            no_cutlass_gemms(target),
+            cutlass_answered(target),
             aiter_prebuilt,
             _prebuilt_operators(),
         ):

@@ -59,6 +59,10 @@ Sm89BlockFp8 = Literal["triton_gemm", "marlin"]
 # CK GEMM on e4m3fnuz GPUs (gfx942) and vLLM's Triton GEMM elsewhere, or AITER's block-scale
 # kernel (`AiterFp8BlockScaledMMKernel`) on every arch.
 AiterBlockFp8 = Literal["ck_on_gfx942", "aiter_blockscale"]
+# How ROCM_AITER_FA decodes a windowed layer's one-token steps: AITER's Triton unified attention;
+# AITER's prebuilt paged attention, which takes the window; or (0.33) that paged kernel on a block
+# table trimmed to the window where the heads are 64 or more and there are no sinks, else unified.
+WindowedDecode = Literal["unified", "paged", "trimmed_paged"]
 # Which uniform decode batches vLLM captures beside its size grid when no sizes are given:
 # none; with speculative decoding, each standard request count x the query length; those, and
 # without speculation max-num-seqs itself.
@@ -120,9 +124,9 @@ class ReleaseLine:
     cuda_sm89_block_fp8: Sm89BlockFp8
     # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: block-scale from 0.19).
     aiter_block_fp8: AiterBlockFp8
-    # Whether ROCM_AITER_FA decodes a windowed layer's one-token steps with the paged kernel on a
-    # trimmed block table (0.33; heads of 64 or more, no sinks): before, AITER's unified attention.
-    aiter_fa_windowed_paged_decode: bool
+    # How ROCM_AITER_FA decodes a windowed layer's one-token steps (`WindowedDecode`: 0.11 paged,
+    # 0.12 unified, 0.18 paged, 0.23 unified, 0.33 trimmed paged).
+    aiter_fa_windowed_decode: WindowedDecode
     # Whether ROCM_AITER_FA takes layers with attention sinks (0.23; before, vLLM's list passes it
     # over for them: AITER's unified attention where AITER is found).
     aiter_fa_sinks: bool
@@ -155,7 +159,7 @@ _LINE_0_11 = ReleaseLine(
     mla_merge="triton",
     cuda_sm89_block_fp8="triton_gemm",
     aiter_block_fp8="ck_on_gfx942",
-    aiter_fa_windowed_paged_decode=False,
+    aiter_fa_windowed_decode="paged",
     aiter_fa_sinks=False,
 )
 # Each later line: the one before it, with what its first release changed.
@@ -165,6 +169,7 @@ _LINE_0_12 = replace(
     since=(0, 12, 0),
     rocm_mla_backends=("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA"),
     gqa_rule="named_then_unified_flag",
+    aiter_fa_windowed_decode="unified",
 )
 _LINE_0_13 = replace(
     _LINE_0_12,
@@ -173,8 +178,9 @@ _LINE_0_13 = replace(
     aiter_mla_for_block_size_1=False,
     capture_scales_with_speculation=True,
 )
+_LINE_0_18 = replace(_LINE_0_13, name="0.18", since=(0, 18, 0), aiter_fa_windowed_decode="paged")
 _LINE_0_19 = replace(
-    _LINE_0_13,
+    _LINE_0_18,
     name="0.19",
     since=(0, 19, 0),
     backend_variable=False,
@@ -194,19 +200,20 @@ _LINE_0_19 = replace(
     aiter_block_fp8="aiter_blockscale",
 )
 _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
-_LINE_0_23 = replace(_LINE_0_20, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True)
+_LINE_0_23 = replace(_LINE_0_20, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True, aiter_fa_windowed_decode="unified")
 _LINE_0_28 = replace(_LINE_0_23, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
 _LINE_0_29 = replace(
     _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
 )
 _LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
 _LINE_0_32 = replace(_LINE_0_31, name="0.32", since=(0, 32, 0), mla_merge="compiled_on_cdna3")
-_LINE_0_33 = replace(_LINE_0_32, name="0.33", since=(0, 33, 0), aiter_fa_windowed_paged_decode=True)
+_LINE_0_33 = replace(_LINE_0_32, name="0.33", since=(0, 33, 0), aiter_fa_windowed_decode="trimmed_paged")
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.
 RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_11,
     _LINE_0_12,
     _LINE_0_13,
+    _LINE_0_18,
     _LINE_0_19,
     _LINE_0_20,
     _LINE_0_23,

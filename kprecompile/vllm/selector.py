@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import logging
 import os
@@ -235,9 +236,8 @@ def _select(question: Question) -> str:
     target = TARGETS[question.target]
     with target_imports(target), rocm_platform(target) as platform:
         selected = _backend_registry()[question.requested] if question.requested else None
-        try:
-            from vllm.v1.attention.selector import AttentionSelectorConfig
-        except ImportError:  # 0.11 and 0.12: positional arguments
+        config_class = _selector_config_class()
+        if config_class is None:  # 0.11 and 0.12: positional arguments
             arguments: tuple = (
                 selected,
                 question.head_size,
@@ -260,14 +260,31 @@ def _select(question: Question) -> str:
                 "has_sink": question.has_sink,
             }
             # The features the release's selector takes (windows from 0.28): it decides on those alone.
-            taken = AttentionSelectorConfig._fields
-            config = AttentionSelectorConfig(**{name: value for name, value in features.items() if name in taken})
-            arguments, keywords = (selected, config), {"num_heads": question.num_heads}
+            taken = config_class._fields
+            config = config_class(**{name: value for name, value in features.items() if name in taken})
+            arguments = (selected, config)
+            # The head count from 0.19 (0.13 to 0.18 take the record alone).
+            asks_heads = "num_heads" in inspect.signature(platform.get_attn_backend_cls).parameters
+            keywords = {"num_heads": question.num_heads} if asks_heads else {}
         try:
             path = platform.get_attn_backend_cls(*arguments, **keywords)
         except (ValueError, NotImplementedError) as error:
             raise _Refused(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
     return registered_name(path) or path
+
+
+def _selector_config_class() -> Any:
+    """The record vLLM's selector takes its features in (`AttentionSelectorConfig`: in
+    `vllm.attention.selector` from 0.13, `vllm.v1.attention.selector` from 0.19); None up to 0.12,
+    whose selector takes them as positional arguments."""
+    for module_name in ("vllm.v1.attention.selector", "vllm.attention.selector"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, "AttentionSelectorConfig"):
+            return module.AttentionSelectorConfig
+    return None
 
 
 def _backend_registry() -> Any:

@@ -14,6 +14,7 @@ import engine_steps
 import pytest
 from vllm_releases import since
 
+from kprecompile.errors import InputError
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.request import resolve_requests
@@ -51,17 +52,18 @@ def _planned(spec: str) -> tuple[object, dict[str, str]]:
 @pytest.mark.slow
 @pytest.mark.vllm_process("aiter-fa")
 def test_sliding_window_models_plan_their_windowed_decodes(release):
-    """Mistral (one window) and Gemma-2 (windowed and full layers) plan without error; under 0.12
-    their plans hold AITER's unified attention for the windowed decodes, which Llama's (no window)
-    lacks; 0.11 and 0.33 run those decodes in prebuilt kernels."""
+    """Mistral (one window) and Gemma-2 (windowed and full layers) plan without error; where the
+    line decodes windows with AITER's unified attention (0.12 to 0.17, 0.23 to 0.32) their plans
+    hold it, which Llama's (no window) lacks; 0.11, 0.18 to 0.22 and 0.33 run those decodes in
+    prebuilt kernels."""
     _, llama = _planned("llama-3.1-8b-instruct")
     assert llama and UNIFIED not in llama.values()
     for spec in ("mistral-7b-v0.1", GEMMA):
         row, kernels = _planned(spec)
         assert row.error is None and row.skip_reason is None and kernels, row
         assert "cp_mha_gather_cache_kernel" in kernels.values()
-        # 0.12 to 0.32 decode a window's single tokens with AITER's unified attention (0.11's impl has none).
-        windowed_unified = since(release, "0.12") and not release_line(release).aiter_fa_windowed_paged_decode
+        # 0.12 to 0.17 and 0.23 to 0.32 decode a window's single tokens with AITER's unified attention.
+        windowed_unified = release_line(release).aiter_fa_windowed_decode == "unified"
         assert (UNIFIED in kernels.values()) == windowed_unified, (spec, sorted(kernels.values()))
 
 
@@ -80,15 +82,24 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     """Random engine steps through vLLM's own layers, builder and impl compile nothing outside the
     plan. Negative controls, from the plan's own steps: without its KV caches over 2 GiB it misses
     wherever Triton's AMD buffer ops are on (3.6 on; 0.11 and 0.12's own 3.5 leaves them off);
-    without its decode steps it misses where decodes run Triton (0.12 to 0.32's windows,
-    sinks from 0.23); Gemma-2's windows collapsed to one kind miss the other kind's gathers (0.12,
-    and 0.33's full group, whose gather takes int64 token-to-batch indices). vLLM up to 0.22
-    builds no gpt-oss layer with this backend (its impl takes no sinks)."""
+    without its decode steps it misses where decodes run Triton (windows where the line
+    decodes them with unified attention, sinks from 0.23); Gemma-2's windows collapsed to one
+    kind miss the other kind's gathers (0.12, and 0.33's full group, whose gather takes int64
+    token-to-batch indices). vLLM up to 0.22
+    builds no gpt-oss layer with this backend (its impl takes no sinks; from 0.19 its selector
+    refuses it)."""
+    if spec == GPT_OSS and not since(release, "0.23"):
+        # From 0.19 vLLM's selector refuses the backend for sinks (one line naming it); before, its
+        # model builds no layer with it.
+        try:
+            refused, layers = None, list(_request(spec).model.attention_layers)
+        except InputError as error:
+            refused, layers = str(error), []
+        assert not layers, "vLLM built gpt-oss's layers with a ROCM_AITER_FA that takes no sinks"
+        assert (refused is not None and "attention sinks not supported" in refused) == since(release, "0.19"), refused
+        return
     request = _request(spec)
     layers = list(request.model.attention_layers)
-    if spec == GPT_OSS and not since(release, "0.23"):
-        assert not layers, "vLLM built gpt-oss's layers with a ROCM_AITER_FA that takes no sinks"
-        return
     assert layers and all(layer.backend == "ROCM_AITER_FA" for layer in layers), layers
     _, kernels = _planned(spec)
     swept = engine_steps.sweep(request.model, SERVING, layers, "ROCM_AITER_FA", GFX942, seed=29, count=STEPS)
@@ -102,7 +113,7 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     over_2gib_missed = swept.keys - _keys(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
     assert bool(over_2gib_missed) == bool(knobs.amd.use_buffer_ops), len(over_2gib_missed)
     missed = swept.keys - _keys(shape for shape in shapes if max(shape.query_lens) > 1)
-    windowed_unified = since(release, "0.12") and not release_line(release).aiter_fa_windowed_paged_decode
+    windowed_unified = release_line(release).aiter_fa_windowed_decode == "unified"
     decodes_run_triton = windowed_unified or (since(release, "0.23") and spec == GPT_OSS)
     assert bool(missed) == decodes_run_triton, len(missed)
     if spec == GEMMA:

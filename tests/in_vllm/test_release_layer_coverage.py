@@ -186,7 +186,7 @@ MLA_LOST = {
         target,
         request.model.attention_layers,
     )[0],
-    # Contexts up to 512 tokens: from 0.19 the decode's KV-split count grows with the context.
+    # Contexts up to 512 tokens: from 0.20 the decode's KV-split count grows with the context.
     "long contexts": lambda request, target: engine_steps.planned(
         request.model, replace(request.serving, max_model_len=512), "TRITON_MLA", target, request.model.attention_layers
     )[0],
@@ -196,10 +196,10 @@ MLA_LOST = {
 def mla_lost_features(target_name: str) -> tuple[str, ...]:
     """What a plan without each feature misses in the installed release: the merge is Triton on
     ROCm up to 0.31 (compiled on CDNA3 from 0.32, CUDA's compiled merge on NVIDIA); the split
-    count follows the context from 0.19."""
+    count follows the context from 0.20 (0.19 splits 4 ways)."""
     line = release_line(installed_release())
     merge = ("prefill with context",) if TARGETS[target_name].is_rocm and line.mla_merge == "triton" else ()
-    contexts = ("long contexts",) if line.triton_mla_decode == "forward_mqa" else ()
+    contexts = ("long contexts",) if since(installed_release(), "0.20") else ()
     return (*merge, "heads", *contexts)
 
 
