@@ -454,7 +454,8 @@ def _read_journals(
         contents = parser.contents()
         contents.warn(Path(name))
         bundle.journals[key] = {
-            record_key: dataclasses.replace(record, origin="imported") for record_key, record in contents.records.items()
+            record_key: dataclasses.replace(record, origin="imported")
+            for record_key, record in contents.records.items()
         }
 
 
