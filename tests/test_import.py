@@ -950,7 +950,9 @@ def test_journals_beyond_their_records_in_all_are_refused(baked, tmp_path):
     index, files = unpack(archive)
     key = _baked_journal_key(files)
     lines = b"".join(
-        Record(f"{number:064x}", "m:k", "gfx942", "0" * 64, None, None, None, "m", 1.0, 1.0, 0.1, {"h": 1}).to_line()
+        Record(
+            f"{number:064x}", "m:k", "gfx942", "0" * 64, None, None, None, "m", 1.0, 1.0, 0.1, {"h": 1}, "local"
+        ).to_line()
         for number in range(10)
     )
     journaled = pack(tmp_path / "records.tgz", index, {**files, f"journals-v1/{key}.jsonl": lines})

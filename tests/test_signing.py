@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import pack, unpack
 
-from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.layout import CacheLayout, triton_entry_name
 from kprecompile.cache.manifest import document_checksum
 from kprecompile.cache.signing import generate_key
 from kprecompile.cli import main
@@ -54,7 +54,8 @@ def forge_a_binary(archive: Path, out: Path, **pack_options) -> Path:
     manifest = json.loads(files[name])
     job = manifest["jobs"][0]
     [binary] = [file_name for file_name in job["artifacts"] if file_name.endswith(".hsaco")]
-    member = next(member for member in files if member.endswith("/" + binary))
+    # The binary of that job's own entry (another job may have a file of the same name).
+    member = next(member for member in files if member.endswith(f"/{triton_entry_name(job['key'])}/{binary}"))
     forged = bytearray(files[member])
     forged[-1] ^= 0xFF
     files[member] = bytes(forged)
