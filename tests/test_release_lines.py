@@ -149,6 +149,9 @@ RULES: dict[str, dict[str, object]] = {
         "aiter_mla_for_block_size_1": False,
         # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
         "capture_scales_with_speculation": True,
+        # The engine's own step from 0.13 (its TRITON_ATTN metadata carries the builder's 3D
+        # threshold; docs/release-matrix.md, 0.13.0's row).
+        "tracing": "engine_step",
     },
     # Its impl passes the window to AITER's paged attention (read in 0.18.1's rocm_aiter_fa.py).
     "0.18.1": {
@@ -158,6 +161,7 @@ RULES: dict[str, dict[str, object]] = {
         "gqa_rule": "named_then_unified_flag",
         "aiter_mla_for_block_size_1": False,
         "capture_scales_with_speculation": True,
+        "tracing": "engine_step",
         "aiter_fa_windowed_decode": "paged",
     },
     **{

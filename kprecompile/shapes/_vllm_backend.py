@@ -232,11 +232,16 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
     if hasattr(utils, "resolve_kv_cache_layout"):
         supported = [kind.name for kind in utils.get_supported_kv_cache_layouts([backend])]
         layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
+    select_block_size = getattr(worker, "select_common_block_size", None)
+    if select_block_size is None:  # up to 0.18: the runner's static method, over its attention groups
+        runner = import_library_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+        select_block_size = runner.select_common_block_size
     kernel_block = _call_with(
-        worker.select_common_block_size,
+        select_block_size,
         kv_manager_block_size=spec.block_size,
         backends=[backend],
         kv_cache_specs=[spec],
+        attn_groups=[SimpleNamespace(backend=backend)],
     )
     width = _block_table_width(config, spec, kernel_block, target)
     needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
@@ -433,6 +438,28 @@ def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
 
 # Where vLLM's `CommonAttentionMetadata` lives: moved in 0.19.
 COMMON_METADATA_MODULES = ("vllm.v1.attention.backend", "vllm.v1.attention.backends.utils")
+# vLLM's `AttentionType`, by module: moved in 0.19.
+ATTENTION_TYPE_MODULES = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
+
+
+def _found(attribute: str, modules: tuple[str, ...]) -> Any:
+    """`attribute` of the first of vLLM's `modules` that has it (the release keeps it there)."""
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            module = import_library_module(name)
+            if hasattr(module, attribute):
+                return getattr(module, attribute)
+    raise ImportError(f"vLLM's {attribute} is in none of {', '.join(modules)}")
+
+
+def common_metadata_class() -> type:
+    """vLLM's `CommonAttentionMetadata`, wherever the installed release keeps it."""
+    return _found("CommonAttentionMetadata", COMMON_METADATA_MODULES)
+
+
+def attention_type() -> Any:
+    """vLLM's `AttentionType`, wherever the installed release keeps it."""
+    return _found("AttentionType", ATTENTION_TYPE_MODULES)
 
 
 def common_attention_metadata(
@@ -443,13 +470,6 @@ def common_attention_metadata(
     the host values of its device tensors for `host_copies`."""
     import torch
 
-    for name in COMMON_METADATA_MODULES:
-        with contextlib.suppress(ImportError):
-            module = import_library_module(name)
-            if hasattr(module, "CommonAttentionMetadata"):
-                break
-    else:
-        raise ImportError(f"vLLM's CommonAttentionMetadata is in none of {', '.join(COMMON_METADATA_MODULES)}")
     meta = torch.device("meta")
     requests, tokens = len(query_lens), sum(query_lens)
     query_start_loc = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32)
@@ -460,7 +480,7 @@ def common_attention_metadata(
         "seq_lens": torch.empty(requests, dtype=torch.int32, device=meta),
     }
     record = vllm_record(
-        module.CommonAttentionMetadata,
+        common_metadata_class(),
         {
             **device,
             "query_start_loc_cpu": query_start_loc,

@@ -327,7 +327,9 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
             prebuilt_ops_skipped(("merge_attn_states",)),
             merges_for_every_token_count(shape.serving.max_num_batched_tokens),
         ):
-            layer.impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+            # From 0.19 the layer writes the KV cache before `forward` (up to 0.18 `forward` writes it).
+            if hasattr(layer.impl, "do_kv_cache_update"):
+                layer.impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
             layer.impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
 

@@ -32,7 +32,10 @@ from ._points import int_class_representatives
 from ._vllm_backend import (
     LAYER_NAME,
     VllmBackend,
+    attention_class,
+    attention_type,
     backend_step,
+    common_metadata_class,
     kv_scales_layer,
     layer_arguments,
     layer_kv_cache,
@@ -198,9 +201,7 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
     config = engine_config(shape.config_json, shape.serving, target)
     module = import_library_module(BACKEND_MODULE)
     backend = module.TritonAttentionBackend
-    attention = import_library_module("vllm.model_executor.layers.attention.attention")
     torch_utils = import_library_module("vllm.utils.torch_utils")
-    api = import_library_module("vllm.v1.attention.backend")
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
     kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
@@ -209,7 +210,7 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
     with import_library_module("vllm.config").set_current_vllm_config(config):
         # The layer's own KV-cache spec (its method, on the fields it reads).
         layer_fields = SimpleNamespace(
-            attn_type=api.AttentionType.DECODER,
+            attn_type=attention_type().DECODER,
             kv_cache_dtype=kv_cache_dtype,
             sliding_window=sliding_window,
             attn_backend=backend,
@@ -218,7 +219,7 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
             head_size_v=shape.head_size,
             kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
         )
-        spec = attention.Attention.get_kv_cache_spec(layer_fields, config)
+        spec = attention_class().get_kv_cache_spec(layer_fields, config)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
 
@@ -226,7 +227,7 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
             return torch.empty(dims, dtype=dtype, device=meta)
 
         common = vllm_record(
-            api.CommonAttentionMetadata,
+            common_metadata_class(),
             {
                 "query_start_loc": ints(shape.num_seqs + 1),
                 "query_start_loc_cpu": torch.empty(shape.num_seqs + 1, dtype=torch.int32),
@@ -257,7 +258,9 @@ def _engine_step(shape: TritonAttentionStep, target: Target) -> None:
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
     layer = kv_scales_layer()
     output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
-    impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+    # From 0.19 the layer writes the KV cache before `forward` (up to 0.18 `forward` writes it).
+    if hasattr(impl, "do_kv_cache_update"):
+        impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
     impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
 

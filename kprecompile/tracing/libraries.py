@@ -51,6 +51,14 @@ def _ensure_aiter_package() -> None:
     sys.modules[f"{AITER_PACKAGE}.jit.utils.chip_info"] = _chip_info_standin()
 
 
+def installed_aiter_without_hip() -> None:
+    """Where AITER is installed and not imported yet, its package as kprecompile imports it (its
+    Triton side, without HIP on a builder): vLLM 0.13 to 0.16 import AITER's `dtypes` at the top
+    of `vllm._aiter_ops` whenever AITER is installed, and the real package asks for ROCm at import."""
+    if AITER_PACKAGE not in sys.modules and importlib.util.find_spec(AITER_PACKAGE) is not None:
+        _ensure_aiter_package()
+
+
 def _active_arch() -> str:
     from triton.runtime import driver
 
@@ -211,6 +219,7 @@ def _import_vllm_module(name: str) -> ModuleType:
     from ..platforms.vllm_platform import target_imports
 
     with target_imports(target):
+        installed_aiter_without_hip()
         return importlib.import_module(name)
 
 

@@ -80,7 +80,7 @@ def _engine_config(
     config_json: str, serving: ServingParams, target: Target, flags: tuple, attention_backend: str | None
 ) -> Any:
     from ..platforms.vllm_platform import target_imports
-    from ..tracing.libraries import aiter_hip_absent, import_library_module
+    from ..tracing.libraries import aiter_hip_absent, import_library_module, installed_aiter_without_hip
 
     EngineArgs = import_library_module("vllm.engine.arg_utils").EngineArgs  # noqa: N806
 
@@ -133,6 +133,7 @@ def _engine_config(
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
         # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
         with target_imports(target), aiter_hip_absent(), cutlass_answered(target), models_inspected_here():
+            installed_aiter_without_hip()
             engine_args = EngineArgs(**{name: value for name, value in arguments.items() if name in names})
             try:
                 return engine_args.create_engine_config()

@@ -177,6 +177,7 @@ _LINE_0_13 = replace(
     since=(0, 13, 0),
     aiter_mla_for_block_size_1=False,
     capture_scales_with_speculation=True,
+    tracing="engine_step",
 )
 _LINE_0_18 = replace(_LINE_0_13, name="0.18", since=(0, 18, 0), aiter_fa_windowed_decode="paged")
 _LINE_0_19 = replace(
