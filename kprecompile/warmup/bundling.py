@@ -97,7 +97,7 @@ def signing_key(path: str | Path | None, required: bool = True) -> SigningKey | 
             return None
         raise InputError(
             "--signing-key",
-            None,
+            "not given",
             "a private key to sign the archive with (`kprecompile key generate PATH` makes one; "
             f"{settings.SIGNING_KEY.name} names one for every archive)",
         )
