@@ -24,7 +24,7 @@ from typing import Any
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
+from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module, release_attribute
 from ..vllm.releases import ReleaseLine
 from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
@@ -141,10 +141,7 @@ ATTENTION_MODULES = ("vllm.model_executor.layers.attention.attention", "vllm.att
 
 def attention_class() -> type:
     """vLLM's `Attention` layer class, wherever the installed release keeps it."""
-    for name in ATTENTION_MODULES:
-        with contextlib.suppress(ImportError):
-            return import_library_module(name).Attention
-    raise ImportError(f"vLLM's Attention layer is in none of {', '.join(ATTENTION_MODULES)}")
+    return release_attribute("Attention", ATTENTION_MODULES)
 
 
 def kv_scales_layer() -> Any:
@@ -234,7 +231,8 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
         layout = utils.resolve_kv_cache_layout(config, [supported], [spec])
     select_block_size = getattr(worker, "select_common_block_size", None)
     if select_block_size is None:  # up to 0.18: the runner's static method, over its attention groups
-        runner = import_library_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
+        with cutlass_answered(target):
+            runner = import_library_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
         select_block_size = runner.select_common_block_size
     kernel_block = _call_with(
         select_block_size,
@@ -442,24 +440,14 @@ COMMON_METADATA_MODULES = ("vllm.v1.attention.backend", "vllm.v1.attention.backe
 ATTENTION_TYPE_MODULES = ("vllm.v1.attention.backend", "vllm.attention.backends.abstract")
 
 
-def _found(attribute: str, modules: tuple[str, ...]) -> Any:
-    """`attribute` of the first of vLLM's `modules` that has it (the release keeps it there)."""
-    for name in modules:
-        with contextlib.suppress(ImportError):
-            module = import_library_module(name)
-            if hasattr(module, attribute):
-                return getattr(module, attribute)
-    raise ImportError(f"vLLM's {attribute} is in none of {', '.join(modules)}")
-
-
 def common_metadata_class() -> type:
     """vLLM's `CommonAttentionMetadata`, wherever the installed release keeps it."""
-    return _found("CommonAttentionMetadata", COMMON_METADATA_MODULES)
+    return release_attribute("CommonAttentionMetadata", COMMON_METADATA_MODULES)
 
 
 def attention_type() -> Any:
     """vLLM's `AttentionType`, wherever the installed release keeps it."""
-    return _found("AttentionType", ATTENTION_TYPE_MODULES)
+    return release_attribute("AttentionType", ATTENTION_TYPE_MODULES)
 
 
 def common_attention_metadata(

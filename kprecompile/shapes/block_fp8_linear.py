@@ -319,10 +319,7 @@ def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
     does for the platform."""
     import sys
 
-    answer, name = (
-        cutlass_answer(CUTLASS_FROM_CAPABILITY[CUTLASS_QUERY], int(target.arch)),
-        "CUTLASS_BLOCK_FP8_SUPPORTED",
-    )
+    answer, name = int(target.arch) >= CUTLASS_BLOCK_FP8_FROM, "CUTLASS_BLOCK_FP8_SUPPORTED"
     return [
         (module, name, answer)
         for module_name, module in list(sys.modules.items())

@@ -20,7 +20,7 @@ import importlib.abc
 import importlib.util
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -201,6 +201,17 @@ def import_library_module(name: str) -> ModuleType:
     if name.startswith(VLLM_PACKAGE + "."):
         return _import_vllm_module(name)
     return importlib.import_module(name)
+
+
+def release_attribute(attribute: str, modules: Sequence[str]) -> Any:
+    """`attribute` of the first of a library's `modules` that holds it: where the installed release
+    keeps a class that moved between releases. ImportError naming them all where none does."""
+    for name in modules:
+        with contextlib.suppress(ImportError):
+            module = import_library_module(name)
+            if hasattr(module, attribute):
+                return getattr(module, attribute)
+    raise ImportError(f"{attribute} is in none of {', '.join(modules)}")
 
 
 def _import_vllm_module(name: str) -> ModuleType:

@@ -277,23 +277,21 @@ def _selector_config_class() -> Any:
     """The record vLLM's selector takes its features in (`AttentionSelectorConfig`: in
     `vllm.attention.selector` from 0.13, `vllm.v1.attention.selector` from 0.19); None up to 0.12,
     whose selector takes them as positional arguments."""
-    for module_name in ("vllm.v1.attention.selector", "vllm.attention.selector"):
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:
-            continue
-        if hasattr(module, "AttentionSelectorConfig"):
-            return module.AttentionSelectorConfig
-    return None
+    from ..tracing.libraries import release_attribute
+
+    try:
+        return release_attribute("AttentionSelectorConfig", ("vllm.v1.attention.selector", "vllm.attention.selector"))
+    except ImportError:
+        return None
 
 
 def _backend_registry() -> Any:
     """vLLM's attention backend registry (`AttentionBackendEnum`), where the release keeps it."""
-    try:
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum
-    except ImportError:  # up to 0.18
-        from vllm.attention.backends.registry import AttentionBackendEnum
-    return AttentionBackendEnum
+    from ..tracing.libraries import release_attribute
+
+    # Under v1/ from 0.19.
+    modules = ("vllm.v1.attention.backends.registry", "vllm.attention.backends.registry")
+    return release_attribute("AttentionBackendEnum", modules)
 
 
 def registered_name(path: str) -> str | None:
