@@ -206,7 +206,8 @@ def test_export_signs_with_the_key_given_and_refuses_without_one(warm_copy, tmp_
     export = ["export", *SELECTION, "--target", "gfx942", "--cache-dir", warm_copy.root, "--archive", archive]
     assert run(*export) == 2
     err = capsys.readouterr().err
-    assert err.startswith("kprecompile: --signing-key: got 'not given', expected a private key to sign the archive with")
+    expected = "kprecompile: --signing-key: got 'not given', expected a private key to sign the archive with"
+    assert err.startswith(expected)
     assert err.count("\n") == 1 and not archive.exists()
     (tmp_path / "keys").mkdir()
     key = generate_key(tmp_path / "keys" / "mine")
