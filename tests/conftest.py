@@ -105,9 +105,9 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("KPRECOMPILE_CACHE_DIR", str(root))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     if not os.environ.get("KPRECOMPILE_VLLM_RELEASE"):
-        # `activate()` in an earlier test of this process names its layers and the layered manager
-        # in the environment: compile workers would then serve a layer's kernel instead of compiling
-        # it. (Inside a vLLM release the plugin's tests share what `register()` set, as a server does.)
+        # An earlier test of this process may have set them (see UNSET_VARIABLES): compile workers
+        # would serve a layer's kernel instead of compiling it, a server would log to nowhere.
+        # (Inside a vLLM release the plugin's tests share what `register()` set, as a server does.)
         for name in UNSET_VARIABLES:
             monkeypatch.delenv(name, raising=False)
     return root

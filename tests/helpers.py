@@ -43,8 +43,10 @@ CACHE_VARIABLES = {
     "AITER_JIT_DIR": "aiter",
     "TRITON_HOME": ".",
 }
-# Variables that would point a process at someone else's cache, unset for the session.
-UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER")
+# Variables a test may have set in the test process, unset for each test: `activate()` names its
+# layers and manager (a process would serve someone else's cache), and tracing vLLM's kernels quiets
+# vLLM's logging (`_quiet_logging`: a server started by a later test would log nowhere it reads).
+UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL")
 
 
 def sample_call(launcher: str, *args, **kwargs):

@@ -199,7 +199,7 @@ def _quiet_logging() -> None:
     (these variables are vLLM's own). From 0.19 vLLM configures its loggers only when an engine
     starts, so until then its records reach the root logger (kprecompile's handler): its `vllm`
     logger gets the same level."""
-    if "vllm.logger" in sys.modules:
+    if "vllm.logger" in sys.modules or importlib.util.find_spec("vllm") is None:
         return
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     level = os.environ.setdefault("VLLM_LOGGING_LEVEL", "CRITICAL")
