@@ -141,24 +141,40 @@ RULES: dict[str, dict[str, object]] = {
         # test_engines.py: test_capture_sizes_follow_the_release (0.11 and 0.12: 2 x max-num-seqs).
         "capture_scales_with_speculation": False,
     },
-    "0.15.0": {
+    # Read in 0.13.0's to 0.17.1's platforms/rocm.py: the 0.12 selector, pages of one token on
+    # AITER's MLA (in_vllm/test_release_cli.py, CLI_CASES "none").
+    "0.13.0": {
         **EVERY_LINE,
         **UP_TO_0_18,
         "rocm_mla_backends": ALL_MLA,
         "gqa_rule": "named_then_unified_flag",
-        "aiter_mla_for_block_size_1": False,
+        "aiter_mla_for_block_size_1": True,
         # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
         "capture_scales_with_speculation": True,
         # The engine's own step from 0.13 (its TRITON_ATTN metadata carries the builder's 3D
         # threshold; docs/release-matrix.md, 0.13.0's row).
         "tracing": "engine_step",
     },
-    # Its impl passes the window to AITER's paged attention (read in 0.18.1's rocm_aiter_fa.py).
+    # 0.15's config/attention.py no longer reads VLLM_ATTENTION_BACKEND nor
+    # VLLM_V1_USE_PREFILL_DECODE_ATTENTION (--attention-backend, --attention-config).
+    "0.15.0": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        "backend_variable": False,
+        "rocm_mla_backends": ALL_MLA,
+        "gqa_rule": "named_then_unified_flag",
+        "aiter_mla_for_block_size_1": True,
+        "capture_scales_with_speculation": True,
+        "tracing": "engine_step",
+    },
+    # 0.18.1's platforms/rocm.py: a list by AITER's flags, then TRITON_ATTN; MLA by AITER's MLA flag
+    # alone. Its impl passes the window to AITER's paged attention (its rocm_aiter_fa.py).
     "0.18.1": {
         **EVERY_LINE,
         **UP_TO_0_18,
+        "backend_variable": False,
         "rocm_mla_backends": ALL_MLA,
-        "gqa_rule": "named_then_unified_flag",
+        "gqa_rule": "aiter_flags_list",
         "aiter_mla_for_block_size_1": False,
         "capture_scales_with_speculation": True,
         "tracing": "engine_step",
@@ -247,7 +263,8 @@ def test_the_lines_follow_one_another_and_each_has_its_rules_row():
     fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
     for release, row in RULES.items():
         assert set(row) == fields, release
-    assert [release_line(release).name for release in ("0.17.9", "0.18.9", "0.19.1")] == ["0.13", "0.18", "0.19"]
+    releases = ("0.14.1", "0.17.9", "0.18.9", "0.19.1")
+    assert [release_line(release).name for release in releases] == ["0.13", "0.15", "0.18", "0.19"]
     assert release_line("0.30.0").name == "0.29" and release_line("0.40").name == RELEASE_LINES[-1].name
     for too_old in ("0.11.1", "0.10.2", "vllm"):
         with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):
@@ -286,9 +303,14 @@ def test_the_rocm_selection_follows_every_records_rules(line):
         == {
             "aiter_flags_first": ("ROCM_AITER_FA", "ROCM_AITER_FA", "ROCM_AITER_FA"),
             "named_then_unified_flag": ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_UNIFIED_ATTN"),
+            "aiter_flags_list": ("ROCM_AITER_FA", "ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_UNIFIED_ATTN"),
             "priority_list": ("ROCM_ATTN", "ROCM_ATTN", "ROCM_AITER_UNIFIED_ATTN"),
         }[line.gqa_rule]
     )
+    # AITER off, the prefill/decode split asked by its variable, which vLLM reads up to 0.14.
+    split = chosen(LLAMA, "vllm", {"VLLM_V1_USE_PREFILL_DECODE_ATTENTION": "1"}).attention_backend
+    read = line.backend_variable or line.gqa_rule == "priority_list"  # from 0.19 ROCM_ATTN anyway
+    assert split == ("ROCM_ATTN" if read else "TRITON_ATTN")
     one_token_pages = chosen(DEEPSEEK, "vllm", block_size=1).attention_backend
     assert one_token_pages == ("ROCM_AITER_MLA" if line.aiter_mla_for_block_size_1 else "TRITON_MLA")
     aiter_mla = chosen(DEEPSEEK)

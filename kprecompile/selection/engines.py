@@ -357,7 +357,8 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLin
     `has_sinks`: the layers carry attention sinks (vLLM asks with `has_sink`)."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     mha, unified = aiter and flags["VLLM_ROCM_USE_AITER_MHA"], aiter and flags["VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION"]
-    prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"]
+    # The split by its variable up to 0.14; from 0.15 by --attention-config, which is not mirrored.
+    prefill_decode = flags["VLLM_V1_USE_PREFILL_DECODE_ATTENTION"] and line.backend_variable
     if line.gqa_rule == "aiter_flags_first":
         # The flags first, also when a backend is named: AITER's MHA wins over it.
         if mha or requested == "ROCM_AITER_FA":
@@ -369,6 +370,14 @@ def _gqa_backend(requested: str | None, flags: dict[str, bool], line: ReleaseLin
         return "TRITON_ATTN"
     if requested:
         return requested
+    if line.gqa_rule == "aiter_flags_list":
+        # The first valid of AITER's unified attention, AITER's MHA (no sinks before 0.23), the
+        # split, TRITON_ATTN.
+        if unified:
+            return "ROCM_AITER_UNIFIED_ATTN"
+        if mha and (not has_sinks or line.aiter_fa_sinks):
+            return "ROCM_AITER_FA"
+        return "ROCM_ATTN" if prefill_decode else "TRITON_ATTN"
     if line.gqa_rule == "priority_list":
         # The first valid backend of the priority list: ROCM_ATTN for the usual head sizes. It takes
         # no sinks: then AITER's FA with its MHA flag (where the line's takes sinks), else AITER's

@@ -39,10 +39,13 @@ FIELD = "--vllm-version"
 # - "aiter_flags_first": AITER's MHA flag, then the unified-attention flag, then
 #   VLLM_V1_USE_PREFILL_DECODE_ATTENTION, each before a named backend; else TRITON_ATTN.
 # - "named_then_unified_flag": a named backend, then the unified-attention flag, AITER's MHA
-#   flag, VLLM_V1_USE_PREFILL_DECODE_ATTENTION; else TRITON_ATTN.
+#   flag, the prefill/decode split (VLLM_V1_USE_PREFILL_DECODE_ATTENTION up to 0.14, then
+#   --attention-config's use_prefill_decode_attention); else TRITON_ATTN.
+# - "aiter_flags_list": a named backend, else the first valid backend of a list: AITER's unified
+#   attention, AITER's MHA (each by its flags), the prefill/decode split, TRITON_ATTN (0.18).
 # - "priority_list": a named backend, else the first valid backend of vLLM's priority list
 #   (ROCM_ATTN for the usual head sizes, whatever the flags).
-GqaRule = Literal["aiter_flags_first", "named_then_unified_flag", "priority_list"]
+GqaRule = Literal["aiter_flags_first", "named_then_unified_flag", "aiter_flags_list", "priority_list"]
 # How a vLLM family's step is traced: a call site kprecompile builds from the step (the
 # backend's metadata record, a KV cache in the shape the backend declares), or the engine's own
 # step (vLLM's `VllmConfig`, the backend's metadata builder, the per-layer KV-cache view).
@@ -84,15 +87,18 @@ class ReleaseLine:
     name: str
     # Its first release (0.11.0 and 0.11.1 named the unified flag differently: not mirrored).
     since: tuple[int, int, int]
-    # Whether VLLM_ATTENTION_BACKEND names the backend (0.11; gone in 0.19: --attention-backend only).
+    # Whether vLLM reads its attention variables, VLLM_ATTENTION_BACKEND and
+    # VLLM_V1_USE_PREFILL_DECODE_ATTENTION (up to 0.14; from 0.15 --attention-backend and
+    # --attention-config only, which EngineArgs takes from 0.13).
     backend_variable: bool
     # The ROCm backends offered to MLA models (0.12 brought ROCM_AITER_TRITON_MLA).
     rocm_mla_backends: tuple[str, ...]
     # The ROCm backends offered to GQA models (the same four since 0.11).
     rocm_gqa_backends: tuple[str, ...]
-    # How the ROCm selector picks a GQA backend (`GqaRule`: 0.11 flags first, 0.12 named, 0.19 list).
+    # How the ROCm selector picks a GQA backend (`GqaRule`: 0.11 flags first, 0.12 named, 0.18 a
+    # list by AITER's flags, 0.19 vLLM's priority list).
     gqa_rule: GqaRule
-    # Whether pages of one token take ROCM_AITER_MLA with AITER's MLA off (0.11 and 0.12; gone in 0.13).
+    # Whether pages of one token take ROCM_AITER_MLA with AITER's MLA off (up to 0.17; gone with 0.18's list).
     aiter_mla_for_block_size_1: bool
     # vLLM's CUDA priority list for MLA below sm100 (the same since 0.11).
     cuda_mla_priorities: tuple[str, ...]
@@ -172,19 +178,21 @@ _LINE_0_12 = replace(
     aiter_fa_windowed_decode="unified",
 )
 _LINE_0_13 = replace(
-    _LINE_0_12,
-    name="0.13",
-    since=(0, 13, 0),
-    aiter_mla_for_block_size_1=False,
-    capture_scales_with_speculation=True,
-    tracing="engine_step",
+    _LINE_0_12, name="0.13", since=(0, 13, 0), capture_scales_with_speculation=True, tracing="engine_step"
 )
-_LINE_0_18 = replace(_LINE_0_13, name="0.18", since=(0, 18, 0), aiter_fa_windowed_decode="paged")
+_LINE_0_15 = replace(_LINE_0_13, name="0.15", since=(0, 15, 0), backend_variable=False)
+_LINE_0_18 = replace(
+    _LINE_0_15,
+    name="0.18",
+    since=(0, 18, 0),
+    gqa_rule="aiter_flags_list",
+    aiter_mla_for_block_size_1=False,
+    aiter_fa_windowed_decode="paged",
+)
 _LINE_0_19 = replace(
     _LINE_0_18,
     name="0.19",
     since=(0, 19, 0),
-    backend_variable=False,
     gqa_rule="priority_list",
     cuda_mla_priorities_sm100=(
         "FLASHINFER_MLA",
@@ -214,6 +222,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_11,
     _LINE_0_12,
     _LINE_0_13,
+    _LINE_0_15,
     _LINE_0_18,
     _LINE_0_19,
     _LINE_0_20,

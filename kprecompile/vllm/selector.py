@@ -230,11 +230,16 @@ def _select(question: Question) -> str:
     dependencies' absence on a builder must not change the answer)."""
     import torch
 
+    from ..platforms.triton_driver import active_target
     from ..platforms.vllm_platform import rocm_platform, target_imports
+    from ..tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
 
     dtype = getattr(torch, question.dtype)
     target = TARGETS[question.target]
-    with target_imports(target), rocm_platform(target) as platform:
+    # The ROCm selector asks AITER's switches (0.13 to 0.16 import AITER with them, which reads
+    # the GPU's FP8 type): AITER's Triton side under the target's driver, its HIP side absent.
+    installed_aiter_without_hip()
+    with active_target(target), target_imports(target), rocm_platform(target) as platform, aiter_hip_absent():
         selected = _backend_registry()[question.requested] if question.requested else None
         config_class = _selector_config_class()
         if config_class is None:  # 0.11 and 0.12: positional arguments
@@ -269,7 +274,8 @@ def _select(question: Question) -> str:
         try:
             path = platform.get_attn_backend_cls(*arguments, **keywords)
         except (ValueError, NotImplementedError) as error:
-            raise _Refused(str(error).splitlines()[0] if str(error) else type(error).__name__) from error
+            reason = str(error).strip()
+            raise _Refused(reason.splitlines()[0] if reason else type(error).__name__) from error
     return registered_name(path) or path
 
 

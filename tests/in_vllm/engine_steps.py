@@ -201,13 +201,20 @@ class LayerDriver:
 
         self.target, self.kind, self.serving, self.requested = target, kind, serving, backend
         named = release_line(installed_release()).backend_variable
-        self.config = config = engine_config(model.config_json, serving, target, None if named else backend)
         self.name = f"model.layers.{next(_names)}.self_attn.attn"
         extra: dict[str, Any] = {}
         if kind.sinks:
             extra["sinks"] = torch.empty(kind.num_heads, dtype=getattr(torch, kind.sinks), device="meta")
+        # Named by the variable, it is read where the configuration is made (0.13, 0.14: the
+        # attention config's default) and where the selector runs (0.11, 0.12).
+        with environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})):
+            self.config = config = engine_config(model.config_json, serving, target, None if named else backend)
+            self._build(kind, config, extra)
+
+    def _build(self, kind: AttentionLayer, config: Any, extra: dict[str, Any]) -> None:
+        import torch
+
         with (
-            environment(**({"VLLM_ATTENTION_BACKEND": backend} if named else {})),
             import_library_module("vllm.config").set_current_vllm_config(config),
             torch.device("meta"),
             _default_dtype(getattr(torch, kind.dtype)),

@@ -9,7 +9,8 @@ traces them from the installed vLLM. Each function returns the facts one section
    Triton's own launch path computes for the same call of vLLM's backend.
 3. Coverage: a dense random sweep of engine steps (independent of the plan's enumeration: random
    batches of prefills and decodes, contexts, KV storage classes) is a subset of the plan; a plan
-   missing one storage class is caught by the same sweep (negative control).
+   missing one storage class (where Triton's buffer ops make it a specialization) or the steps
+   with a prefill is caught by the same sweep (negative controls).
 4. The same for `triton_attn` (vLLM's TRITON_ATTN): kernels per model, keys of reshape-and-cache
    and of the 2D and 3D attention kernels (the launch path stops at a step's first launch: the
    step runs once with reshape-and-cache skipped, in the trace and the launch path alike), a
@@ -203,6 +204,12 @@ def coverage() -> dict[str, object]:
     shapes = sweep_shapes(model, serving, random.Random(5), 30)
     swept = trace_calls(FAMILY.calls(tuple(shapes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules)
     document["negative control"] = {"missing": len({job.key for job in swept.jobs} - partial_keys)}
+    decodes = [shape for shape in FAMILY.enumerate_shapes(model, serving, LINE) if shape.max_query_len == 1]
+    decode_keys = {
+        job.key
+        for job in trace_calls(FAMILY.calls(tuple(decodes), GFX942), GFX942, "rocm_attn", FAMILY.traced_modules).jobs
+    }
+    document["decodes only"] = {"missing": len({job.key for job in swept.jobs} - decode_keys)}
     return document
 
 

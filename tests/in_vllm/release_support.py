@@ -30,3 +30,12 @@ def bind_platform() -> None:
         if name.startswith("vllm.") and module is not None and hasattr(module, "current_platform"):
             if module.current_platform is not platform:
                 module.current_platform = platform
+
+
+def kv_storage_classes() -> int:
+    """The KV-cache size classes that give a ROCm kernel a specialization of its own: under and
+    over 2 GiB where Triton emits AMD buffer ops (which address 2 GiB at most; on by default
+    from Triton 3.6), one class otherwise (Triton 3.5, the own Triton of vLLM 0.11 to 0.13)."""
+    from triton import knobs
+
+    return 2 if knobs.amd.use_buffer_ops else 1

@@ -42,7 +42,7 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
-from kprecompile.tracing.libraries import aiter_hip_absent
+from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
 from kprecompile.vllm.releases import release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
@@ -163,8 +163,10 @@ def run_probe(model_dir: str, cache_dir: str) -> dict:
 
     load_general_plugins()
     # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
-    # configuration asks AITER's HIP modules what they support, which fail as absent here.
+    # configuration asks AITER's HIP modules what they support, which fail as absent here. Its
+    # AITER imports (0.13 to 0.16 import it with vLLM's layers); here AITER's Triton side does.
     with rocm_platform(GFX942), aiter_hip_absent():
+        installed_aiter_without_hip()
         bind_platform()
         return probe(model_dir, cache_dir, sorted(before_plugins))
 
