@@ -12,6 +12,7 @@ from kprecompile.errors import InputError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import SELECTION_FLAGS, select
+from kprecompile.vllm.releases import release_line
 
 DEEPSEEK = load_model("deepseek-r1")
 LLAMA = load_model("llama-3.1-8b-instruct")
@@ -118,14 +119,17 @@ def test_aiter_backends_list_vllms_kernels_around_their_prebuilt_attention():
         ("vllm-aiter", {"VLLM_ROCM_USE_AITER_LINEAR": "0"}, "0.12.0", ("gfx942", "gfx950")),
         ("vllm", {}, "0.33.0", ("gfx942", "gfx950")),
         ("vllm-aiter", {}, "0.33.0", ()),
+        ("vllm-aiter", {}, "0.19.1", ()),
         ("vllm-aiter", {"VLLM_ROCM_USE_AITER_LINEAR": "0"}, "0.33.0", ("gfx942", "gfx950")),
     ],
 )
 def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ, release, planned_on):
     """A block-FP8 model's linear layers: vLLM's Triton GEMM unless AITER's linear path takes them,
-    which up to 0.18 it does on e4m3fnuz (gfx942) only, from 0.19 everywhere (tests/test_vllm.py
-    checks this rule against each release's own choice). Without vLLM installed, listed with the
-    install command; a model without block-FP8 weights does not list it."""
+    which up to 0.12 it does on e4m3fnuz (gfx942) only, from 0.13 everywhere: AITER's Triton GEMM
+    on gfx950 for vLLM's own list of shapes up to 0.30 (not traced: said), for AITER's tuned
+    configs from 0.31 (in_vllm/test_release_kernels.py checks this rule against each release's own
+    choice). Without vLLM installed, listed with the install command; a model without block-FP8
+    weights does not list it."""
     [choice] = [
         c
         for c in select(DEEPSEEK, engine, None, environ, vllm_release=release).choices
@@ -135,8 +139,11 @@ def test_block_fp8_linear_runs_where_vllm_takes_its_triton_gemm(engine, environ,
         assert choice.skip_reason.endswith(
             f"traced from an installed vLLM: kprecompile engine install vllm=={release}, then --vllm-version {release}"
         )
+    elif release_line(release).aiter_block_fp8 == "vllm_tuned_list":
+        assert choice.skip_reason.startswith(f"vLLM {release} runs block-FP8 linear layers through AITER with")
+        assert "kprecompile does not trace those, which compile on first use" in choice.skip_reason
     else:
-        assert choice.skip_reason.startswith("vLLM 0.19 and newer run block-FP8 linear layers through AITER with")
+        assert choice.skip_reason.startswith("vLLM 0.31 and newer run block-FP8 linear layers through AITER with")
         # The installed amd-aiter lacks the tuned-shape lookup vLLM asks: CK for every layer.
         assert "has no such module, so every layer runs CK: nothing to compile" in choice.skip_reason
     on_targets = tuple(target for target in ("gfx942", "gfx950") if choice.skip_reason_on(target) is None)

@@ -109,7 +109,8 @@ FROM_0_19 = {
     "mla_merge": "triton",
     # in_vllm/test_release_linear.py: vLLM's FP8 Marlin refuses sm89 and newer up to 0.28.
     "cuda_sm89_block_fp8": "triton_gemm",
-    "aiter_block_fp8": "aiter_blockscale",
+    # Read in 0.13.0 to 0.30.0: AITER on every arch, vLLM's own is_triton_gemm_w8a8_tuned list.
+    "aiter_block_fp8": "vllm_tuned_list",
     # in_vllm/test_release_aiter_fa.py: windowed one-token decodes run AITER's paged attention with
     # the window (0.19.1: nothing missed without them), AITER's unified attention from 0.23 (0.25.1:
     # the random steps miss them without) until 0.33 trims the block table for its paged kernel.
@@ -154,6 +155,7 @@ RULES: dict[str, dict[str, object]] = {
         # The engine's own step from 0.13 (its TRITON_ATTN metadata carries the builder's 3D
         # threshold; docs/release-matrix.md, 0.13.0's row).
         "tracing": "engine_step",
+        "aiter_block_fp8": "vllm_tuned_list",
     },
     # 0.15's config/attention.py no longer reads VLLM_ATTENTION_BACKEND nor
     # VLLM_V1_USE_PREFILL_DECODE_ATTENTION (--attention-backend, --attention-config).
@@ -166,6 +168,7 @@ RULES: dict[str, dict[str, object]] = {
         "aiter_mla_for_block_size_1": True,
         "capture_scales_with_speculation": True,
         "tracing": "engine_step",
+        "aiter_block_fp8": "vllm_tuned_list",
     },
     # 0.18.1's platforms/rocm.py: a list by AITER's flags, then TRITON_ATTN; MLA by AITER's MLA flag
     # alone. Its impl passes the window to AITER's paged attention (its rocm_aiter_fa.py).
@@ -178,6 +181,7 @@ RULES: dict[str, dict[str, object]] = {
         "aiter_mla_for_block_size_1": False,
         "capture_scales_with_speculation": True,
         "tracing": "engine_step",
+        "aiter_block_fp8": "vllm_tuned_list",
         "aiter_fa_windowed_decode": "paged",
     },
     **{
@@ -222,6 +226,7 @@ RULES: dict[str, dict[str, object]] = {
                 {
                     **CAPTURE_FROM_0_31,
                     "cuda_sm89_block_fp8": "marlin",
+                    "aiter_block_fp8": "aiter_blockscale",
                     "aiter_fa_sinks": True,
                     "aiter_fa_windowed_decode": "unified",
                 },
@@ -231,6 +236,7 @@ RULES: dict[str, dict[str, object]] = {
                 {
                     **CAPTURE_FROM_0_31,
                     "cuda_sm89_block_fp8": "marlin",
+                    "aiter_block_fp8": "aiter_blockscale",
                     "mla_merge": "compiled_on_cdna3",
                     "aiter_fa_sinks": True,
                     "aiter_fa_windowed_decode": "unified",
@@ -241,6 +247,7 @@ RULES: dict[str, dict[str, object]] = {
                 {
                     **CAPTURE_FROM_0_31,
                     "cuda_sm89_block_fp8": "marlin",
+                    "aiter_block_fp8": "aiter_blockscale",
                     "mla_merge": "compiled_on_cdna3",
                     "aiter_fa_windowed_decode": "trimmed_paged",
                     "aiter_fa_sinks": True,
@@ -321,6 +328,8 @@ def test_the_rocm_selection_follows_every_records_rules(line):
     [linear] = [choice for choice in aiter_mla.choices if choice.family == "block_fp8_linear"]
     if line.aiter_block_fp8 == "aiter_blockscale":
         assert linear.backend == "AiterFp8BlockScaledMMKernel" and "nothing to compile" in linear.skip_reason
+    elif line.aiter_block_fp8 == "vllm_tuned_list":
+        assert linear.backend == "AITER" and "does not trace those" in linear.skip_reason
     else:
         assert "e4m3fnuz" in linear.skip_reason_on("gfx942") and linear.skip_reason_on("gfx950") is None
 

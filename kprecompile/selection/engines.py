@@ -445,12 +445,21 @@ def _vllm_kernels(family: FamilyName, backend: str, release: str) -> FamilyChoic
 def _block_fp8_linear(flags: dict[str, bool], line: ReleaseLine, release: str) -> FamilyChoice:
     """vLLM's block-FP8 linear layers on ROCm. With VLLM_ROCM_USE_AITER and
     VLLM_ROCM_USE_AITER_LINEAR (on by default), what the line's `aiter_block_fp8` says: AITER's CK
-    GEMM on gfx942 (e4m3fnuz) and vLLM's Triton GEMM elsewhere, or AITER's blockscale GEMM on every
-    arch. Without AITER's linear path, vLLM's Triton GEMM."""
+    GEMM on gfx942 (e4m3fnuz) and vLLM's Triton GEMM elsewhere, or AITER on every arch. Without
+    AITER's linear path, vLLM's Triton GEMM."""
     aiter_linear = flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_LINEAR"]
     choice = _vllm_kernels("block_fp8_linear", "Fp8LinearMethod", release)
     if not aiter_linear:
         return choice
+    if line.aiter_block_fp8 == "vllm_tuned_list":
+        reason = (
+            f"vLLM {release} runs block-FP8 linear layers through AITER with VLLM_ROCM_USE_AITER_LINEAR=1: "
+            "AITER's CK GEMM, except on gfx950 for the (N, K) of vLLM's own list (is_triton_gemm_w8a8_tuned: "
+            "DeepSeek-V3's shapes among them), which run AITER's Triton GEMM after vLLM's Triton group "
+            "quantization; kprecompile does not trace those, which compile on first use (with "
+            "VLLM_ROCM_USE_AITER_LINEAR=0, vLLM's Triton GEMM: planned)"
+        )
+        return FamilyChoice("block_fp8_linear", "AITER", reason)
     if line.aiter_block_fp8 == "aiter_blockscale":
         return FamilyChoice("block_fp8_linear", "AiterFp8BlockScaledMMKernel", _aiter_blockscale_reason())
     reason = (
@@ -461,7 +470,7 @@ def _block_fp8_linear(flags: dict[str, bool], line: ReleaseLine, release: str) -
 
 
 def _aiter_blockscale_reason() -> str:
-    """`aiter_block_fp8` "aiter_blockscale" (vLLM 0.19 and newer) with AITER's linear path
+    """`aiter_block_fp8` "aiter_blockscale" (vLLM 0.31 and newer) with AITER's linear path
     (`AiterFp8BlockScaledMMKernel`, as its linear method chooses it in tests/vllm_linear_probe.py):
     AITER's Triton GEMM on gfx950 only for (N, K) that AITER's tuned-config lookup lists, else its
     CK GEMM; the activation quantization is AITER's HIP group quantization (or Inductor's code
@@ -469,7 +478,7 @@ def _aiter_blockscale_reason() -> str:
     from ..shapes.block_fp8_linear import AITER_TUNED_LOOKUP, aiter_has_tuned_lookup, installed_aiter
 
     head = (
-        "vLLM 0.19 and newer run block-FP8 linear layers through AITER with VLLM_ROCM_USE_AITER_LINEAR=1: "
+        "vLLM 0.31 and newer run block-FP8 linear layers through AITER with VLLM_ROCM_USE_AITER_LINEAR=1: "
         "AITER's CK GEMM on gfx942 (e4m3fnuz) and, on gfx950, for every (N, K) AITER's Triton GEMM is not "
         "tuned for, after AITER's HIP group quantization"
     )

@@ -59,9 +59,10 @@ MlaMerge = Literal["triton", "compiled_on_cdna3"]
 # What runs block-FP8 linear layers on sm89: vLLM's Triton GEMM, or Marlin's weight-only FP8.
 Sm89BlockFp8 = Literal["triton_gemm", "marlin"]
 # What AITER's linear path (VLLM_ROCM_USE_AITER_LINEAR) runs block-FP8 linear layers with: AITER's
-# CK GEMM on e4m3fnuz GPUs (gfx942) and vLLM's Triton GEMM elsewhere, or AITER's block-scale
-# kernel (`AiterFp8BlockScaledMMKernel`) on every arch.
-AiterBlockFp8 = Literal["ck_on_gfx942", "aiter_blockscale"]
+# CK GEMM on e4m3fnuz GPUs (gfx942) and vLLM's Triton GEMM elsewhere (up to 0.12); AITER on every
+# arch, its Triton GEMM on gfx950 for the (N, K) of vLLM's own list (`is_triton_gemm_w8a8_tuned`),
+# else CK (0.13 to 0.30); the same where AITER's tuned configs list (N, K) (from 0.31).
+AiterBlockFp8 = Literal["ck_on_gfx942", "vllm_tuned_list", "aiter_blockscale"]
 # How ROCM_AITER_FA decodes a windowed layer's one-token steps: AITER's Triton unified attention;
 # AITER's prebuilt paged attention, which takes the window; or (0.33) that paged kernel on a block
 # table trimmed to the window where the heads are 64 or more and there are no sinks, else unified.
@@ -128,7 +129,8 @@ class ReleaseLine:
     mla_merge: MlaMerge
     # What runs block-FP8 linear layers on sm89 (`Sm89BlockFp8`: Marlin from 0.29, which stops refusing sm89).
     cuda_sm89_block_fp8: Sm89BlockFp8
-    # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: block-scale from 0.19).
+    # What AITER's linear path runs block-FP8 linear layers with (`AiterBlockFp8`: 0.13 every arch
+    # by vLLM's list, 0.31 by AITER's tuned configs).
     aiter_block_fp8: AiterBlockFp8
     # How ROCM_AITER_FA decodes a windowed layer's one-token steps (`WindowedDecode`: 0.11 paged,
     # 0.12 unified, 0.18 paged, 0.23 unified, 0.33 trimmed paged).
@@ -178,7 +180,12 @@ _LINE_0_12 = replace(
     aiter_fa_windowed_decode="unified",
 )
 _LINE_0_13 = replace(
-    _LINE_0_12, name="0.13", since=(0, 13, 0), capture_scales_with_speculation=True, tracing="engine_step"
+    _LINE_0_12,
+    name="0.13",
+    since=(0, 13, 0),
+    capture_scales_with_speculation=True,
+    tracing="engine_step",
+    aiter_block_fp8="vllm_tuned_list",
 )
 _LINE_0_15 = replace(_LINE_0_13, name="0.15", since=(0, 15, 0), backend_variable=False)
 _LINE_0_18 = replace(
@@ -206,7 +213,6 @@ _LINE_0_19 = replace(
     triton_mla_decode="forward_mqa",
     triton_mla_fp8_kv_cache=True,
     aiter_mla_triton_reduce=False,
-    aiter_block_fp8="aiter_blockscale",
 )
 _LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
 _LINE_0_23 = replace(_LINE_0_20, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True, aiter_fa_windowed_decode="unified")
@@ -214,7 +220,13 @@ _LINE_0_28 = replace(_LINE_0_23, name="0.28", since=(0, 28, 0), capture_ceiling_
 _LINE_0_29 = replace(
     _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
 )
-_LINE_0_31 = replace(_LINE_0_29, name="0.31", since=(0, 31, 0), capture_decodes="speculative_and_max_num_seqs")
+_LINE_0_31 = replace(
+    _LINE_0_29,
+    name="0.31",
+    since=(0, 31, 0),
+    capture_decodes="speculative_and_max_num_seqs",
+    aiter_block_fp8="aiter_blockscale",
+)
 _LINE_0_32 = replace(_LINE_0_31, name="0.32", since=(0, 32, 0), mla_merge="compiled_on_cdna3")
 _LINE_0_33 = replace(_LINE_0_32, name="0.33", since=(0, 33, 0), aiter_fa_windowed_decode="trimmed_paged")
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.

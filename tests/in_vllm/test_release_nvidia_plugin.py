@@ -28,6 +28,7 @@ from vllm_releases import since
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
+from kprecompile.tracing.libraries import installed_aiter_without_hip
 from kprecompile.warmup.manifest_key import find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("nvidia-plugin")]
@@ -106,6 +107,9 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
 def run_probe(model_dir: str) -> dict[str, object]:
     from vllm.plugins import load_general_plugins
 
+    # An H200 server has no AITER; this builder has one beside kprecompile, which 0.13 to 0.16
+    # import with vLLM's layers wherever it is installed: its Triton side, without HIP.
+    installed_aiter_without_hip()
     load_general_plugins()
     hook = loader_hook()
     with cuda_platform(SM90):
