@@ -74,6 +74,9 @@ EVERY_LINE = {
     "cuda_gqa_priorities_sm100": CUDA_GQA_SM100,
 }
 ALL_MLA = ("ROCM_AITER_MLA", "ROCM_AITER_TRITON_MLA", "TRITON_MLA")
+SM100_MLA_FROM_0_15 = ("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA")
+# 0.21.0's platforms/cuda.py: TOKENSPEED_MLA behind FLASHINFER_MLA.
+SM100_MLA_FROM_0_21 = ("FLASHINFER_MLA", "TOKENSPEED_MLA", *SM100_MLA_FROM_0_15[1:])
 CAPTURE_FROM_0_31 = {
     "capture_batched_tokens": True,
     "capture_ceiling_sm100": 1024,
@@ -89,15 +92,9 @@ FROM_0_19 = {
     "backend_variable": False,
     # test_vllm.py: CLI_CASES "none" (0.33 finds no backend for pages of one token).
     "aiter_mla_for_block_size_1": False,
-    # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (FLASHINFER_MLA on sm100).
-    "cuda_mla_priorities_sm100": (
-        "FLASHINFER_MLA",
-        "TOKENSPEED_MLA",
-        "CUTLASS_MLA",
-        "FLASH_ATTN_MLA",
-        "FLASHMLA",
-        "TRITON_MLA",
-    ),
+    # test_engines.py: test_nvidia_targets_take_vllms_cuda_selection (FLASHINFER_MLA on sm100; read
+    # in 0.15.0's to 0.20.0's platforms/cuda.py).
+    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
     "capture_scales_with_speculation": True,
     # test_vllm.py: test_triton_attn_from_0_19_is_traced_through_the_releases_builder_and_kv_cache_view.
     "tracing": "engine_step",
@@ -163,11 +160,26 @@ RULES: dict[str, dict[str, object]] = {
         **EVERY_LINE,
         **UP_TO_0_18,
         "backend_variable": False,
+        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
         "rocm_mla_backends": ALL_MLA,
         "gqa_rule": "named_then_unified_flag",
         "aiter_mla_for_block_size_1": True,
         "capture_scales_with_speculation": True,
         "tracing": "engine_step",
+        "aiter_block_fp8": "vllm_tuned_list",
+    },
+    # 0.16.0's v1/attention/backends/mla/triton_mla.py: `forward_mqa`, 4 KV splits.
+    "0.16.0": {
+        **EVERY_LINE,
+        **UP_TO_0_18,
+        "backend_variable": False,
+        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
+        "rocm_mla_backends": ALL_MLA,
+        "gqa_rule": "named_then_unified_flag",
+        "aiter_mla_for_block_size_1": True,
+        "capture_scales_with_speculation": True,
+        "tracing": "engine_step",
+        "triton_mla_decode": "forward_mqa",
         "aiter_block_fp8": "vllm_tuned_list",
     },
     # 0.18.1's platforms/rocm.py: a list by AITER's flags, then TRITON_ATTN; MLA by AITER's MLA flag
@@ -183,6 +195,10 @@ RULES: dict[str, dict[str, object]] = {
         "tracing": "engine_step",
         "aiter_block_fp8": "vllm_tuned_list",
         "aiter_fa_windowed_decode": "paged",
+        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
+        "triton_mla_decode": "forward_mqa",
+        # 0.18.1's triton_mla.py takes fp8 (in_vllm: its TRITON_MLA runs).
+        "triton_mla_fp8_kv_cache": True,
     },
     **{
         release: {**FROM_0_19, **capture}
@@ -190,13 +206,22 @@ RULES: dict[str, dict[str, object]] = {
             ("0.19.1", CAPTURE_UP_TO_0_19),
             # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20, sm100's
             # ceiling of 1024 from 0.28, speculative decode batches from 0.29, max-num-seqs from 0.31.
-            ("0.22.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
+            ("0.20.0", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
+            (
+                "0.22.1",
+                {
+                    **CAPTURE_UP_TO_0_19,
+                    "capture_batched_tokens": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
+                },
+            ),
             (
                 "0.25.1",
                 {
                     **CAPTURE_UP_TO_0_19,
                     "capture_batched_tokens": True,
                     "aiter_fa_sinks": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "unified",
                 },
             ),
@@ -207,6 +232,7 @@ RULES: dict[str, dict[str, object]] = {
                     "capture_batched_tokens": True,
                     "capture_ceiling_sm100": 1024,
                     "aiter_fa_sinks": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "unified",
                 },
             ),
@@ -218,6 +244,7 @@ RULES: dict[str, dict[str, object]] = {
                     "capture_decodes": "speculative",
                     "cuda_sm89_block_fp8": "marlin",
                     "aiter_fa_sinks": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "unified",
                 },
             ),
@@ -228,6 +255,7 @@ RULES: dict[str, dict[str, object]] = {
                     "cuda_sm89_block_fp8": "marlin",
                     "aiter_block_fp8": "aiter_blockscale",
                     "aiter_fa_sinks": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "unified",
                 },
             ),
@@ -239,6 +267,7 @@ RULES: dict[str, dict[str, object]] = {
                     "aiter_block_fp8": "aiter_blockscale",
                     "mla_merge": "compiled_on_cdna3",
                     "aiter_fa_sinks": True,
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "unified",
                 },
             ),
@@ -249,6 +278,7 @@ RULES: dict[str, dict[str, object]] = {
                     "cuda_sm89_block_fp8": "marlin",
                     "aiter_block_fp8": "aiter_blockscale",
                     "mla_merge": "compiled_on_cdna3",
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
                     "aiter_fa_windowed_decode": "trimmed_paged",
                     "aiter_fa_sinks": True,
                 },
@@ -270,8 +300,8 @@ def test_the_lines_follow_one_another_and_each_has_its_rules_row():
     fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
     for release, row in RULES.items():
         assert set(row) == fields, release
-    releases = ("0.14.1", "0.17.9", "0.18.9", "0.19.1")
-    assert [release_line(release).name for release in releases] == ["0.13", "0.15", "0.18", "0.19"]
+    releases = ("0.14.1", "0.15.1", "0.17.9", "0.18.9", "0.19.1", "0.20.2")
+    assert [release_line(release).name for release in releases] == ["0.13", "0.15", "0.16", "0.18", "0.19", "0.20"]
     assert release_line("0.30.0").name == "0.29" and release_line("0.40").name == RELEASE_LINES[-1].name
     for too_old in ("0.11.1", "0.10.2", "vllm"):
         with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):

@@ -205,7 +205,7 @@ def _decode_step(impl: Any, shape: TritonMlaShape) -> None:
 
 
 def _decode_through_forward_mqa(impl: Any, shape: TritonMlaShape, target: Target) -> None:
-    """A decode step through the impl's `forward_mqa` (0.19 and newer): its KV-split count from
+    """A decode step through the impl's `forward_mqa` (0.16 and newer): its KV-split count from
     the step's longest context and the GPU's compute units, its FP8 KV cache dequantized in the
     kernel."""
     import torch

@@ -50,8 +50,8 @@ GqaRule = Literal["aiter_flags_first", "named_then_unified_flag", "aiter_flags_l
 # backend's metadata record, a KV cache in the shape the backend declares), or the engine's own
 # step (vLLM's `VllmConfig`, the backend's metadata builder, the per-layer KV-cache view).
 Tracing = Literal["call_site", "engine_step"]
-# TRITON_MLA's decode entry point: `_forward_decode` (4 KV splits) or `forward_mqa` (splits from
-# the step's longest context).
+# TRITON_MLA's decode entry point: `_forward_decode` (4 KV splits) or `forward_mqa` (4 splits up to
+# 0.19; from 0.20 splits from the step's longest context).
 TritonMlaDecode = Literal["forward_decode", "forward_mqa"]
 # How vLLM merges the partial results of a prefill with cached context on ROCm: its Triton
 # `merge_attn_states`, or its compiled operator on CDNA3 and newer (gfx90a's Triton not planned).
@@ -103,7 +103,7 @@ class ReleaseLine:
     aiter_mla_for_block_size_1: bool
     # vLLM's CUDA priority list for MLA below sm100 (the same since 0.11).
     cuda_mla_priorities: tuple[str, ...]
-    # vLLM's CUDA priority list for MLA on sm100 (0.19 put FLASHINFER_MLA and TOKENSPEED_MLA first).
+    # vLLM's CUDA priority list for MLA on sm100 (0.15 put FLASHINFER_MLA first, 0.21 TOKENSPEED_MLA second).
     cuda_mla_priorities_sm100: tuple[str, ...]
     # vLLM's CUDA priority list for GQA below sm100 (the same since 0.11).
     cuda_gqa_priorities: tuple[str, ...]
@@ -119,9 +119,9 @@ class ReleaseLine:
     capture_decodes: CaptureDecodes
     # How TRITON_ATTN's and ROCM_AITER_FA's steps are traced (`Tracing`: the engine's own step from 0.19).
     tracing: Tracing
-    # TRITON_MLA's decode entry point (`TritonMlaDecode`: `forward_mqa` from 0.19).
+    # TRITON_MLA's decode entry point (`TritonMlaDecode`: `forward_mqa` from 0.16).
     triton_mla_decode: TritonMlaDecode
-    # Whether TRITON_MLA takes an FP8 KV cache (0.19; refused up to 0.18).
+    # Whether TRITON_MLA takes an FP8 KV cache (0.18; refused up to 0.17).
     triton_mla_fp8_kv_cache: bool
     # Whether AITER's MLA decode reduces its splits with a Triton stage 2 (up to 0.18; 0.19: HIP).
     aiter_mla_triton_reduce: bool
@@ -187,20 +187,30 @@ _LINE_0_13 = replace(
     tracing="engine_step",
     aiter_block_fp8="vllm_tuned_list",
 )
-_LINE_0_15 = replace(_LINE_0_13, name="0.15", since=(0, 15, 0), backend_variable=False)
+# 0.15: the attention variables gone; FLASHINFER_MLA first on sm100.
+_LINE_0_15 = replace(
+    _LINE_0_13,
+    name="0.15",
+    since=(0, 15, 0),
+    backend_variable=False,
+    cuda_mla_priorities_sm100=("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+)
+_LINE_0_16 = replace(_LINE_0_15, name="0.16", since=(0, 16, 0), triton_mla_decode="forward_mqa")
 _LINE_0_18 = replace(
-    _LINE_0_15,
+    _LINE_0_16,
     name="0.18",
     since=(0, 18, 0),
     gqa_rule="aiter_flags_list",
     aiter_mla_for_block_size_1=False,
     aiter_fa_windowed_decode="paged",
+    triton_mla_fp8_kv_cache=True,
 )
-_LINE_0_19 = replace(
-    _LINE_0_18,
-    name="0.19",
-    since=(0, 19, 0),
-    gqa_rule="priority_list",
+_LINE_0_19 = replace(_LINE_0_18, name="0.19", since=(0, 19, 0), gqa_rule="priority_list", aiter_mla_triton_reduce=False)
+_LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
+_LINE_0_21 = replace(
+    _LINE_0_20,
+    name="0.21",
+    since=(0, 21, 0),
     cuda_mla_priorities_sm100=(
         "FLASHINFER_MLA",
         "TOKENSPEED_MLA",
@@ -209,13 +219,8 @@ _LINE_0_19 = replace(
         "FLASHMLA",
         "TRITON_MLA",
     ),
-    tracing="engine_step",
-    triton_mla_decode="forward_mqa",
-    triton_mla_fp8_kv_cache=True,
-    aiter_mla_triton_reduce=False,
 )
-_LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
-_LINE_0_23 = replace(_LINE_0_20, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True, aiter_fa_windowed_decode="unified")
+_LINE_0_23 = replace(_LINE_0_21, name="0.23", since=(0, 23, 0), aiter_fa_sinks=True, aiter_fa_windowed_decode="unified")
 _LINE_0_28 = replace(_LINE_0_23, name="0.28", since=(0, 28, 0), capture_ceiling_sm100=1024)
 _LINE_0_29 = replace(
     _LINE_0_28, name="0.29", since=(0, 29, 0), capture_decodes="speculative", cuda_sm89_block_fp8="marlin"
@@ -235,9 +240,11 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_12,
     _LINE_0_13,
     _LINE_0_15,
+    _LINE_0_16,
     _LINE_0_18,
     _LINE_0_19,
     _LINE_0_20,
+    _LINE_0_21,
     _LINE_0_23,
     _LINE_0_28,
     _LINE_0_29,

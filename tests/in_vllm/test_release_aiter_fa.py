@@ -86,7 +86,7 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     decodes them with unified attention, sinks from 0.23); Gemma-2's windows collapsed to one
     kind miss the other kind's gathers (0.12, and 0.33's full group, whose gather takes int64
     token-to-batch indices). vLLM up to 0.22
-    builds no gpt-oss layer with this backend (its impl takes no sinks; from 0.19 its selector
+    builds no gpt-oss layer with this backend (its impl takes no sinks; from 0.18 its selector
     refuses it)."""
     if spec == GPT_OSS and not since(release, "0.23"):
         # From 0.19 vLLM's selector refuses the backend for sinks (one line naming it); before, its
@@ -96,7 +96,7 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
         except InputError as error:
             refused, layers = str(error), []
         assert not layers, "vLLM built gpt-oss's layers with a ROCM_AITER_FA that takes no sinks"
-        assert (refused is not None and "attention sinks not supported" in refused) == since(release, "0.19"), refused
+        assert (refused is not None and "attention sinks not supported" in refused) == since(release, "0.18"), refused
         return
     request = _request(spec)
     layers = list(request.model.attention_layers)
