@@ -89,7 +89,7 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
     builds no gpt-oss layer with this backend (its impl takes no sinks; from 0.18 its selector
     refuses it)."""
     if spec == GPT_OSS and not since(release, "0.23"):
-        # From 0.19 vLLM's selector refuses the backend for sinks (one line naming it); before, its
+        # From 0.18 vLLM's selector refuses the backend for sinks (one line naming it); before, its
         # model builds no layer with it.
         try:
             refused, layers = None, list(_request(spec).model.attention_layers)
