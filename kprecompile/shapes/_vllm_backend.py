@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from ..errors import InputError
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
@@ -234,13 +235,19 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
         with cutlass_answered(target):
             runner = import_library_module("vllm.v1.worker.gpu_model_runner").GPUModelRunner
         select_block_size = runner.select_common_block_size
-    kernel_block = _call_with(
-        select_block_size,
-        kv_manager_block_size=spec.block_size,
-        backends=[backend],
-        kv_cache_specs=[spec],
-        attn_groups=[SimpleNamespace(backend=backend)],
-    )
+    try:
+        kernel_block = _call_with(
+            select_block_size,
+            kv_manager_block_size=spec.block_size,
+            backends=[backend],
+            kv_cache_specs=[spec],
+            attn_groups=[SimpleNamespace(backend=backend)],
+        )
+    except ValueError as error:
+        # The engine refuses the page size at its KV-cache setup (up to 0.18 its selector takes a
+        # backend whatever the block size): the user's setting, as the server would say.
+        expected = f"a block size vLLM's {backend.get_name()} takes; it says: {str(error).strip()}"
+        raise InputError("--block-size", spec.block_size, expected) from error
     width = _block_table_width(config, spec, kernel_block, target)
     needed = -(-shape.max_seq_len // spec.block_size) * shape.num_seqs
     element = torch.empty((), dtype=spec.dtype, device="meta").element_size()

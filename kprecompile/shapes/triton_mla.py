@@ -227,7 +227,9 @@ def _decode_through_forward_mqa(impl: Any, shape: TritonMlaShape, target: Target
         seq_lens=torch.empty(shape.batch, dtype=torch.int32, device=meta),
     )
     metadata = SimpleNamespace(decode=decode, max_seq_len=shape.max_seq_len, causal=True)
-    layer = SimpleNamespace(_k_scale=torch.empty((), dtype=torch.float32, device=meta), _k_scale_float=1.0)
+    # The layer's scales as releases read them (0.18 passes `_v_scale` as the value scale, 0.19 on `_k_scale`).
+    scale = torch.empty((), dtype=torch.float32, device=meta)
+    layer = SimpleNamespace(_k_scale=scale, _v_scale=scale, _k_scale_float=1.0, _v_scale_float=1.0)
     impl.forward_mqa(query, kv_cache, metadata, layer)
 
 

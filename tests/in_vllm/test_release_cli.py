@@ -89,6 +89,13 @@ def test_a_backend_vllm_refuses_is_one_line_naming_vllms_reason(cli_plans, relea
     returncode, out, err = cli_plans["refused", "first"]
     [line] = [line for line in err.splitlines() if line.startswith("kprecompile: ")]
     assert returncode == 2 and out == ""
+    if release_line(release).gqa_rule == "aiter_flags_list":
+        # 0.18's selector takes a backend whatever the block size; its KV-cache setup refuses it.
+        assert line == (
+            "kprecompile: --block-size: got 1, expected a block size vLLM's TRITON_MLA takes; it says: "
+            "No common block size for 1."
+        )
+        return
     assert line.startswith("kprecompile: --attention-backend: got 'TRITON_MLA', expected a backend vLLM")
     priority_list = release_line(release).gqa_rule == "priority_list"  # vLLM's selector from 0.19
     reason = "block_size not supported" if priority_list else "does not support block size 1"
