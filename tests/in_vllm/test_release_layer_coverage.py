@@ -126,7 +126,7 @@ def coverage(target_name: str, case, release: str, shared_dir: Path) -> dict[str
 
 def _check(row: dict[str, object], features) -> None:
     assert row["built"] is not None, f"vLLM did not build {row['model']}'s layers with {row['backend']}"
-    assert row["skip_reason"] is None, row
+    assert row["skip_reason"] is None and row.get("error") is None, row
     assert row["steps"] >= STEPS and row["kernels"] > 0, row
     assert row["vllm_backends"] == [row["backend"]], row
     assert row["misses"] == 0, row
@@ -140,10 +140,11 @@ def _check(row: dict[str, object], features) -> None:
 @pytest.mark.vllm_process("layers-rocm")
 @pytest.mark.parametrize("case", CASES["gfx942"], ids=_case_id)
 def test_random_engine_steps_on_gfx942_are_planned(case, release, shared_dir):
-    """ROCM (gfx942): 0 kernels outside the plan; > 0 with each feature's handling removed. vLLM
-    From 0.18 vLLM's selector refuses ROCM_ATTN for a layer with sinks: there, as `vllm serve
-    --attention-backend ROCM_ATTN` does, the request fails naming vLLM's reason."""
-    if case[0] == GPT_OSS and case[1] == "ROCM_ATTN" and since(release, "0.18"):
+    """ROCM (gfx942): 0 kernels outside the plan; > 0 with each feature's handling removed. From
+    0.19 vLLM's selector refuses ROCM_ATTN for a layer with sinks (0.18.1's ROCM_ATTN still takes
+    them): there, as `vllm serve --attention-backend ROCM_ATTN` does, the request fails naming
+    vLLM's reason."""
+    if case[0] == GPT_OSS and case[1] == "ROCM_ATTN" and since(release, "0.19"):
         with pytest.raises(InputError, match="attention sinks not supported"):
             coverage("gfx942", case, release, shared_dir)
         return
