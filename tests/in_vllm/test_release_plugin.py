@@ -32,18 +32,19 @@ import pytest
 import torch
 from release_support import bind_platform
 from triton import knobs
-from vllm_releases import merges_per_launch
+from vllm_releases import merges_per_launch, since
 
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.settings import cache_layout
 from kprecompile.inputs.targets import TARGETS
+from kprecompile.platforms.triton_driver import active_target
 from kprecompile.platforms.vllm_platform import rocm_platform
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
 from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
-from kprecompile.vllm.releases import release_line, serving_capture_sizes
+from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
@@ -161,12 +162,19 @@ def run_probe(model_dir: str, cache_dir: str) -> dict:
     before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
     from vllm.plugins import load_general_plugins
 
-    load_general_plugins()
-    # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
-    # configuration asks AITER's HIP modules what they support, which fail as absent here. Its
-    # AITER imports (0.13 to 0.16 import it with vLLM's layers); here AITER's Triton side does.
-    with rocm_platform(GFX942), aiter_hip_absent():
+    release = installed_release()
+    if since(release, "0.13") and not since(release, "0.17"):
+        # These import AITER with vLLM's layers (the plugin's hooks import them) and read its FP8
+        # type at import, which AITER asks the GPU: a ROCm server's AITER, here its Triton side
+        # under the target's driver.
         installed_aiter_without_hip()
+        with active_target(GFX942), aiter_hip_absent():
+            load_general_plugins()
+    else:
+        load_general_plugins()
+    # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
+    # configuration asks AITER's HIP modules what they support, which fail as absent here.
+    with rocm_platform(GFX942), aiter_hip_absent():
         bind_platform()
         return probe(model_dir, cache_dir, sorted(before_plugins))
 
@@ -458,7 +466,6 @@ def fp8_bmm_loop_call(m: int) -> str:
     from vllm._aiter_ops import rocm_aiter_ops
 
     from kprecompile.errors import LaunchRefusedError
-    from kprecompile.platforms.triton_driver import active_target
     from kprecompile.tracing.libraries import import_library_module
 
     heads, nope, lora, v_dim = 16, 128, 512, 128  # DeepSeek-V2-Lite, tp 1
