@@ -27,18 +27,10 @@ DEFAULT_TRITON_DEST = ROOT / ".tritons"
 TEST_TRITONS = ("3.5.0", "3.7.1", "3.8.0", "3.9.0")
 
 
-# The tested releases whose tests run on the Triton their torch pins. 0.11.2 and 0.12.0 pin Triton
-# 3.5.0, which leaves AMD's buffer ops off by default (3.6 turns them on): under it no pointer is
-# specialized on its 2 GiB class, and their tests' pinned kernel counts assume 3.6's (about ten
-# of them halve). Until those tests follow the Triton they run on, they run on the test extra's 3.6.0.
-ON_OWN_TRITON = ("0.25.1", "0.33.0")
-
-
 def install(version: str, dest: Path = DEFAULT_DEST) -> Path:
     """One release into `<dest>/<version>` (the tests' `.vllm/` by default), with the Triton its
-    torch pins where its tests run on it (`ON_OWN_TRITON`, and every release not tested here)."""
-    own = version in ON_OWN_TRITON or version not in TESTED_RELEASES
-    return engine_install.install(version, dest, with_triton=own)
+    torch pins: its tests run on the toolchain its users have."""
+    return engine_install.install(version, dest, with_triton=True)
 
 
 def triton_dir(version: str, dest: Path = DEFAULT_TRITON_DEST) -> Path:
