@@ -30,6 +30,7 @@ from kprecompile.platforms.triton_driver import active_target
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
 from kprecompile.tracing.libraries import installed_aiter_without_hip
+from kprecompile.vllm.engine_config import models_inspected_here
 from kprecompile.vllm.releases import installed_release
 from kprecompile.warmup.manifest_key import find_manifest
 
@@ -120,7 +121,9 @@ def run_probe(model_dir: str) -> dict[str, object]:
     else:
         load_general_plugins()
     hook = loader_hook()
-    with cuda_platform(SM90):
+    # The model's class inspected in this process (0.13 to 0.16's inspection subprocess imports
+    # the builder's AITER without its stand-ins).
+    with cuda_platform(SM90), models_inspected_here():
         bind_platform()
         hook.target = SM90  # no GPU here: the target an H200 worker detects
         return {"triton": server(model_dir, hook, "TRITON_ATTN"), "default": server(model_dir, hook, None)}

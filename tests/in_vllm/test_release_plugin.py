@@ -44,6 +44,7 @@ from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
 from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
+from kprecompile.vllm.engine_config import models_inspected_here
 from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
@@ -173,8 +174,10 @@ def run_probe(model_dir: str, cache_dir: str) -> dict:
     else:
         load_general_plugins()
     # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
-    # configuration asks AITER's HIP modules what they support, which fail as absent here.
-    with rocm_platform(GFX942), aiter_hip_absent():
+    # configuration asks AITER's HIP modules what they support, which fail as absent here. The
+    # model's class is inspected in this process (0.13 to 0.16's inspection subprocess would import
+    # AITER without the builder's stand-ins; a ROCm server's has its own AITER).
+    with rocm_platform(GFX942), aiter_hip_absent(), models_inspected_here():
         bind_platform()
         return probe(model_dir, cache_dir, sorted(before_plugins))
 
