@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, launch_path_keys, sample_call
 
-from kprecompile.errors import InputError, TracingError
+from kprecompile.errors import TracingError
 from kprecompile.tracing.trace import trace_calls
 
 FAMILY = FP8_BMM.name
@@ -112,21 +112,3 @@ def test_a_failing_library_call_names_the_call(sm90):
 
     with pytest.raises(TracingError, match=r"tracing sample failed at broken call: RuntimeError: shape"):
         trace_calls([("broken call", broken)], sm90, "sample")
-
-
-def test_a_setting_the_engine_refuses_stays_the_users_error(sm90):
-    """An engine's refusal of a user setting met while tracing (vLLM 0.18's KV-cache setup refusing
-    a block size) is an input error (exit 2), not a failed trace; anything else is one."""
-
-    def refused():
-        raise InputError(
-            "--block-size", 1, "a block size vLLM's TRITON_MLA takes; it says: No common block size for 1."
-        )
-
-    def failed():
-        raise ValueError("No common block size for 1.")
-
-    with pytest.raises(InputError, match=r"^--block-size: got 1, expected a block size"):
-        trace_calls([("refused", refused)], sm90, "sample")
-    with pytest.raises(TracingError, match=r"failed at failed: ValueError: No common block size"):
-        trace_calls([("failed", failed)], sm90, "sample")

@@ -51,6 +51,17 @@ def _ensure_aiter_package() -> None:
     sys.modules[f"{AITER_PACKAGE}.jit.utils.chip_info"] = _chip_info_standin()
 
 
+def aiter_module_lacking(error: BaseException | None) -> str | None:
+    """The AITER module `error` says is missing where AITER itself is installed: an engine release
+    newer than the installed AITER imports what only its own AITER has (vLLM 0.31's ROCM_AITER_FA
+    imports AITER's Gluon paged decode at import). None for anything else."""
+    name = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+    if not name or not name.startswith(AITER_PACKAGE + "."):
+        return None
+    installed = AITER_PACKAGE in sys.modules or importlib.util.find_spec(AITER_PACKAGE) is not None
+    return name if installed else None
+
+
 def installed_aiter_without_hip() -> None:
     """Where AITER is installed and not imported yet, its package as kprecompile imports it (its
     Triton side, without HIP on a builder): vLLM 0.13 to 0.16 import AITER's `dtypes` at the top

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cache.jobs import CompileJob
-from ..errors import InputError, TracingError
+from ..errors import TracingError
 from ..inputs.targets import Target
 from ..platforms.triton_driver import active_target, device_model
 from .libraries import operators_keep_first_definition
@@ -61,8 +61,6 @@ def trace_calls(
         for label, call in calls:
             try:
                 call()
-            except InputError:
-                raise  # the engine refused the user's setting: theirs to change, not a failed trace
             except Exception as error:
                 raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
             count += 1

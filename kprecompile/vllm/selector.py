@@ -274,9 +274,27 @@ def _select(question: Question) -> str:
         try:
             path = platform.get_attn_backend_cls(*arguments, **keywords)
         except (ValueError, NotImplementedError) as error:
+            _refused_for_this_aiter(selected)
             reason = str(error).strip()
             raise _Refused(reason.splitlines()[0] if reason else type(error).__name__) from error
     return registered_name(path) or path
+
+
+def _refused_for_this_aiter(selected: Any) -> None:
+    """vLLM's selector takes a backend whose module fails to import as invalid: where the module
+    imports an AITER module the builder's AITER lacks (vLLM 0.31's ROCM_AITER_FA imports AITER's
+    Gluon paged decode), a server with its release's AITER takes it. That is no answer (the caller
+    falls back to its mirror, and planning says what the AITER lacks), not vLLM's refusal."""
+    from ..tracing.libraries import aiter_module_lacking
+
+    if selected is None:
+        return
+    try:
+        selected.get_class()
+    except ModuleNotFoundError as error:
+        lacking = aiter_module_lacking(error)
+        if lacking is not None:
+            raise RuntimeError(f"{selected.name} imports {lacking}, which the installed AITER lacks") from error
 
 
 def _selector_config_class() -> Any:

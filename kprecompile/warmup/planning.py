@@ -22,11 +22,11 @@ from ..inputs.layers import AttentionLayer
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
-from ..inputs.toolchain import triton_key_text
+from ..inputs.toolchain import aiter_version, triton_key_text
 from ..selection.engines import Selection
 from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
-from ..tracing.libraries import VLLM_DISTRIBUTION
+from ..tracing.libraries import AITER_DISTRIBUTION, VLLM_DISTRIBUTION, aiter_module_lacking
 from ..tracing.trace import trace_calls
 from ..vllm.engine_config import remember_model_directory
 from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, ReleaseLine, release_line, serving_capture_sizes
@@ -174,6 +174,14 @@ def plan_family(
             raise cause from None
         if isinstance(cause, LibraryUnavailableError):
             plan = FamilyPlan(name, target.name, len(shapes), 0, parameters, str(cause), backend, missing=cause.library)
+            return plan, ()
+        lacking = aiter_module_lacking(cause)
+        if lacking is not None:
+            reason = (
+                f"{backend or name} imports {lacking}, which the installed {AITER_DISTRIBUTION} "
+                f"{aiter_version()} lacks: planning it needs the AITER the release's ROCm image builds"
+            )
+            plan = FamilyPlan(name, target.name, len(shapes), 0, parameters, reason, backend, missing=lacking)
             return plan, ()
         # A failed family fails the command, never the rest of the plan (or a server's warm).
         reason = str(error)

@@ -62,13 +62,14 @@ from unittest import mock
 from helpers import launch_path_keys
 from release_support import environment, kv_storage_classes
 
+from kprecompile.errors import TracingError
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.shapes import FAMILIES
-from kprecompile.tracing.libraries import import_library_module
+from kprecompile.tracing.libraries import aiter_module_lacking, import_library_module
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import installed_release, release_line
 from kprecompile.warmup.planning import plan
@@ -592,7 +593,17 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     if choice.skip_reason:
         return document
     if release_line(installed_release()).tracing == "engine_step":
-        return {**document, **aiter_fa_context_0_19(model, seed)}
+        try:
+            return {**document, **aiter_fa_context_0_19(model, seed)}
+        except TracingError as error:
+            # The release's backend imports an AITER module the installed AITER lacks (0.31's
+            # Gluon paged decode): what the plan says of it instead.
+            lacking = aiter_module_lacking(error.__cause__)
+            if lacking is None:
+                raise
+            result = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA")
+            [row] = [row for row in result.families if row.family == "aiter_fa_context"]
+            return {**document, "aiter_lacks": lacking, "plan_error": row.error, "kernels_planned": len(result.jobs)}
     plan_jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA").jobs
     document["kernels"] = sorted(job.kernel.rpartition(":")[2] for job in plan_jobs if job.family == "aiter_fa_context")
     serving = ServingParams(**SERVING)
@@ -618,7 +629,12 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
             )
         )
     swept_keys = _context_keys(swept_shapes, as_served=True)
-    small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
+    # Negative control: a plan without the KV caches over 2 GiB where that class specializes the
+    # kernels (Triton's buffer ops), else one of the plan's steps alone.
+    if kv_storage_classes() == 2:
+        small = tuple(shape for shape in shapes if shape.kv_cache_storage == "under_2gib")
+    else:
+        small = shapes[:1]
     document["coverage"] = {
         "steps": len(swept_shapes),
         "kernels": len(swept_keys),
