@@ -58,16 +58,14 @@ def test_a_release_from_engine_install_is_planned_with_its_own_code_and_triton(t
     (engines / "vllm" / RELEASE).symlink_to(release_path(RELEASE))
     found = _run("engine", "install", f"vllm=={RELEASE}", "--json", engines=engines, cache=cache)
     assert found.returncode == 0, found.stderr
-    # Plans with it run under this environment's Triton; the release's torch pins 3.5.0.
-    from importlib import metadata
-
+    # Plans with it run under the Triton its torch pins, 3.5.0, installed beside it.
     assert json.loads(found.stdout) == {
         "schema_version": 1,
         "engine": "vllm",
         "version": RELEASE,
         "path": str(engines / "vllm" / RELEASE),
         "installed": False,
-        "triton": metadata.version("triton"),
+        "triton": "3.5.0",
         "triton_pinned": "3.5.0",
     }
     listed = _run("engine", "ls", "--json", engines=engines, cache=cache)
