@@ -43,7 +43,7 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
-from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
+from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip, release_attribute
 from kprecompile.vllm.engine_config import models_inspected_here
 from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
@@ -308,9 +308,10 @@ def selections(model_config, mla_model) -> list[dict]:
                                 selected, head, torch.bfloat16, "auto", 16, use_mla, False, False
                             )
                         else:
-                            from vllm.v1.attention.selector import AttentionSelectorConfig
-
-                            selector = AttentionSelectorConfig(
+                            # In vllm.attention.selector up to 0.18.
+                            selector = release_attribute(
+                                "AttentionSelectorConfig", ("vllm.v1.attention.selector", "vllm.attention.selector")
+                            )(
                                 head_size=head,
                                 dtype=torch.bfloat16,
                                 kv_cache_dtype="auto",
