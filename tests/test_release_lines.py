@@ -116,6 +116,25 @@ FROM_0_19 = {
     # ROCM_AITER_UNIFIED_ATTN up to 0.22 (vLLM's ROCM_AITER_FA refuses sinks), ROCM_AITER_FA from 0.23.
     "aiter_fa_sinks": False,
 }
+# The rules of 0.13 as the tests assert them of 0.13.0, read in 0.13.0's to 0.17.1's
+# platforms/rocm.py: the 0.12 selector, pages of one token on AITER's MLA (in_vllm/test_release_cli.py,
+# CLI_CASES "none").
+FROM_0_13 = {
+    **EVERY_LINE,
+    **UP_TO_0_18,
+    "rocm_mla_backends": ALL_MLA,
+    "gqa_rule": "named_then_unified_flag",
+    "aiter_mla_for_block_size_1": True,
+    # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
+    "capture_scales_with_speculation": True,
+    # The engine's own step from 0.13 (its TRITON_ATTN metadata carries the builder's 3D
+    # threshold; docs/release-matrix.md, 0.13.0's row).
+    "tracing": "engine_step",
+    "aiter_block_fp8": "vllm_tuned_list",
+}
+# 0.15's config/attention.py no longer reads VLLM_ATTENTION_BACKEND nor
+# VLLM_V1_USE_PREFILL_DECODE_ATTENTION (--attention-backend, --attention-config).
+FROM_0_15 = {**FROM_0_13, "backend_variable": False, "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15}
 # What the tests assert of a release of each line, field by field.
 RULES: dict[str, dict[str, object]] = {
     "0.11.2": {
@@ -139,65 +158,19 @@ RULES: dict[str, dict[str, object]] = {
         # test_engines.py: test_capture_sizes_follow_the_release (0.11 and 0.12: 2 x max-num-seqs).
         "capture_scales_with_speculation": False,
     },
-    # Read in 0.13.0's to 0.17.1's platforms/rocm.py: the 0.12 selector, pages of one token on
-    # AITER's MLA (in_vllm/test_release_cli.py, CLI_CASES "none").
-    "0.13.0": {
-        **EVERY_LINE,
-        **UP_TO_0_18,
-        "rocm_mla_backends": ALL_MLA,
-        "gqa_rule": "named_then_unified_flag",
-        "aiter_mla_for_block_size_1": True,
-        # test_engines.py: test_capture_sizes_follow_the_release (0.13 on: x (1 + spec)).
-        "capture_scales_with_speculation": True,
-        # The engine's own step from 0.13 (its TRITON_ATTN metadata carries the builder's 3D
-        # threshold; docs/release-matrix.md, 0.13.0's row).
-        "tracing": "engine_step",
-        "aiter_block_fp8": "vllm_tuned_list",
-    },
-    # 0.15's config/attention.py no longer reads VLLM_ATTENTION_BACKEND nor
-    # VLLM_V1_USE_PREFILL_DECODE_ATTENTION (--attention-backend, --attention-config).
-    "0.15.0": {
-        **EVERY_LINE,
-        **UP_TO_0_18,
-        "backend_variable": False,
-        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
-        "rocm_mla_backends": ALL_MLA,
-        "gqa_rule": "named_then_unified_flag",
-        "aiter_mla_for_block_size_1": True,
-        "capture_scales_with_speculation": True,
-        "tracing": "engine_step",
-        "aiter_block_fp8": "vllm_tuned_list",
-    },
+    "0.13.0": FROM_0_13,
+    "0.15.0": FROM_0_15,
     # 0.16.0's v1/attention/backends/mla/triton_mla.py: `forward_mqa`, 4 KV splits.
-    "0.16.0": {
-        **EVERY_LINE,
-        **UP_TO_0_18,
-        "backend_variable": False,
-        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
-        "rocm_mla_backends": ALL_MLA,
-        "gqa_rule": "named_then_unified_flag",
-        "aiter_mla_for_block_size_1": True,
-        "capture_scales_with_speculation": True,
-        "tracing": "engine_step",
-        "triton_mla_decode": "forward_mqa",
-        "aiter_block_fp8": "vllm_tuned_list",
-    },
+    "0.16.0": {**FROM_0_15, "triton_mla_decode": "forward_mqa"},
     # 0.18.1's platforms/rocm.py: a list by AITER's flags, then TRITON_ATTN; MLA by AITER's MLA flag
-    # alone. Its impl passes the window to AITER's paged attention (its rocm_aiter_fa.py).
+    # alone. Its impl passes the window to AITER's paged attention (its rocm_aiter_fa.py); its
+    # triton_mla.py takes fp8 (in_vllm: its TRITON_MLA runs).
     "0.18.1": {
-        **EVERY_LINE,
-        **UP_TO_0_18,
-        "backend_variable": False,
-        "rocm_mla_backends": ALL_MLA,
+        **FROM_0_15,
         "gqa_rule": "aiter_flags_list",
         "aiter_mla_for_block_size_1": False,
-        "capture_scales_with_speculation": True,
-        "tracing": "engine_step",
-        "aiter_block_fp8": "vllm_tuned_list",
         "aiter_fa_windowed_decode": "paged",
-        "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_15,
         "triton_mla_decode": "forward_mqa",
-        # 0.18.1's triton_mla.py takes fp8 (in_vllm: its TRITON_MLA runs).
         "triton_mla_fp8_kv_cache": True,
     },
     **{
