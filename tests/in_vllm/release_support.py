@@ -39,3 +39,24 @@ def kv_storage_classes() -> int:
     from triton import knobs
 
     return 2 if knobs.amd.use_buffer_ops else 1
+
+
+def load_plugins_on(target) -> None:
+    """vLLM's `load_general_plugins()`, as in a server on `target`. 0.13 to 0.16 import AITER with
+    vLLM's layers (the plugin's hooks import them) wherever it is installed, and read its FP8 type
+    from the GPU at import: there the builder's AITER (its Triton side, its HIP side absent) under
+    the target's driver. A ROCm server has its own AITER; an NVIDIA one has none."""
+    from vllm.plugins import load_general_plugins
+    from vllm_releases import since
+
+    from kprecompile.platforms.triton_driver import active_target
+    from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip
+    from kprecompile.vllm.releases import installed_release
+
+    release = installed_release()
+    if not (since(release, "0.13") and not since(release, "0.17")):
+        load_general_plugins()
+        return
+    installed_aiter_without_hip()
+    with active_target(target), aiter_hip_absent():
+        load_general_plugins()

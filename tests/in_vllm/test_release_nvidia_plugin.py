@@ -22,16 +22,13 @@ from importlib import resources
 
 import pytest
 import torch
-from release_support import bind_platform
+from release_support import bind_platform, load_plugins_on
 from vllm_releases import since
 
 from kprecompile.inputs.targets import TARGETS
-from kprecompile.platforms.triton_driver import active_target
 from kprecompile.platforms.vllm_platform import cuda_platform, target_imports
 from kprecompile.serve.vllm.plugin import loader_hook
-from kprecompile.tracing.libraries import installed_aiter_without_hip
 from kprecompile.vllm.engine_config import models_inspected_here
-from kprecompile.vllm.releases import installed_release
 from kprecompile.warmup.manifest_key import find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("nvidia-plugin")]
@@ -108,18 +105,7 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
 
 
 def run_probe(model_dir: str) -> dict[str, object]:
-    from vllm.plugins import load_general_plugins
-
-    release = installed_release()
-    if since(release, "0.13") and not since(release, "0.17"):
-        # An H200 server has no AITER; this builder has one beside kprecompile, which these import
-        # with vLLM's layers (the plugin's hooks import them) wherever it is installed, reading its
-        # FP8 type from the GPU: its Triton side, under the target's driver.
-        installed_aiter_without_hip()
-        with active_target(SM90):
-            load_general_plugins()
-    else:
-        load_general_plugins()
+    load_plugins_on(SM90)
     hook = loader_hook()
     # The model's class inspected in this process (0.13 to 0.16's inspection subprocess imports
     # the builder's AITER without its stand-ins).

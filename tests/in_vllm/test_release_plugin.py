@@ -30,9 +30,9 @@ from importlib import resources
 
 import pytest
 import torch
-from release_support import bind_platform
+from release_support import bind_platform, load_plugins_on
 from triton import knobs
-from vllm_releases import merges_per_launch, since
+from vllm_releases import merges_per_launch
 
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.settings import cache_layout
@@ -43,9 +43,9 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.vllm.plugin import _MARK, loader_hook
 from kprecompile.serve.vllm.request import from_vllm_config
-from kprecompile.tracing.libraries import aiter_hip_absent, installed_aiter_without_hip, release_attribute
+from kprecompile.tracing.libraries import aiter_hip_absent, release_attribute
 from kprecompile.vllm.engine_config import models_inspected_here
-from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
+from kprecompile.vllm.releases import release_line, serving_capture_sizes
 from kprecompile.warmup.manifest_key import configuration_parts, find_manifest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.compiles, pytest.mark.slow, pytest.mark.vllm_process("plugin")]
@@ -161,18 +161,7 @@ def test_the_plugin_records_what_compiles_beyond_the_plan_in_the_configurations_
 
 def run_probe(model_dir: str, cache_dir: str) -> dict:
     before_plugins = {name for name in sys.modules if name == "aiter" or name.startswith("aiter.")}
-    from vllm.plugins import load_general_plugins
-
-    release = installed_release()
-    if since(release, "0.13") and not since(release, "0.17"):
-        # These import AITER with vLLM's layers (the plugin's hooks import them) and read its FP8
-        # type at import, which AITER asks the GPU: a ROCm server's AITER, here its Triton side
-        # under the target's driver.
-        installed_aiter_without_hip()
-        with active_target(GFX942), aiter_hip_absent():
-            load_general_plugins()
-    else:
-        load_general_plugins()
+    load_plugins_on(GFX942)
     # A ROCm server's vLLM modules hold its ROCm platform from import on; from 0.2x its engine
     # configuration asks AITER's HIP modules what they support, which fail as absent here. The
     # model's class is inspected in this process (0.13 to 0.16's inspection subprocess would import
