@@ -33,11 +33,21 @@ def since(release: str, first: str) -> bool:
     return Version(release) >= Version(first)
 
 
-def merges_per_launch(release: str, budget: int) -> int:
-    """Merge kernels one launch of vLLM's Triton merge stands for in a plan: 0.20 to 0.26 take the
-    count of tokens with context as a constexpr (read in each wheel's `triton_merge_attn_states.py`),
-    so a server compiles one per count up to the token budget (max-num-batched-tokens)."""
-    return budget if since(release, "0.20") and not since(release, "0.27") else 1
+def merges_per_launch(release: str, budget: int, continuation: bool = False) -> int:
+    """Merge kernels one launch of vLLM's Triton merge stands for in a plan (read in each wheel's
+    `triton_merge_attn_states.py`). 0.20 to 0.26 take the count of tokens with context as a
+    constexpr, so a server compiles one per count up to the token budget (max-num-batched-tokens).
+    From 0.27 the count and the log-sum-exp head strides are ordinary integers, which Triton
+    specializes by class (1, other, a multiple of 16, where the budget reaches it): the count and
+    the tied head strides of contiguous log-sum-exps, each in every class; an MLA prefill's
+    `continuation` merge (0.31: a chunk that starts inside a sequence's context) also slices its
+    running log-sum-exp at a token, a head stride of its own and an address aligned or not."""
+    if not since(release, "0.20"):
+        return 1
+    if not since(release, "0.27"):
+        return budget
+    classes = len([value for value in (1, 2, 16) if value <= budget])
+    return classes**2 * (classes * 2 if continuation else 1)
 
 
 def installer():

@@ -381,37 +381,52 @@ def _kv_cache(backend: type, spec: VllmBackend, shape: PagedAttentionShape, elem
 TRITON_MERGE_MODULES = ("vllm.v1.attention.ops.triton_merge_attn_states", "vllm.attention.ops.triton_merge_attn_states")
 # The merge kernel's count of leading tokens that have cached context (None: every token).
 _MERGE_COUNT = "prefill_tokens_with_context"
+# The merge's log-sum-exp strides over heads (from 0.27): a [heads, tokens] tensor's head stride
+# is its count of tokens (or of the tensor it is a slice of).
+_LSE_HEAD_STRIDE = "_lse_head_stride"
 
 
 @contextlib.contextmanager
 def merges_for_every_token_count(budget: int) -> Iterator[None]:
-    """Each Triton merge a step launches, launched as well for every count of tokens with context
-    from 1 to `budget` (the step budget, max-num-batched-tokens), where the installed vLLM's merge
-    kernel takes that count as a constexpr (0.20 to 0.26): there a server compiles one merge
-    kernel per count it meets, so the plan holds them all. Read from the kernel itself; elsewhere
-    (the count an ordinary argument, or absent) this does nothing."""
+    """Each Triton merge a step launches, launched as well for the token counts a server meets,
+    read from the installed vLLM's merge kernel. Where it takes the count of tokens with context
+    as a constexpr (0.20 to 0.26), a server compiles one merge per count: every count from 1 to
+    `budget` (the step budget, max-num-batched-tokens). Where the count and the log-sum-exp head
+    strides are ordinary integers (from 0.27), Triton specializes each on its class (1, a
+    multiple of 16, other), and a log-sum-exp sliced at a token on its address's alignment:
+    every combination (`_TokenGroup`). Before 0.20 the merge takes no token count, and this does
+    nothing."""
     kernel = None
     for name in TRITON_MERGE_MODULES:
         with contextlib.suppress(ImportError):
             kernel = import_library_module(name).merge_attn_states_kernel
             break
     names = list(getattr(kernel, "arg_names", ()))
-    if kernel is None or _MERGE_COUNT not in names or not kernel.params[names.index(_MERGE_COUNT)].is_constexpr:
+    if kernel is None or _MERGE_COUNT not in names:
         yield
         return
     index = names.index(_MERGE_COUNT)
+    count_is_constexpr = kernel.params[index].is_constexpr
     original = kernel.run
     widened: set[tuple] = set()
 
     def run(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
-        # Once per launch that differs in anything but the count (dtypes, strides, flags).
-        others = tuple(_launch_identity(arg) for position, arg in enumerate(args) if position != index)
-        if len(args) > index and others not in widened:
+        if count_is_constexpr:
+            groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))]
+        else:
+            groups = _token_groups(kernel, names, args, budget)
+        # Once per launch that differs in anything else (dtypes, strides, flags).
+        varied = {position for group in groups for position in (*group.integers, *group.tensors)}
+        others = tuple(_launch_identity(arg) for position, arg in enumerate(args) if position not in varied)
+        if others not in widened:
             widened.add(others)
-            for count in range(1, budget + 1):
-                if count != args[index]:
-                    original(*args[:index], count, *args[index + 1 :], **kwargs)
+            for choices in itertools.product(*(group.choices() for group in groups)):
+                changed = list(args)
+                for group, choice in zip(groups, choices, strict=True):
+                    group.apply(choice, changed)
+                if any(new is not old for new, old in zip(changed, args, strict=True)):
+                    original(*changed, **kwargs)
         return result
 
     kernel.run = run
@@ -419,6 +434,73 @@ def merges_for_every_token_count(budget: int) -> Iterator[None]:
         yield
     finally:
         del kernel.run
+
+
+@dataclass(frozen=True)
+class _TokenGroup:
+    """Integer arguments of a launch that are one number a server's token counts decide, each
+    taking one value per Triton class it can be in, and the log-sum-exp tensors they are the
+    head strides of where those are sliced at a token (their address then aligned or not)."""
+
+    integers: tuple[int, ...]
+    values: tuple[int, ...]
+    tensors: tuple[int, ...] = ()
+
+    def choices(self) -> list[tuple[int, int | None]]:
+        alignments = (0, 1) if self.tensors else (None,)
+        return [(value, alignment) for value in self.values for alignment in alignments]
+
+    def apply(self, choice: tuple[int, int | None], args: list[Any]) -> None:
+        value, alignment = choice
+        for position in self.integers:
+            if args[position] != value:
+                args[position] = value
+        for position in self.tensors:
+            tensor = args[position]
+            # An offset of 16 elements is 16-byte aligned whatever the element size; one more is not.
+            offset = tensor.storage_offset() // 16 * 16
+            offset += alignment if offset + alignment <= tensor.storage_offset() else -alignment
+            if offset != tensor.storage_offset():
+                args[position] = tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()), offset)
+
+
+def _token_groups(kernel: Any, names: list[str], args: tuple, budget: int) -> list[_TokenGroup]:
+    """The merge's integer arguments that a server's token counts decide: the count, and each
+    log-sum-exp's head stride, tied to the head strides of the same region of memory or of
+    contiguous tensors of the same shape (whose head stride is their own token count). A stride
+    of 0 (no merged log-sum-exp) and an argument Triton does not specialize stay as they are."""
+    values = tuple(value for value in (1, 2, 16) if value <= budget)
+    regions: dict[object, tuple[list[int], list[int]]] = {}
+    for position, name in enumerate(names[: len(args)]):
+        value = args[position]
+        if kernel.params[position].is_constexpr or kernel.params[position].do_not_specialize:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value == 0:
+            continue
+        if name == _MERGE_COUNT:
+            regions.setdefault(("count",), ([], []))[0].append(position)
+        elif name.endswith(_LSE_HEAD_STRIDE):
+            owner = name.removesuffix(_LSE_HEAD_STRIDE) + "_lse"
+            tensor = args[names.index(owner)] if owner in names else None
+            integers, tensors = regions.setdefault(_memory_region(tensor, position), ([], []))
+            integers.append(position)
+            # A slice starting past its tensor's first token starts where the step's counts say.
+            if tensor is not None and not tensor.is_contiguous() and tensor.storage_offset():
+                tensors.append(names.index(owner))
+    return [
+        _TokenGroup(integers=tuple(integers), values=values, tensors=tuple(tensors))
+        for integers, tensors in regions.values()
+    ]
+
+
+def _memory_region(tensor: Any, position: int) -> object:
+    """What makes two log-sum-exp tensors' head strides the same number in every step."""
+    if tensor is None or not hasattr(tensor, "stride"):
+        return ("argument", position)
+    if tensor.is_contiguous():
+        return ("contiguous", tuple(tensor.shape))
+    base = tensor._base if tensor._base is not None else tensor
+    return ("view", id(base), tensor.storage_offset(), tuple(tensor.stride()), tuple(tensor.shape))
 
 
 def _launch_identity(argument: Any) -> Any:

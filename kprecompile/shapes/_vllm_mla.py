@@ -303,7 +303,13 @@ def _layer_prefill(
             return
         context = min(longest_context, context_chunks * chunk_limit)
         query_lens = [tokens // prefills + (index < tokens % prefills) for index in range(prefills)]
-        context_lens = [context] * prefills
+        # The first context a block long: the rest then straddle the chunks' bounds, so that a
+        # packing builder (0.27 and newer) splits a sequence's context over two chunks and merges
+        # its continuation, at a token past the step's first.
+        context_lens = [
+            min(context, serving.block_size) if index == 0 and context_chunks > 1 else context
+            for index in range(prefills)
+        ]
         step = SimpleNamespace(
             num_seqs=prefills,
             max_seq_len=context + max(query_lens),
