@@ -60,3 +60,39 @@ def load_plugins_on(target) -> None:
     installed_aiter_without_hip()
     with active_target(target), aiter_hip_absent():
         load_general_plugins()
+
+
+def aiter_lacked_by(module: str) -> str | None:
+    """The AITER module that vLLM's `module` imports at its top level (a ROCm server's import) and
+    the installed AITER has no file for, or None: read from the two packages' files, nothing
+    imported. vLLM 0.31's ROCM_AITER_FA imports AITER's Gluon paged decode, which the registry's
+    amd-aiter predates; a ROCm server runs the AITER its image pins, which has it."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    source = Path(importlib.util.find_spec(module).origin).read_text()
+    aiter = importlib.util.find_spec("aiter")
+    if aiter is None:
+        return None
+    roots = [Path(location) for location in aiter.submodule_search_locations]
+
+    def top_level(statements):
+        for statement in statements:
+            if isinstance(statement, ast.ImportFrom) and statement.module and statement.level == 0:
+                yield statement.module
+            elif isinstance(statement, ast.Import):
+                yield from (alias.name for alias in statement.names)
+            elif isinstance(statement, (ast.If, ast.Try)):
+                yield from top_level(statement.body)
+                yield from top_level(getattr(statement, "orelse", []))
+
+    for name in top_level(ast.parse(source).body):
+        if not name.startswith("aiter."):
+            continue
+        parts = name.split(".")[1:]
+        if not any(
+            (root.joinpath(*parts).with_suffix(".py")).is_file() or root.joinpath(*parts).is_dir() for root in roots
+        ):
+            return name
+    return None

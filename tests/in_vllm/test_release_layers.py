@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kprecompile_cli
+from release_support import aiter_lacked_by
 from vllm_releases import since
 
 from kprecompile.inputs.environment import registered_values
@@ -27,6 +28,7 @@ from kprecompile.vllm.model_layers import vllm_layers
 from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
+AITER_FA_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
 GEMMA2, GEMMA3, GPT_OSS = (
     str(MODELS / name) for name in ("gemma-2-2b-it.json", "gemma-3-1b-it.json", "gpt-oss-20b-bf16.json")
 )
@@ -130,7 +132,13 @@ def test_the_mirrors_selection_is_the_backend_vllm_gives_each_layer(release, spe
         assert (spec, engine) == (GPT_OSS, "vllm-aiter") and not since(release, "0.23"), release
         return
     mirror = select(model, engine, None, environ={}, vllm_release=release, targets=[target])
-    assert {layer.backend for layer in answer.layers} == {mirror.attention_backend}, answer.source
+    backends = {layer.backend for layer in answer.layers}
+    if mirror.attention_backend == "ROCM_AITER_FA" and aiter_lacked_by(AITER_FA_MODULE):
+        # vLLM here calls ROCM_AITER_FA invalid for an import the installed AITER lacks (0.31.0:
+        # AITER's Gluon paged decode) and takes the next backend; a ROCm server's AITER has it.
+        assert "ROCM_AITER_FA" not in backends, answer.source
+        return
+    assert backends == {mirror.attention_backend}, answer.source
 
 
 # What the plugin does in a server's process once vLLM built the model: read its layers there.
