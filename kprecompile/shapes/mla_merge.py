@@ -10,8 +10,10 @@ request that hits a cached prefix. The plan runs that step as the
 installed release does (`_vllm_mla.py`: the impl's own `_forward_prefill` up to 0.15, vLLM's
 MLAAttention layer with its builder's metadata from 0.17), once with one context chunk and once
 with two where the engine's workspace makes several chunks reachable. The kernel specializes on
-the model's head sizes and whether the merged log-sum-exp is kept, not on token counts (except in
-0.20 to 0.26, where the count of tokens with context is a constexpr: every count is planned).
+the model's head sizes and whether the merged log-sum-exp is kept, and on token counts from 0.20:
+0.20 to 0.26 take the count of tokens with context as a constexpr (every count is planned); from
+0.27 the count and the log-sum-exp strides are ordinary integers (every Triton class of each is
+planned, `_vllm_backend.merges_for_every_token_count`).
 From 0.32, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
 """
 
