@@ -413,7 +413,8 @@ def merges_for_every_token_count(budget: int) -> Iterator[None]:
     def run(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         if count_is_constexpr:
-            groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))]
+            # (A count passed by keyword is left as it is.)
+            groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))] if len(args) > index else []
         else:
             groups = _token_groups(kernel, names, args, budget)
         # Once per launch that differs in anything else (dtypes, strides, flags).
