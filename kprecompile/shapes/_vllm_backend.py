@@ -417,9 +417,13 @@ def merges_for_every_token_count(budget: int) -> Iterator[None]:
             groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))] if len(args) > index else []
         else:
             groups = _token_groups(kernel, names, args, budget)
-        # Once per launch that differs in anything else (dtypes, strides, flags).
+        # Once per launch that differs in anything else (dtypes, strides, flags; the varied
+        # tensors by their dtype).
         varied = {position for group in groups for position in (*group.integers, *group.tensors)}
-        others = tuple(_launch_identity(arg) for position, arg in enumerate(args) if position not in varied)
+        others = tuple(
+            getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
+            for position, arg in enumerate(args)
+        )
         if others not in widened:
             widened.add(others)
             for choices in itertools.product(*(group.choices() for group in groups)):

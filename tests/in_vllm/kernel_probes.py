@@ -575,16 +575,20 @@ def mla_merge() -> dict[str, object]:
 
 
 def _merge_keys(shapes, as_served: bool = False) -> set[str]:
-    """The keys of these MLA prefill steps: as a plan traces them, or `as_served`, each merge for
-    its own token counts only (`merges_for_every_token_count` off)."""
+    """The keys of these MLA prefill steps: as a plan traces them, or `as_served`."""
+    return _family_keys(MERGE, _vllm_mla_module, shapes, GFX942, as_served)
+
+
+def _family_keys(family, module, shapes, target, as_served: bool) -> set[str]:
+    """The keys of `family`'s steps: as a plan traces them, or `as_served`, as a server launches
+    them (each merge for its own token counts only, not for every count or class as a plan does:
+    `merges_for_every_token_count` off in `module`, the family's step)."""
     with contextlib.ExitStack() as stack:
         if as_served:
             stack.enter_context(
-                mock.patch.object(
-                    _vllm_mla_module, "merges_for_every_token_count", lambda budget: contextlib.nullcontext()
-                )
+                mock.patch.object(module, "merges_for_every_token_count", lambda budget: contextlib.nullcontext())
             )
-        traced = trace_calls(MERGE.calls(tuple(shapes), GFX942), GFX942, "mla_merge", MERGE.traced_modules)
+        traced = trace_calls(family.calls(tuple(shapes), target), target, family.name, family.traced_modules)
         return {job.key for job in traced.jobs}
 
 
@@ -661,22 +665,8 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
 
 
 def _context_keys(shapes, target=GFX942, as_served: bool = False) -> set[str]:
-    """The keys of these steps: as a plan traces them, or `as_served`, as a server launches them
-    (each merge for its own count of tokens only, not for every count as a plan does where the
-    count is a constexpr: `merges_for_every_token_count`)."""
-    with contextlib.ExitStack() as stack:
-        if as_served:
-            stack.enter_context(
-                mock.patch.object(
-                    aiter_fa_context_module, "merges_for_every_token_count", lambda budget: contextlib.nullcontext()
-                )
-            )
-        return {
-            job.key
-            for job in trace_calls(
-                CONTEXT.calls(tuple(shapes), target), target, "aiter_fa_context", CONTEXT.traced_modules
-            ).jobs
-        }
+    """The keys of these ROCM_AITER_FA steps: as a plan traces them, or `as_served`."""
+    return _family_keys(CONTEXT, aiter_fa_context_module, shapes, target, as_served)
 
 
 def _random_engine_steps(shapes, model_len: int, rng: random.Random, count: int) -> list:

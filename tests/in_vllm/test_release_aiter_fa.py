@@ -20,6 +20,7 @@ from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.request import resolve_requests
 from kprecompile.shapes import FAMILIES
+from kprecompile.shapes.aiter_fa_context import BACKEND_MODULE as AITER_FA_MODULE
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import release_line
 from kprecompile.warmup.planning import plan, planned_shapes
@@ -32,7 +33,6 @@ GFX942 = TARGETS["gfx942"]
 UNIFIED = "kernel_unified_attention_2d"
 STEPS = 40
 CONTEXT = FAMILIES["aiter_fa_context"]
-AITER_FA_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
 
 
 def _request(spec: str):

@@ -24,11 +24,11 @@ from kprecompile.inputs.layers import config_layers
 from kprecompile.inputs.models import load_model
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import resolve_target
+from kprecompile.shapes.aiter_fa_context import BACKEND_MODULE as AITER_FA_MODULE
 from kprecompile.vllm.model_layers import vllm_layers
 from kprecompile.vllm.releases import installed_release, release_line, serving_capture_sizes
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
-AITER_FA_MODULE = "vllm.v1.attention.backends.rocm_aiter_fa"
 GEMMA2, GEMMA3, GPT_OSS = (
     str(MODELS / name) for name in ("gemma-2-2b-it.json", "gemma-3-1b-it.json", "gpt-oss-20b-bf16.json")
 )
