@@ -1,12 +1,16 @@
 """Install real vLLM releases beside this project, for the tests that run against them.
 
-    python scripts/install_vllm.py [--dest .vllm] [--list] [VERSION ...]   (default: every tested release)
+    python scripts/install_vllm.py [--dest .vllm] [--list] [--aiter-source CLONE] [VERSION ...]
+                                                              (default: every tested release)
 
 Each release, with the Triton its torch pins, goes into `<dest>/<version>/` as `kprecompile engine
 install` puts it (`kprecompile/vllm/install.py`); a process uses one by putting it first on
 PYTHONPATH. Without VERSION, each of `TEST_TRITONS` is also installed alone into
 `.tritons/<version>/`, for the suite's runs under each supported Triton (tests/test_tritons.py).
-`--list` prints each release's light dependencies and installs nothing.
+`--list` prints each release's light dependencies and installs nothing. `--aiter-source` puts
+beside each release the AITER its ROCm image builds, from a git clone of AITER
+(`kprecompile/vllm/aiter_source.py`); a pin the clone lacks is said and skipped (the index's
+AITER serves that release).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import sys
 from pathlib import Path
 
 from kprecompile.errors import InputError, KprecompileError
+from kprecompile.vllm import aiter_source
 from kprecompile.vllm import install as engine_install
 from kprecompile.vllm.releases import TESTED_RELEASES, release_line
 
@@ -53,6 +58,7 @@ def main() -> None:
     parser.add_argument("versions", nargs="*", default=list(TESTED_RELEASES), metavar="VERSION")
     parser.add_argument("--dest", type=Path, default=DEFAULT_DEST)
     parser.add_argument("--list", action="store_true", help="print each release's light dependencies, install nothing")
+    parser.add_argument("--aiter-source", type=Path, help="a git clone of AITER: each release's own AITER beside it")
     args = parser.parse_args()
     if not args.list and args.versions == list(TESTED_RELEASES):
         for version in TEST_TRITONS:
@@ -67,7 +73,21 @@ def main() -> None:
             print(f"vLLM {version} with dependencies: {' '.join(dependencies.with_deps)}")
             print(f"vLLM {version} without dependencies: {' '.join(dependencies.without_deps)}", flush=True)
             continue
-        print(f"vLLM {version}: {install(version, args.dest)}", flush=True)
+        directory = install(version, args.dest)
+        print(f"vLLM {version}: {directory}", flush=True)
+        if args.aiter_source is not None:
+            print(f"vLLM {version}: {_with_own_aiter(version, directory, args.aiter_source)}", flush=True)
+
+
+def _with_own_aiter(version: str, directory: Path, clone: Path) -> str:
+    pin = aiter_source.aiter_pin(version)
+    if pin is None:
+        return "its AITER pin is not known; the installed AITER serves it"
+    try:
+        identity = aiter_source.install_aiter(clone, pin, directory)
+    except InputError as error:
+        return f"its AITER {pin} is not in {clone} ({error}); the installed AITER serves it"
+    return f"AITER {pin} (commit {identity.commit}) beside it"
 
 
 if __name__ == "__main__":

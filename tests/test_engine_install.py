@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,9 @@ def test_a_release_from_engine_install_is_planned_with_its_own_code_and_triton(t
     (engines / "vllm" / RELEASE).symlink_to(release_path(RELEASE))
     found = _run("engine", "install", f"vllm=={RELEASE}", "--json", engines=engines, cache=cache)
     assert found.returncode == 0, found.stderr
-    # Plans with it run under the Triton its torch pins, 3.5.0, installed beside it.
+    # Plans with it run under the Triton its torch pins, 3.5.0, installed beside it, and the
+    # index's AITER (the release's ROCm image builds 59bd8ff2; the index's commit is not recorded).
+    aiter = {"version": metadata.version("amd-aiter"), "commit": None, "requested": None}
     assert json.loads(found.stdout) == {
         "schema_version": 1,
         "engine": "vllm",
@@ -67,6 +70,7 @@ def test_a_release_from_engine_install_is_planned_with_its_own_code_and_triton(t
         "installed": False,
         "triton": "3.5.0",
         "triton_pinned": "3.5.0",
+        "aiter": {**aiter, "release_pin": "59bd8ff2", "matches_pin": None},
     }
     listed = _run("engine", "ls", "--json", engines=engines, cache=cache)
     assert [row["version"] for row in json.loads(listed.stdout)["engines"]] == [RELEASE], listed.stderr

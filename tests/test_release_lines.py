@@ -17,8 +17,8 @@ from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.engines import FamilyChoice, Selection, select
 from kprecompile.shapes import FAMILIES
+from kprecompile.shapes._vllm_backend import PagedEngineStep
 from kprecompile.shapes.aiter_fa_context import EngineStep
-from kprecompile.shapes.triton_attn import TritonAttentionStep
 from kprecompile.vllm.releases import (
     CUDA_GQA,
     CUDA_GQA_SM100,
@@ -370,8 +370,9 @@ def test_the_capture_sizes_follow_every_records_rule(line):
 def test_the_families_follow_every_records_rules(line):
     """The families of vLLM's kernels read the planned line, never the installed vLLM (none here)."""
     engine_steps = line.tracing == "engine_step"
-    triton_attn = FAMILIES["triton_attn"].enumerate_shapes(LLAMA, SMALL, line)
-    assert triton_attn and all(isinstance(shape, TritonAttentionStep) == engine_steps for shape in triton_attn)
+    for family in ("triton_attn", "rocm_attn"):
+        shapes = FAMILIES[family].enumerate_shapes(LLAMA, SMALL, line)
+        assert shapes and all(isinstance(shape, PagedEngineStep) == engine_steps for shape in shapes), family
     context = FAMILIES["aiter_fa_context"].enumerate_shapes(LLAMA, SMALL, line)
     assert context and all(isinstance(shape, EngineStep) == engine_steps for shape in context)
     windowed = FAMILIES["aiter_fa_context"].enumerate_shapes(MISTRAL, SMALL, line)
@@ -390,10 +391,10 @@ def test_planning_gives_the_families_the_selections_release_line():
     """`--vllm-version 0.33.0` on a builder with another vLLM (or none): the families' shapes are
     0.33's engine steps, whatever is installed."""
     choices = (FamilyChoice("triton_attn", "TRITON_ATTN"),)
-    for release, step in (("0.33.0", TritonAttentionStep), ("0.12.0", None)):
+    for release, step in (("0.33.0", PagedEngineStep), ("0.12.0", None)):
         selection = Selection("vllm", "TRITON_ATTN", {}, choices, release)
         assert planned_line(selection) is release_line(release)
         [shapes] = planned_shapes(LLAMA, SMALL, selection).values()
-        assert all(isinstance(shape, TritonAttentionStep) == (step is not None) for shape in shapes)
+        assert all(isinstance(shape, PagedEngineStep) == (step is not None) for shape in shapes)
     aiter = select(DEEPSEEK, "aiter", environ={})
     assert planned_line(aiter) is None and planned_shapes(DEEPSEEK, SMALL, aiter)

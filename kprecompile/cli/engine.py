@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import re
 from importlib import metadata
+from pathlib import Path
 
 import click
 
 from ..errors import InputError
+from ..vllm import aiter_source
 from ..vllm import install as engine_install
 from ..vllm.releases import TESTED_RELEASES, release_line
 from . import options
@@ -39,25 +41,55 @@ def _release(requirement: str) -> str:
 
 @command.command(name="install")
 @click.argument("requirement", metavar="REQUIREMENT")
+@click.option(
+    "--aiter-source",
+    "aiter_source_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"A git clone of {aiter_source.AITER_REPOSITORY}: install from it the AITER the release's ROCm image builds.",
+)
+@click.option(
+    "--aiter-ref",
+    default=None,
+    help="The AITER tag or commit to install from --aiter-source [default: the release's pin].",
+)
 @options.json_option
-def install(requirement: str, json_output: bool) -> None:
+def install(requirement: str, aiter_source_dir: Path | None, aiter_ref: str | None, json_output: bool) -> None:
     """Install a vLLM release's Python (no torch, no Triton, no GPU libraries), one directory per
     release, all or nothing; `plan`, `warm` and `bake --vllm-version VERSION` then trace that
     release's own kernels, under this environment's Triton (cache keys follow it: install the
-    Triton your serving image runs).
+    Triton your serving image runs). With --aiter-source, the AITER its ROCm image builds (the
+    commit its docker/Dockerfile.rocm_base pins) goes beside it: its Python package only, for
+    planning; without, AITER's kernels are planned with this environment's AITER.
 
     \b
     Example:
       kprecompile engine install vllm==0.12.0
       kprecompile warm --model llama-3.1-8b-instruct --target gfx942 --vllm-version 0.12.0
+      git clone https://github.com/ROCm/aiter ~/src/aiter
+      kprecompile engine install vllm==0.25.1 --aiter-source ~/src/aiter
     """
     version = _release(requirement)
+    pin = aiter_source.aiter_pin(version)
+    if aiter_ref is not None and aiter_source_dir is None:
+        raise InputError("--aiter-ref", aiter_ref, "--aiter-source too (the clone to take that commit from)")
+    ref = aiter_ref or pin
+    if aiter_source_dir is not None:
+        if ref is None:
+            raise InputError("--aiter-ref", None, f"a tag or commit: vLLM {version}'s AITER pin is not known")
+        # Checked before the long install: a wrong clone or ref fails at once.
+        aiter_source.resolve_commit(aiter_source_dir, ref)
     root = engine_install.engines_root()
     output = Output(json_output)
     already = engine_install.installed(version, root)
     if not already and not json_output:
         click.echo(f"kprecompile: installing vLLM {version}'s Python into {root} (a few GB)", err=True)
     directory = engine_install.install(version, root)
+    if aiter_source_dir is not None and ref is not None:
+        aiter = aiter_source.install_aiter(aiter_source_dir, ref, directory)
+        aiter = aiter_source.AiterIdentity(aiter.version, aiter.commit, aiter.requested, pin)
+    else:
+        aiter = aiter_source.aiter_identity(version, directory)
     triton = _triton_under(directory)
     pinned = engine_install.pinned_triton(version)
     output.document(
@@ -68,6 +100,7 @@ def install(requirement: str, json_output: bool) -> None:
             "installed": not already,
             "triton": triton,
             "triton_pinned": pinned,
+            "aiter": aiter.as_dict(),
         }
     )
     state = "already installed" if already else "installed"
@@ -77,6 +110,7 @@ def install(requirement: str, json_output: bool) -> None:
             f"note: vLLM {version}'s torch pins Triton {pinned}, this environment runs {triton}: "
             "keys follow this environment's Triton, so bake where the server's runs"
         )
+    output.data(f"AITER: {aiter.describe(version)}")
 
 
 def _triton_under(directory) -> str | None:

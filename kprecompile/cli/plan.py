@@ -73,6 +73,8 @@ def command(json_output, cache_dir, **chosen) -> None:
     if result.layers and not model.mla:
         kinds = "; ".join(describe_layer(layer) for layer in result.layers)
         output.data(f"attention layers ({result.layers_source}): {kinds}")
+    if result.aiter is not None:
+        output.data(f"AITER: {result.aiter.describe(selection.vllm_release)}")
     show_families(output, result.families)
     output.data(
         f"total: {plural(result.kernels, 'unique kernel')}, traced in {result.trace_seconds:.2f} s "

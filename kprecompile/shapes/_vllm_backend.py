@@ -27,7 +27,7 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module, release_attribute
 from ..vllm.releases import ReleaseLine
-from ._paged_kv import TWO_GIB, PagedAttentionShape, StorageClass, block_count
+from ._paged_kv import KV_CACHE_STORAGE_CLASSES, TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
 
 # vLLM's attention kernels (moved under v1/ in later releases): imported anew per traced target
@@ -652,6 +652,118 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
         impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
 
 
+@dataclass(frozen=True)
+class PagedEngineStep(PagedAttentionShape):
+    """An engine step (a line whose `tracing` is "engine_step"), whose metadata builder and
+    KV-cache layout read the engine's configuration: the model's config.json and the serving
+    parameters it is built from."""
+
+    config_json: str = ""
+    serving: ServingParams | None = None
+    # Blocks in each layer's region (vLLM sizes it from the GPU's free memory); 0: as few as the
+    # step needs that put the layer in `kv_cache_storage`'s class.
+    kv_cache_blocks: int = 0
+
+
+def layer_view_storage_classes(model: ModelConfig, serving: ServingParams) -> tuple[StorageClass, ...]:
+    """In an engine step (from 0.19) vLLM bounds the KV cache's key and value views on ROCm by the
+    end of the layer's region (`set_triton_ptr_range`), which is what Triton's buffer-ops
+    specialization then reads: the value view starts one head later, so a layer of whole blocks
+    that ends within one head's bytes past 2 GiB gives keys over and values within
+    ("straddles_2gib"). vLLM's default layout gives every layer a region of its own
+    (layer-compact)."""
+    element = 1 if serving.kv_cache_is_fp8 else 2
+    head_bytes = model.head_dim * element
+    page = 2 * serving.block_size * serving.kv_heads_per_rank(model) * head_bytes
+    first_over = -(-TWO_GIB // page) * page
+    straddles: tuple[StorageClass, ...] = ("straddles_2gib",) if first_over <= TWO_GIB - 1 + head_bytes else ()
+    return (*KV_CACHE_STORAGE_CLASSES, *straddles)
+
+
+def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> None:
+    """One engine step: the engine's configuration, the layer's KV-cache spec (the `Attention`
+    layer's own method), the layer's view of the engine's KV cache (`layer_kv_cache`), the metadata
+    built by the backend's real builder, then the impl's KV-cache write where the layer makes it
+    apart from `forward` (`forward_includes_kv_cache_update`), and `forward`."""
+    import torch
+
+    from ..platforms.vllm_platform import refresh_switches
+    from ..vllm.engine_config import engine_config
+
+    assert shape.serving is not None
+    config = engine_config(shape.config_json, shape.serving, target)
+    backend = getattr(import_library_module(spec.module), spec.backend_class)
+    torch_utils = import_library_module("vllm.utils.torch_utils")
+    meta = torch.device("meta")
+    dtype = getattr(torch, shape.dtype)
+    kv_cache_dtype = shape.serving.kv_cache_dtype if shape.kv_cache_fp8 else "auto"
+    sliding_window = shape.sliding_window or None
+    refresh_switches()
+    with import_library_module("vllm.config").set_current_vllm_config(config):
+        # The layer's own KV-cache spec (its method, on the fields it reads).
+        layer_fields = SimpleNamespace(
+            attn_type=attention_type().DECODER,
+            kv_cache_dtype=kv_cache_dtype,
+            sliding_window=sliding_window,
+            attn_backend=backend,
+            num_kv_heads=shape.kv_heads,
+            head_size=shape.head_size,
+            head_size_v=shape.head_size,
+            kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
+        )
+        kv_spec = attention_class().get_kv_cache_spec(layer_fields, config)
+        kv_cache, width = layer_kv_cache(config, backend, kv_spec, shape, target)
+        builder = backend.get_builder_cls()(kv_spec, [LAYER_NAME], config, meta)
+
+        def ints(*dims: int, dtype: Any = torch.int32) -> Any:
+            return torch.empty(dims, dtype=dtype, device=meta)
+
+        common = vllm_record(
+            common_metadata_class(),
+            {
+                "query_start_loc": ints(shape.num_seqs + 1),
+                "query_start_loc_cpu": torch.empty(shape.num_seqs + 1, dtype=torch.int32),
+                "seq_lens": ints(shape.num_seqs),
+                "num_reqs": shape.num_seqs,
+                "num_actual_tokens": shape.tokens,
+                "max_query_len": shape.max_query_len,
+                "max_seq_len": shape.max_seq_len,
+                "block_table_tensor": ints(shape.num_seqs, width),
+                "slot_mapping": ints(shape.tokens, dtype=torch.int64),
+                "causal": True,
+            },
+        )
+        metadata = builder.build(0, common)
+        impl = backend.get_impl_cls()(
+            shape.q_heads,
+            shape.head_size,
+            shape.head_size**-0.5,
+            shape.kv_heads,
+            None,
+            sliding_window,
+            kv_cache_dtype,
+            **layer_arguments(shape),
+        )
+    query = torch.empty(
+        (shape.tokens, shape.q_heads, shape.head_size), dtype=query_type(impl, shape, target), device=meta
+    )
+    key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
+    layer = kv_scales_layer()
+    output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
+    with prebuilt_ops_skipped(spec.prebuilt_ops):
+        if hasattr(impl, "do_kv_cache_update") and not getattr(backend, "forward_includes_kv_cache_update", True):
+            impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
+        impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+
+
+def launch_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) -> None:
+    """The engine's own step where the shape is one (`PagedEngineStep`), else the call site."""
+    if isinstance(shape, PagedEngineStep):
+        engine_step(spec, shape, target)
+    else:
+        backend_step(spec, shape, target)
+
+
 def vllm_backend_family(
     name: FamilyName,
     description: str,
@@ -672,6 +784,6 @@ def vllm_backend_family(
         enumerate_shapes=enumerate_shapes,
         describe_shapes=describe_shapes,
         describe_call=describe_call,
-        launch=functools.partial(backend_step, backend),
+        launch=functools.partial(launch_step, backend),
         limits=limits,
     )

@@ -16,6 +16,7 @@ without a prefill, on contexts either side of the HIP kernel's limit.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from ..inputs.models import ModelConfig
@@ -29,7 +30,13 @@ from ._paged_kv import (
     paged_kv_fields,
     per_layer_kind,
 )
-from ._vllm_backend import VllmBackend, vllm_backend_family
+from ._vllm_backend import (
+    PagedEngineStep,
+    VllmBackend,
+    layer_view_storage_classes,
+    required_line,
+    vllm_backend_family,
+)
 
 # vLLM's HIP paged attention takes contexts up to this many tokens.
 HIP_CONTEXT_LIMIT = 128 * 1024
@@ -40,16 +47,24 @@ def enumerate_rocm_attn(
     model: ModelConfig, serving: ServingParams, line: ReleaseLine | None
 ) -> tuple[PagedAttentionShape, ...]:
     """Decode-only steps and steps with a prefill, on a short context, one at the HIP kernel's
-    limit and the longest one, for each KV storage class."""
+    limit and the longest one, for each KV storage class; in a line whose `tracing` is
+    "engine_step", as the engine's steps (its configuration, KV-cache layout and the storage
+    classes of a layer's view: `layer_view_storage_classes`)."""
     if model.mla is not None:
         return ()
+    line = required_line(line, "rocm_attn")
     base = paged_kv_fields(model, serving)
     model_len = serving.model_len(model)
     query_lens = sorted({1, min(serving.max_num_batched_tokens, model_len, 2 * serving.decode_query_len + 1)})
     contexts = sorted({min(512, model_len), min(HIP_CONTEXT_LIMIT, model_len), model_len})
     num_seqs = min(2, serving.max_num_seqs)
+    if line.tracing == "engine_step":
+        step = functools.partial(PagedEngineStep, config_json=model.config_json, serving=serving)
+        storage_classes = layer_view_storage_classes(model, serving)
+    else:
+        step, storage_classes = PagedAttentionShape, KV_CACHE_STORAGE_CLASSES
     return tuple(
-        PagedAttentionShape(
+        step(
             **base,
             num_seqs=num_seqs,
             tokens=query_len + num_seqs - 1,
@@ -57,7 +72,7 @@ def enumerate_rocm_attn(
             max_seq_len=seq_len,
             kv_cache_storage=storage,
         )
-        for storage in KV_CACHE_STORAGE_CLASSES
+        for storage in storage_classes
         for query_len in query_lens
         for seq_len in contexts
         if seq_len >= query_len

@@ -28,6 +28,7 @@ from ..selection.request import Request
 from ..shapes import FAMILIES, FamilyName
 from ..tracing.libraries import AITER_DISTRIBUTION, VLLM_DISTRIBUTION, aiter_module_lacking
 from ..tracing.trace import trace_calls
+from ..vllm.aiter_source import AITER_REPOSITORY, AiterIdentity, aiter_identity, aiter_pin
 from ..vllm.engine_config import remember_model_directory
 from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, ReleaseLine, release_line, serving_capture_sizes
 
@@ -80,6 +81,8 @@ class Plan:
     # The model's distinct attention layers the families were planned for, and who built them.
     layers: tuple[AttentionLayer, ...] = ()
     layers_source: str = ""
+    # The AITER this plan imported, where a target is ROCm (None otherwise).
+    aiter: AiterIdentity | None = None
 
     @property
     def kernels(self) -> int:
@@ -108,6 +111,7 @@ class Plan:
             "failed": len(self.failed),
             "trace_seconds": self.trace_seconds,
             "import_seconds": self.import_seconds,
+            "aiter": self.aiter.as_dict() if self.aiter is not None else None,
         }
 
 
@@ -159,6 +163,7 @@ def plan_family(
     backend: str = "",
     triton_key: str | None = None,
     engine: str = DEFAULT_ENGINE,
+    release: str | None = None,
 ) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
     family = FAMILIES[name]
     parameters = family.describe_shapes(shapes) if shapes else {}
@@ -177,9 +182,12 @@ def plan_family(
             return plan, ()
         lacking = aiter_module_lacking(cause)
         if lacking is not None:
+            pin = aiter_pin(release)
+            own = f"AITER {pin}, which vLLM {release}'s ROCm image builds" if pin else "the release's own AITER"
             reason = (
                 f"{backend or name} imports {lacking}, which the installed {AITER_DISTRIBUTION} "
-                f"{aiter_version()} lacks: planning it needs the AITER the release's ROCm image builds"
+                f"{aiter_version()} lacks: planning it needs {own} (kprecompile engine install "
+                f"vllm=={release or 'VERSION'} --aiter-source <a clone of {AITER_REPOSITORY}>)"
             )
             plan = FamilyPlan(name, target.name, len(shapes), 0, parameters, reason, backend, missing=lacking)
             return plan, ()
@@ -259,6 +267,7 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
                 choice.backend,
                 triton_key,
                 selection.engine,
+                selection.vllm_release,
             )
             plans.append(family_plan)
             for job in family_jobs:
@@ -274,6 +283,7 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
         trace_seconds=time.perf_counter() - started,
         import_seconds=import_seconds,
         layers=model.layer_kinds(serving),
+        aiter=aiter_identity(selection.vllm_release) if any(target.is_rocm for target in targets) else None,
         layers_source=model.attention_layers and model.layers_source or ModelConfig.layers_source,
         resolved_serving=serving.resolved(
             model,

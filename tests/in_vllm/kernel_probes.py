@@ -944,16 +944,16 @@ def block_fp8_linear(seed: int = 12) -> dict[str, object]:
 
 
 def untraceable() -> dict[str, object]:
-    """A release whose ROCM_ATTN backend moved its metadata class: planning that family is a failed
+    """A release whose ROCM_ATTN backend class moved: planning that family is a failed
     row with its error instead of raising, and the other family of the same plan (AITER's
     pa_prefill, put in one selection with it here) is traced as before."""
     from kprecompile.selection.engines import FamilyChoice, Selection
     from kprecompile.shapes import rocm_attn
-    from kprecompile.shapes._vllm_backend import backend_step
+    from kprecompile.shapes._vllm_backend import launch_step
 
-    moved = replace(rocm_attn.BACKEND, metadata_class="NoSuchMetadata")
+    moved = replace(rocm_attn.BACKEND, backend_class="NoSuchBackend")
     saved = FAMILIES["rocm_attn"]
-    FAMILIES["rocm_attn"] = replace(saved, launch=functools.partial(backend_step, moved))
+    FAMILIES["rocm_attn"] = replace(saved, launch=functools.partial(launch_step, moved))
     model = load_model("mistral-7b-v0.1")
     choices = (FamilyChoice("rocm_attn", "ROCM_ATTN"), FamilyChoice("pa_prefill", "aiter"))
     selection = Selection("vllm", "ROCM_ATTN", {}, choices, installed_release())

@@ -337,13 +337,13 @@ def test_block_fp8_linear_keys_and_coverage(block_fp8_linear, release):
 
 
 def test_a_vllm_family_that_cannot_be_traced_fails_and_the_rest_stands(untraceable):
-    """A release whose backend moved (here: its metadata class renamed) fails that family only: a
+    """A release whose backend moved (here: its class renamed) fails that family only: a
     failed row (the command exits 1), not a skipped one."""
     document = untraceable
     assert document["planned"] == ["pa_prefill"] and document["kernels"] > 0
     assert document["failed"] == ["rocm_attn"] and document["skip_reason"] is None
     assert document["error"].startswith("tracing rocm_attn failed at forward(")
     assert (
-        "NoSuchMetadata" in document["error"]
+        "NoSuchBackend" in document["error"]
         and f"tested against vLLM {', '.join(TESTED_RELEASES)}" in document["error"]
     )
