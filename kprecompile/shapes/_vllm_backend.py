@@ -220,9 +220,7 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
         worker = import_library_module("vllm.v1.worker.utils")
     layers = config.model_config.get_num_layers(config.parallel_config)
     names = [LAYER_NAME.replace(".0.", f".{index}.") for index in range(layers)]
-    customize = getattr(worker, "customize_attention_spec", None)
-    if customize is not None:
-        spec = customize(backend, spec)
+    spec = runner_spec(backend, spec, target)
     # The layout the engine core resolves once (0.29) for the backend's spec, before it plans
     # the allocation.
     utils = import_library_module("vllm.v1.attention.backends.utils")
@@ -268,6 +266,25 @@ def layer_kv_cache(config: Any, backend: type, spec: Any, shape: Any, target: Ta
         )
         return views[0], width
     return _runner_views(config, backend, spec, kv_config, names, kernel_block, worker, target)[names[0]], width
+
+
+def runner_spec(backend: type, spec: Any, target: Target) -> Any:
+    """The layer's KV-cache spec as the runner hands it to the allocation and the builder: the
+    backend customizes an attention spec there (0.31's ROCM_ATTN packs K and V as two head groups:
+    `backend.customize_spec`; a worker's `customize_attention_spec` where the release has one).
+    Customizing again leaves it as it is."""
+    from ..vllm.engine_config import cutlass_answered
+
+    # The runner's helpers; their module imports vLLM's model loader (`layer_kv_cache`).
+    with cutlass_answered(target):
+        worker = import_library_module("vllm.v1.worker.utils")
+    customize = getattr(worker, "customize_attention_spec", None)
+    if customize is not None:
+        return customize(backend, spec)
+    interface = import_library_module("vllm.v1.kv_cache_interface")
+    if hasattr(backend, "customize_spec") and isinstance(spec, interface.AttentionSpec):
+        return backend.customize_spec(spec)
+    return spec
 
 
 def _call_with(function: Callable[..., Any], **known: Any) -> Any:
@@ -681,7 +698,10 @@ def layer_view_storage_classes(model: ModelConfig, serving: ServingParams) -> tu
 
 
 def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> None:
-    """One engine step: the engine's configuration, the layer's KV-cache spec (the `Attention`
+    """One engine step: the engine's configuration with this backend (one per backend, as each
+    server has: from 0.29 the engine records the KV layout it resolves for its backend in the
+    configuration, which a configuration shared with another backend would then impose on
+    it), the layer's KV-cache spec (the `Attention`
     layer's own method), the layer's view of the engine's KV cache (`layer_kv_cache`), the metadata
     built by the backend's real builder, then the impl's KV-cache write where the layer makes it
     apart from `forward` (`forward_includes_kv_cache_update`), and `forward`."""
@@ -691,8 +711,8 @@ def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> No
     from ..vllm.engine_config import engine_config
 
     assert shape.serving is not None
-    config = engine_config(shape.config_json, shape.serving, target)
     backend = getattr(import_library_module(spec.module), spec.backend_class)
+    config = engine_config(shape.config_json, shape.serving, target, backend.get_name())
     torch_utils = import_library_module("vllm.utils.torch_utils")
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
@@ -712,6 +732,7 @@ def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> No
             kv_cache_torch_dtype=torch_utils.kv_cache_dtype_str_to_dtype(kv_cache_dtype, config.model_config),
         )
         kv_spec = attention_class().get_kv_cache_spec(layer_fields, config)
+        kv_spec = runner_spec(backend, kv_spec, target)
         kv_cache, width = layer_kv_cache(config, backend, kv_spec, shape, target)
         builder = backend.get_builder_cls()(kv_spec, [LAYER_NAME], config, meta)
 

@@ -34,6 +34,7 @@ from ._vllm_backend import (
     layer_kv_cache,
     merges_for_every_token_count,
     prebuilt_ops_skipped,
+    runner_spec,
     unpinned_host_memory,
     vllm_record,
 )
@@ -292,7 +293,7 @@ def _layer_prefill(
     # AITER's attention, which the ROCm prefill backends import when they prepare a step.
     prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
     with import_library_module("vllm.config").set_current_vllm_config(config), prebuilt:
-        spec = layer.get_kv_cache_spec(config)
+        spec = runner_spec(backend, layer.get_kv_cache_spec(config), target)
         builder = backend.get_builder_cls()(spec, [name], config, meta)
         # Each prefill takes two new tokens at least (one is a decode to the builder).
         prefills = min(prefills, max(1, tokens // 2))

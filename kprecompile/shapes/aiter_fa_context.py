@@ -42,6 +42,7 @@ from ._vllm_backend import (
     merges_for_every_token_count,
     prebuilt_ops_skipped,
     required_line,
+    runner_spec,
     unpinned_host_memory,
 )
 from .family import KernelFamily
@@ -301,14 +302,15 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
 
     module = import_library_module(BACKEND_MODULE)
     meta = torch.device("meta")
-    config = engine_config(shape.config_json, shape.serving, target)
-    refresh_switches()
     backend = module.AiterFlashAttentionBackend
+    # One configuration per backend, as each server has (`_vllm_backend.engine_step`).
+    config = engine_config(shape.config_json, shape.serving, target, backend.get_name())
+    refresh_switches()
     with (
         import_library_module("vllm.config").set_current_vllm_config(config),
         _attention_layer(config, shape, backend) as layer,
     ):
-        spec = layer.get_kv_cache_spec(config)
+        spec = runner_spec(backend, layer.get_kv_cache_spec(config), target)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
         builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
         common, host_values = common_attention_metadata(

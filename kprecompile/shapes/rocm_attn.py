@@ -7,7 +7,11 @@ and decodes run vLLM's HIP `paged_attention_rocm` where vLLM's rule takes it, el
 context lengths the HIP kernel does not take, or `VLLM_ROCM_CUSTOM_PAGED_ATTN=0`). The plan
 calls the backend's real `forward` (vLLM's impl, metadata and call, as the release has them) on
 meta tensors, so vLLM's own rule picks the kernels; its HIP operators are prebuilt (nothing to
-compile) and skipped while tracing.
+compile) and skipped while tracing. In a line whose `tracing` is "engine_step" the step is the
+engine's (`_vllm_backend.engine_step`): its configuration, the runner's KV-cache spec and layout
+(0.31 packs K and V as two head groups for the HIP kernels, and writes the cache with Triton's
+`reshape_and_cache_kernel_flash` where a layer's view is not that), the backend's builder, then
+`do_kv_cache_update` and `forward`.
 
 The kernels' specializations depend on the model, the KV cache's type and size class and the
 kind of step, not on batch sizes (those only shape the grid): the plan walks steps with and

@@ -65,6 +65,7 @@ AITER_PINS = {
     "0.31.0": "v0.1.23",
     "0.32.0": "v0.1.24.post1",
     "0.33.0": "v0.1.26",
+    "0.34.0": "v0.1.28.post1",
 }
 # The most an AITER package may unpack to (its `aiter/` was about 20 MB at v0.1.16): a clone is
 # the user's, but its size is not ours to trust.

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
 # Tested against these in every CI run, each on the Triton its torch pins (scripts/install_vllm.py
 # installs them): 0.11.2 and 0.12.0 (Triton 3.5.0) pair with the installed amd-aiter; 0.25.1
-# (3.6.0) is the 0.23 line's, the H200 host's toolchain; 0.33.0 (3.8.0) the newest on the
-# registry. 0.31.0 (3.7.1) is not yet: its ROCM_AITER_FA imports what the registry's AITER lacks,
-# and its ROCM_ATTN steps under the engine's KV layout are not covered (docs/release-matrix.md).
-# The others run on demand (scripts/release_matrix.py).
-TESTED_RELEASES = ("0.11.2", "0.12.0", "0.25.1", "0.33.0")
+# (3.6.0) is the 0.23 line's, the H200 host's toolchain; 0.31.0 (3.7.1) the 0.27 to 0.31 lines'
+# Triton (its tests of a ROCm server skip where the registry's AITER lacks what its ROCM_AITER_FA
+# imports: docs/release-matrix.md); 0.33.0 (3.8.0) the newest on the registry. The others run on
+# demand (scripts/release_matrix.py).
+TESTED_RELEASES = ("0.11.2", "0.12.0", "0.25.1", "0.31.0", "0.33.0")
 DEFAULT_RELEASE = "0.12.0"
 FIELD = "--vllm-version"
 

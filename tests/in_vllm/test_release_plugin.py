@@ -30,7 +30,7 @@ from importlib import resources
 
 import pytest
 import torch
-from release_support import bind_platform, load_plugins_on
+from release_support import bind_platform, load_plugins_on, skip_where_aiter_lacks
 from triton import knobs
 from vllm_releases import merges_per_launch
 
@@ -61,6 +61,8 @@ def probes(tmp_path_factory):
     """The plugin loaded by vLLM in this process as a server's (its cache named by
     KPRECOMPILE_CACHE_DIR, AITER on, AITER's JIT directory left for the plugin to set), and what
     it does at each step: (the cache, the facts, what vLLM's logging printed to stdout)."""
+    # The server imports vLLM's ROCM_AITER_FA with its attention backends.
+    skip_where_aiter_lacks("vllm.v1.attention.backends.rocm_aiter_fa")
     model_dir = tmp_path_factory.mktemp("model")
     (model_dir / "config.json").write_text(
         (resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text()
