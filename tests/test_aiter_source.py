@@ -147,3 +147,31 @@ def test_engine_install_checks_the_clone_before_installing_anything(clone, tmp_p
     document = json.loads(planned.stdout)
     assert document["aiter"]["release_pin"] == "59bd8ff2" and document["aiter"]["version"], planned.stderr
     assert document["aiter"]["matches_pin"] is None  # the index's AITER: its commit is not recorded
+
+
+def test_aiters_hip_side_is_a_missing_module_once_its_triton_side_is_imported_without_rocm():
+    """AITER's Triton package imports its JIT core on the way from about v0.1.10 (v0.1.16: its
+    quant kernels -> `aiter.utility.dtypes` -> `aiter.ops.enum` -> `aiter.jit.core`), which asks the
+    ROCm install for its version: on a builder that is a missing module, which AITER's own
+    optional imports take in their stride, not RuntimeError. The real installed AITER, in a fresh
+    process each; without kprecompile's import, the same module stops with RuntimeError."""
+    probe = (
+        "import sys\n"
+        "if sys.argv[1] == 'kprecompile':\n"
+        "    from kprecompile.tracing.libraries import import_library_module\n"
+        "    import_library_module('aiter.ops.triton')\n"
+        "else:\n"
+        "    import importlib.util, types\n"
+        "    spec = importlib.util.find_spec('aiter')\n"
+        "    package = types.ModuleType('aiter'); package.__path__ = list(spec.submodule_search_locations)\n"
+        "    sys.modules['aiter'] = package\n"
+        "try:\n"
+        "    import aiter.jit.core\n"
+        "except BaseException as error:\n"
+        "    print(type(error).__name__)\n"
+    )
+    answers = {}
+    for how in ("kprecompile", "plain"):
+        result = subprocess.run([sys.executable, "-c", probe, how], capture_output=True, text=True)
+        answers[how] = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-500:]
+    assert answers == {"kprecompile": "ImportError", "plain": "RuntimeError"}, answers

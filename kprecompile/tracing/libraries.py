@@ -42,6 +42,12 @@ def _ensure_aiter_package() -> None:
     if torch.version.hip is not None:
         importlib.import_module(AITER_PACKAGE)
         return
+    # Without ROCm, AITER's HIP side is absent for the rest of the process: from about v0.1.10
+    # AITER's Triton package imports its JIT core on the way (`aiter.ops.triton` -> its quant
+    # kernels -> `aiter.utility.dtypes` -> `aiter.ops.enum`), which then fails as a missing
+    # module, as AITER's own optional imports expect, not with "ROCm version file not found".
+    if not any(isinstance(finder, _AiterHipAbsent) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AiterHipAbsent())
     package = types.ModuleType(AITER_PACKAGE)
     package.__path__ = list(spec.submodule_search_locations)
     package.__spec__ = spec
