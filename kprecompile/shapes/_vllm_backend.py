@@ -617,6 +617,20 @@ _NO_CASCADE = {
 }
 
 
+def backend_impl(backend: type, shape: PagedAttentionShape, kv_cache_dtype: str) -> Any:
+    """The backend's impl for the step's layer, built with the arguments vLLM's `Attention` gives it."""
+    return backend.get_impl_cls()(
+        shape.q_heads,
+        shape.head_size,
+        shape.head_size**-0.5,
+        shape.kv_heads,
+        None,
+        shape.sliding_window or None,
+        kv_cache_dtype,
+        **layer_arguments(shape),
+    )
+
+
 def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) -> None:
     """One step through the backend's real `forward` on meta tensors."""
     import torch
@@ -633,16 +647,7 @@ def backend_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) 
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
     needed = -(-shape.max_seq_len // shape.block_size) * shape.num_seqs
     kv_cache = _kv_cache(backend, spec, shape, element_type, block_count(needed, per_block, shape.kv_cache_storage))
-    impl = backend.get_impl_cls()(
-        shape.q_heads,
-        shape.head_size,
-        shape.head_size**-0.5,
-        shape.kv_heads,
-        None,
-        shape.sliding_window or None,
-        "fp8" if shape.kv_cache_fp8 else "auto",
-        **layer_arguments(shape),
-    )
+    impl = backend_impl(backend, shape, "fp8" if shape.kv_cache_fp8 else "auto")
     query_shape = (shape.tokens, shape.q_heads, shape.head_size)
     query = torch.empty(query_shape, dtype=query_type(impl, shape, target), device=meta)
     key = torch.empty((shape.tokens, shape.kv_heads, shape.head_size), dtype=dtype, device=meta)
@@ -755,16 +760,7 @@ def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> No
             },
         )
         metadata = builder.build(0, common)
-        impl = backend.get_impl_cls()(
-            shape.q_heads,
-            shape.head_size,
-            shape.head_size**-0.5,
-            shape.kv_heads,
-            None,
-            sliding_window,
-            kv_cache_dtype,
-            **layer_arguments(shape),
-        )
+        impl = backend_impl(backend, shape, kv_cache_dtype)
     query = torch.empty(
         (shape.tokens, shape.q_heads, shape.head_size), dtype=query_type(impl, shape, target), device=meta
     )
