@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import inspect
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -26,6 +26,7 @@ from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module, release_attribute
+from ..tracing.trace import active_capture
 from ..vllm.releases import ReleaseLine
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, TWO_GIB, PagedAttentionShape, StorageClass, block_count
 from .family import FamilyName, KernelFamily
@@ -434,19 +435,29 @@ def merges_for_every_token_count(budget: int) -> Iterator[None]:
             groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))] if len(args) > index else []
         else:
             groups = _token_groups(kernel, names, args, budget)
-        # Once per launch that differs in anything else (dtypes, strides, flags; the varied
-        # tensors by their dtype).
-        varied = {position for group in groups for position in (*group.integers, *group.tensors)}
-        others = tuple(
-            getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
-            for position, arg in enumerate(args)
-        )
-        if others not in widened:
-            widened.add(others)
+        if not groups:
+            return result
+        capture = active_capture()
+        if capture is None:
+            # Launches compile: once per launch that differs in anything else (dtypes, strides,
+            # flags; the varied tensors by their dtype), in this step.
+            done = widened
+            varied = {position for group in groups for position in (*group.integers, *group.tensors)}
+            identity = tuple(
+                getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
+                for position, arg in enumerate(args)
+            )
+        else:
+            # Traced: once per capture for each kernel the launch is with its token counts at
+            # their first values, as Triton specializes it (two launches that agree there agree
+            # at every count), however many of the plan's steps launch it.
+            done = capture.done
+            first = _with_choices(args, groups, [group.choices()[0] for group in groups])
+            identity = (_MERGE_COUNT, capture.key_of(lambda: original(*first, **kwargs)))
+        if identity not in done:
+            done.add(identity)
             for choices in itertools.product(*(group.choices() for group in groups)):
-                changed = list(args)
-                for group, choice in zip(groups, choices, strict=True):
-                    group.apply(choice, changed)
+                changed = _with_choices(args, groups, choices)
                 if any(new is not old for new, old in zip(changed, args, strict=True)):
                     original(*changed, **kwargs)
         return result
@@ -484,6 +495,14 @@ class _TokenGroup:
             offset += alignment if offset + alignment <= tensor.storage_offset() else -alignment
             if offset != tensor.storage_offset():
                 args[position] = tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()), offset)
+
+
+def _with_choices(args: tuple, groups: list[_TokenGroup], choices: Iterable[tuple[int, int | None]]) -> list[Any]:
+    """`args` with each group's arguments set to its choice."""
+    changed = list(args)
+    for group, choice in zip(groups, choices, strict=True):
+        group.apply(choice, changed)
+    return changed
 
 
 def _token_groups(kernel: Any, names: list[str], args: tuple, budget: int) -> list[_TokenGroup]:

@@ -11,6 +11,7 @@ Triton's cache uses for it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import logging
@@ -80,6 +81,9 @@ class Capture:
         # Specialization data -> (JITFunction, Triton cache key), in the order first seen.
         self.captured: dict[str, tuple[Any, str]] = {}
         self.last: tuple[str, str] | None = None
+        # What a family's step does once per capture (a merge's widening to every token count):
+        # every later step finds its kernels captured already.
+        self.done: set[object] = set()
 
     def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
         data = compile["specialization_data"]
@@ -88,6 +92,14 @@ class Capture:
             self.captured[data] = (jit_function, _cache_key(jit_function, compile, data, self.options, self.triton_key))
         self.last = (data, self.captured[data][1])
         return True  # nothing compiles, nothing launches
+
+    def key_of(self, launch: Callable[[], object]) -> str:
+        """The cache key of the one kernel `launch` launches, as Triton specializes it."""
+        self.last = None
+        launch()
+        if self.last is None:
+            raise TracingError("launch", getattr(launch, "__name__", "call"), "it launched no Triton kernel")
+        return self.last[1]
 
     def specialization(self, kernel: Any, specialization_data: str) -> tuple[str, str]:
         """Replay `specialization_data` (`JITFunction.preload`'s input) through the hook: Triton's
@@ -114,7 +126,19 @@ def capturing(target: Target, fresh_modules: tuple[str, ...] = (), triton_key: s
     capture = Capture(target, triton_key)
     with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
         knobs.runtime.jit_cache_hook = capture.hook
-        yield capture
+        token = _ACTIVE.set(capture)
+        try:
+            yield capture
+        finally:
+            _ACTIVE.reset(token)
+
+
+_ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("kprecompile_capture", default=None)
+
+
+def active_capture() -> Capture | None:
+    """The capture the current launches go to (None outside `capturing`: launches compile)."""
+    return _ACTIVE.get()
 
 
 def _import_path(jit_function: Any) -> str:

@@ -524,6 +524,7 @@ def cuda_selection() -> list[dict[str, object]]:
 MERGE = FAMILIES["mla_merge"]
 # The MLA prefill step the family runs (the package's name of the same spelling is not it).
 _vllm_mla_module = importlib.import_module("kprecompile.shapes._vllm_mla")
+_vllm_backend_module = importlib.import_module("kprecompile.shapes._vllm_backend")
 
 
 def mla_merge() -> dict[str, object]:
@@ -666,6 +667,25 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
     return document
 
 
+def merge_widening(budget: int = 48) -> dict[str, int]:
+    """ROCM_AITER_FA's plan for Llama at a small step budget, its merges widened to every token
+    count (or class) once per trace, as plans do, against the same steps each widened on its own
+    (what a plan did before: no launch found captured), and as served (not widened)."""
+    model = load_model("llama-3.1-8b-instruct")
+    shapes = CONTEXT.enumerate_shapes(model, ServingParams(**{**SERVING, "max_num_batched_tokens": budget}), LINE)
+    once = _context_keys(shapes)
+    with mock.patch.object(_vllm_backend_module, "active_capture", lambda: None):
+        per_step = _context_keys(shapes)
+    served = _context_keys(shapes, as_served=True)
+    return {
+        "steps": len(shapes),
+        "kernels": len(once),
+        "missing_from_once": len(per_step - once),
+        "missing_from_per_step": len(once - per_step),
+        "widened": len(once - served),
+    }
+
+
 def _context_keys(shapes, target=GFX942, as_served: bool = False) -> set[str]:
     """The keys of these ROCM_AITER_FA steps: as a plan traces them, or `as_served`."""
     return _family_keys(CONTEXT, aiter_fa_context_module, shapes, target, as_served)
@@ -785,11 +805,9 @@ def _aiter_fa_speculative(model, seed: int) -> dict[str, object]:
     decoding and one whose verify steps take one batch size per integer class (negative controls)."""
     serving = ServingParams(**SERVING, num_speculative_tokens=2)
     shapes = CONTEXT.enumerate_shapes(model, serving, LINE)
-    plan_keys = _context_keys(shapes)
-    kernels = sorted(
-        job.kernel.rpartition(":")[2]
-        for job in trace_calls(CONTEXT.calls(shapes, GFX942), GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs
-    )
+    planned_jobs = trace_calls(CONTEXT.calls(shapes, GFX942), GFX942, "aiter_fa_context", CONTEXT.traced_modules).jobs
+    plan_keys = {job.key for job in planned_jobs}
+    kernels = sorted(job.kernel.rpartition(":")[2] for job in planned_jobs)
     step = replace(shapes[0], query_lens=(3, 2, 3), context_lens=(4000, 700, 9))
     call = functools.partial(CONTEXT.launch, step, GFX942)
     traced = trace_calls([("call", call)], GFX942, "aiter_fa_context", CONTEXT.traced_modules)

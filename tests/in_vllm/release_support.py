@@ -73,7 +73,12 @@ def aiter_lacked_by(module: str) -> str | None:
     import importlib.util
     from pathlib import Path
 
-    source = Path(importlib.util.find_spec(module).origin).read_text()
+    # The module's file from its top-level package's directory: `find_spec` of a submodule would
+    # import its parents (vLLM's configure its logging on the stdout of the moment).
+    top, *rest = module.split(".")
+    [directory] = importlib.util.find_spec(top).submodule_search_locations
+    path = Path(directory, *rest)
+    source = (path.with_suffix(".py") if path.with_suffix(".py").exists() else path / "__init__.py").read_text()
     aiter = importlib.util.find_spec("aiter")
     if aiter is None:
         return None

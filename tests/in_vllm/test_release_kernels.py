@@ -227,6 +227,18 @@ def test_mla_merge_keys_and_coverage(mla_merge, release):
     assert (coverage["missing_from_plan_as_served"] > 0) == since(release, "0.20")
 
 
+def test_merges_are_widened_once_per_trace_and_lose_nothing(release):
+    """A plan widens each merge kernel to every token count once per trace (the first step that
+    launches it), not once per step: the same keys as widening every step on its own, and more
+    than the steps as served where the merge specializes on token counts (Triton's merge from
+    0.20 to 0.31)."""
+    document = probes.merge_widening()
+    assert document["steps"] >= 10 and document["kernels"] > 0
+    assert document["missing_from_once"] == document["missing_from_per_step"] == 0
+    widens = since(release, "0.20") and release_line(release).mla_merge == "triton"
+    assert (document["widened"] > 0) == widens, document
+
+
 # Its probe traces one merge per token count up to the budget in 0.20 to 0.26 (a constexpr there):
 # 0.25.1's passed the suite's 900 s once on this 2-core machine beside other work.
 @pytest.mark.timeout(1800)
