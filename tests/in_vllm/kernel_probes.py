@@ -60,7 +60,7 @@ from dataclasses import replace
 from unittest import mock
 
 from helpers import launch_path_keys
-from release_support import environment, kv_storage_classes
+from release_support import aiter_lacked_by, environment, kv_storage_classes
 
 from kprecompile.errors import TracingError
 from kprecompile.inputs.models import load_model
@@ -668,16 +668,23 @@ def aiter_fa_context(seed: int = 11) -> dict[str, object]:
 
 
 def merge_widening(budget: int = 48) -> dict[str, int]:
-    """ROCM_AITER_FA's plan for Llama at a small step budget, its merges widened to every token
-    count (or class) once per trace, as plans do, against the same steps each widened on its own
-    (what a plan did before: no launch found captured), and as served (not widened)."""
-    model = load_model("llama-3.1-8b-instruct")
-    shapes = CONTEXT.enumerate_shapes(model, ServingParams(**{**SERVING, "max_num_batched_tokens": budget}), LINE)
-    once = _context_keys(shapes)
+    """A plan at a small step budget whose merges are widened to every token count (or class)
+    once per trace, as plans do, against the same steps each widened on its own (what a plan did
+    before: no launch found captured), and as served (not widened). ROCM_AITER_FA's plan for
+    Llama where the installed AITER has what the release's backend imports, else ROCM_AITER_MLA's
+    prefill for DeepSeek-V2-Lite."""
+    if aiter_lacked_by(aiter_fa_context_module.BACKEND_MODULE) is None:
+        family, module, preset = CONTEXT, aiter_fa_context_module, "llama-3.1-8b-instruct"
+    else:
+        family, module, preset = MERGE, _vllm_mla_module, "deepseek-v2-lite"
+    serving = ServingParams(**{**SERVING, "max_num_batched_tokens": budget})
+    shapes = family.enumerate_shapes(load_model(preset), serving, LINE)
+    once = _family_keys(family, module, shapes, GFX942, as_served=False)
     with mock.patch.object(_vllm_backend_module, "active_capture", lambda: None):
-        per_step = _context_keys(shapes)
-    served = _context_keys(shapes, as_served=True)
+        per_step = _family_keys(family, module, shapes, GFX942, as_served=False)
+    served = _family_keys(family, module, shapes, GFX942, as_served=True)
     return {
+        "family": family.name,
         "steps": len(shapes),
         "kernels": len(once),
         "missing_from_once": len(per_step - once),
