@@ -20,6 +20,12 @@ Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's
 - `setup.sh`: sourced on the host from the repository root, it unpacks vLLM, installs the
   wheels the host lacks (transformers, tokenizers and huggingface_hub always where the release
   takes transformers 4, as up to 0.18), and sets PYTHONPATH and VLLM_CACHE_ROOT.
+
+A device call carries at most 64 MiB. Where OUT is larger (0.25.1: its Python, xgrammar and
+llguidance), the largest wheels go to OUT-part2, OUT-part3, ... (each under `--part-mib`): carry
+each of those in a call of its own first (`true` as the command; a carried path stays on the
+machine while it is warm, and a later call that does not name it keeps it), then OUT with the
+command that sources `setup.sh`, which installs the wheels of every part.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -83,13 +90,14 @@ mkdir -p /tmp/vllm /tmp/site /tmp/deps
 tar xzf {out}/vllm-{release}.tgz -C /tmp/vllm
 forced="{forced}"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \\
-    $(for n in $forced; do ls {out}/wheels/$n-*.whl; done)
-missing=$(for w in {out}/wheels/*.whl; do n=$(basename $w | cut -d- -f1); case " $forced " in *" $n "*) continue;; esac
+    $(for n in $forced; do ls {out}/wheels/$n-*.whl {out}-part*/wheels/$n-*.whl 2>/dev/null; done)
+missing=$(for w in {out}/wheels/*.whl {out}-part*/wheels/*.whl; do [ -e "$w" ] || continue
+    n=$(basename $w | cut -d- -f1); case " $forced " in *" $n "*) continue;; esac
     python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" $n 2>/dev/null || echo $w; done)
 echo "installing where missing: $(for w in $missing; do basename $w | cut -d- -f1; done | tr '\\n' ' ')"
 [ -n "$missing" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/deps $missing
 export PYTHONPATH=$PWD:/tmp/vllm:/tmp/site:/tmp/deps
-export VLLM_CACHE_ROOT=$PWD/{out}/vllm-cache
+export VLLM_CACHE_ROOT={cache_root}
 """
 
 
@@ -142,6 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--release", default="0.12.0")
     parser.add_argument("--out", default=".e2e")
+    parser.add_argument("--part-mib", type=int, default=60, help="the most one carried part may hold (MiB)")
     parser.add_argument(
         "--host-has",
         nargs="*",
@@ -150,7 +159,7 @@ def main() -> None:
         help="distributions the GPU host already has (its `pip list`): no wheel packed for them",
     )
     args = parser.parse_args()
-    out = ROOT / args.out
+    out = (ROOT / args.out).resolve()
     release_dir = _installer().install(args.release)
     (out / "wheels").mkdir(parents=True, exist_ok=True)
 
@@ -219,10 +228,10 @@ def main() -> None:
     versions = {name: _version(release_dir, name) for name in names}
     pins = [f"{name}=={version}" for name, version in versions.items() if version is not None]
     pins += [f"{name}=={metadata.version(name)}" for name in ("pebble", "platformdirs")]
+    # pip matches a manylinux tag exactly: every glibc minor, newest first (0.25.1's llguidance
+    # has only a manylinux_2_31 wheel, which five named tags missed).
     tags = (
-        "manylinux_2_28_x86_64",
-        "manylinux_2_27_x86_64",
-        "manylinux_2_17_x86_64",
+        *(f"manylinux_2_{minor}_x86_64" for minor in range(39, 16, -1)),
         "manylinux2014_x86_64",
         "manylinux1_x86_64",
     )
@@ -235,9 +244,45 @@ def main() -> None:
         sys.exit(f"no CPython 3.12 manylinux wheel on the package index for: {' '.join(unavailable) or '?'}")
 
     forced = FORCED + (TRANSFORMERS_4 if (_version(release_dir, "transformers") or "").startswith("4.") else ())
-    (out / "setup.sh").write_text(SETUP.format(out=args.out, release=args.release, forced=" ".join(forced)))
+    # Paths in the checkout are relative to its root (where setup.sh is sourced on the host).
+    where = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
+    cache_root = f"$PWD/{where}/vllm-cache" if out.is_relative_to(ROOT) else f"{out}/vllm-cache"
+    (out / "setup.sh").write_text(
+        SETUP.format(out=where, release=args.release, forced=" ".join(forced), cache_root=cache_root)
+    )
+    for part in out.parent.glob(f"{out.name}-part*"):
+        shutil.rmtree(part)
+    parts = _split(out, args.part_mib * 2**20)
+    for part in [out, *parts]:
+        size = sum(path.stat().st_size for path in part.rglob("*") if path.is_file())
+        print(f"{part}: {size / 2**20:.1f} MiB to carry")
+    if parts:
+        print("carry each part in a call of its own first (command `true`), then the first with setup.sh")
+
+
+def _split(out: Path, limit: int) -> list[Path]:
+    """Move the largest wheels out of `out` into OUT-part2, ... until each holds at most `limit`
+    bytes; the parts made."""
+    wheels = sorted((out / "wheels").glob("*.whl"), key=lambda path: path.stat().st_size, reverse=True)
     size = sum(path.stat().st_size for path in out.rglob("*") if path.is_file())
-    print(f"{out}: {size / 1e6:.1f} MB to carry")
+    parts: list[tuple[Path, int]] = []
+    for wheel in wheels:
+        if size <= limit:
+            break
+        weight = wheel.stat().st_size
+        if weight > limit:
+            sys.exit(f"{wheel.name} alone is over {limit / 2**20:.0f} MiB: it cannot be carried")
+        part = next((part for part, used in parts if used + weight <= limit), None)
+        if part is None:
+            part = out.parent / f"{out.name}-part{len(parts) + 2}"
+            (part / "wheels").mkdir(parents=True)
+            parts.append((part, 0))
+        wheel.rename(part / "wheels" / wheel.name)
+        parts = [(path, used + weight if path == part else used) for path, used in parts]
+        size -= weight
+    if size > limit:
+        sys.exit(f"{out} holds {size / 2**20:.0f} MiB besides its wheels: over {limit / 2**20:.0f} MiB")
+    return [part for part, _ in parts]
 
 
 if __name__ == "__main__":

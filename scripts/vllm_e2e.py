@@ -126,9 +126,7 @@ def vllm_part(cache_dir: Path | None, target: str) -> bool:
 
 
 def report(target: str, warms: dict, served: dict, baked: dict, loaded: dict) -> bool:
-    import vllm
-
-    print(f"GPU end to end: vLLM {vllm.__version__}'s own Triton kernels, target {target}, {served['device']}")
+    print(f"GPU end to end: vLLM {_vllm_version()}'s own Triton kernels, target {target}, {served['device']}")
     for backend, warm in warms.items():
         print(
             f"warm with no visible GPU, {backend}: {warm['kernels']} kernels ({warm['compiled']} compiled) "
@@ -177,6 +175,45 @@ def vllm_platform() -> None:
 
     with cuda_platform(detect_local_target()):
         pass
+    _flash_attention_without_extensions()
+
+
+def _flash_attention_without_extensions() -> None:
+    """vLLM's flash-attention package, imported where its compiled extensions are absent (vLLM's
+    Python files only): from 0.2x the package raises at import without them, and the attention
+    layer's module imports it (for its multimodal encoder). Each absent extension is an empty
+    module during the import, as `cuda_platform` leaves vLLM's own; TRITON_ATTN never calls them."""
+    import importlib.machinery
+    import importlib.util
+    from types import ModuleType
+
+    package = "vllm.vllm_flash_attn"
+    spec = importlib.util.find_spec(package)
+    if package in sys.modules or spec is None:
+        return
+    # Read from the package's directory: finding a submodule would import the package.
+    [directory] = spec.submodule_search_locations
+    absent = [
+        f"{package}.{extension}"
+        for extension in ("_vllm_fa2_C", "_vllm_fa3_C")
+        if not list(Path(directory).glob(f"{extension}.*.so"))
+    ]
+    for name in absent:
+        module = ModuleType(name, "vLLM's compiled extension, absent here")
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        sys.modules[name] = module
+    try:
+        importlib.import_module(package)
+    finally:
+        for name in absent:
+            sys.modules.pop(name, None)
+
+
+def _vllm_version() -> str:
+    """The installed release, read from its metadata: importing vLLM (0.2x) resolves its platform."""
+    from importlib import metadata
+
+    return metadata.version("vllm")
 
 
 def selection_for(model, backend: str, target):
@@ -225,6 +262,15 @@ def serve(cache_dir: Path) -> None:
     document["compiled"] = [str(compile) for compile in monitor.compiles][:5]
     monitor.uninstall()
     print(json.dumps(document, default=str))
+
+
+def step_layer(backend, impl, layer, qkv, kv_cache, metadata, out) -> None:
+    """One attention layer's step as vLLM's runner makes it: from 0.19 the KV-cache write is the
+    impl's own call before `forward` where the backend says `forward` leaves it out."""
+    q, k, v = qkv
+    if hasattr(impl, "do_kv_cache_update") and not getattr(backend, "forward_includes_kv_cache_update", True):
+        impl.do_kv_cache_update(layer, k, v, kv_cache, metadata.slot_mapping)
+    impl.forward(layer, q, k, v, kv_cache, metadata, output=out)
 
 
 class Paged:
@@ -279,7 +325,7 @@ class TritonAttnCase(TimedCase):
         self.torch = torch
         module = import_library_module("vllm.v1.attention.backends.triton_attn")
         self.module = module
-        backend = module.TritonAttentionBackend
+        backend = self.backend = module.TritonAttentionBackend
         self.q_heads, self.kv_heads = serving.heads_per_rank(model), serving.kv_heads_per_rank(model)
         self.head = model.head_dim
         self.impl = backend.get_impl_cls()(self.q_heads, self.head, self.head**-0.5, self.kv_heads, None, None, "auto")
@@ -342,7 +388,7 @@ class TritonAttnCase(TimedCase):
     def call(self, prepared):
         q, k, v, metadata, _, _ = prepared
         out = self.torch.empty_like(q)
-        self.impl.forward(self.layer, q, k, v, self.kv_cache, metadata, output=out)
+        step_layer(self.backend, self.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
         return out
 
     def error(self, step) -> float:
@@ -562,10 +608,8 @@ def layers_part(cache_dir: Path | None, target: str) -> bool:
 
 
 def report_layers(target: str, warms: dict, served: dict) -> bool:
-    import vllm
-
     print(
-        f"GPU end to end: per-layer attention (sinks, soft-cap, alternating windows), vLLM {vllm.__version__} "
+        f"GPU end to end: per-layer attention (sinks, soft-cap, alternating windows), vLLM {_vllm_version()} "
         f"TRITON_ATTN, target {target}, {served['device']}"
     )
     failed = bool(served["compiles"]) or bool(served["not_in_memory"])
@@ -866,7 +910,7 @@ class LayerKindCase(TimedCase):
     def call(self, prepared):
         q, k, v, metadata = prepared[:4]
         out = self.torch.empty_like(q)
-        self.layer.impl.forward(self.layer, q, k, v, self.kv_cache, metadata, output=out)
+        step_layer(self.backend, self.layer.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
         return out
 
     def reference(self, q, keys, values, context: int, *, sinks=True, softcap=True, window=True):
