@@ -22,10 +22,11 @@ Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's
   takes transformers 4, as up to 0.18), and sets PYTHONPATH and VLLM_CACHE_ROOT.
 
 A device call carries at most 64 MiB. Where OUT is larger (0.25.1: its Python, xgrammar and
-llguidance), the largest wheels go to OUT-part2, OUT-part3, ... (each under `--part-mib`): carry
-each of those in a call of its own first (`true` as the command; a carried path stays on the
-machine while it is warm, and a later call that does not name it keeps it), then OUT with the
-command that sources `setup.sh`, which installs the wheels of every part.
+llguidance), the largest wheels go to OUT-part2, OUT-part3, ... (each under `--part-mib`). A
+call does not keep what an earlier one carried in the checkout, but the machine keeps /tmp while
+it is warm (30 s after a call): carry each part in a call of its own whose command is `cp -r
+OUT-partN /tmp/`, then, at once, OUT with the command that sources `setup.sh`, which installs the
+wheels of OUT and of every part under /tmp.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ mkdir -p /tmp/vllm /tmp/site /tmp/deps
 tar xzf {out}/vllm-{release}.tgz -C /tmp/vllm
 forced="{forced}"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \\
-    $(for n in $forced; do ls {out}/wheels/$n-*.whl {out}-part*/wheels/$n-*.whl 2>/dev/null; done)
-missing=$(for w in {out}/wheels/*.whl {out}-part*/wheels/*.whl; do [ -e "$w" ] || continue
+    $(for n in $forced; do ls {out}/wheels/$n-*.whl /tmp/{name}-part*/wheels/$n-*.whl 2>/dev/null; done)
+missing=$(for w in {out}/wheels/*.whl /tmp/{name}-part*/wheels/*.whl; do [ -e "$w" ] || continue
     n=$(basename $w | cut -d- -f1); case " $forced " in *" $n "*) continue;; esac
     python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" $n 2>/dev/null || echo $w; done)
 echo "installing where missing: $(for w in $missing; do basename $w | cut -d- -f1; done | tr '\\n' ' ')"
@@ -248,7 +249,7 @@ def main() -> None:
     where = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
     cache_root = f"$PWD/{where}/vllm-cache" if out.is_relative_to(ROOT) else f"{out}/vllm-cache"
     (out / "setup.sh").write_text(
-        SETUP.format(out=where, release=args.release, forced=" ".join(forced), cache_root=cache_root)
+        SETUP.format(out=where, name=out.name, release=args.release, forced=" ".join(forced), cache_root=cache_root)
     )
     for part in out.parent.glob(f"{out.name}-part*"):
         shutil.rmtree(part)
@@ -257,7 +258,7 @@ def main() -> None:
         size = sum(path.stat().st_size for path in part.rglob("*") if path.is_file())
         print(f"{part}: {size / 2**20:.1f} MiB to carry")
     if parts:
-        print("carry each part in a call of its own first (command `true`), then the first with setup.sh")
+        print("carry each part in a call of its own first (command: cp -r PART /tmp/), then the first with setup.sh")
 
 
 def _split(out: Path, limit: int) -> list[Path]:
