@@ -377,8 +377,8 @@ CASES = [
         "deepseek-r1",
         ["--vllm-version", "0.11.0"],
         {},
-        "kprecompile: --vllm-version: got '0.11.0', expected a vLLM release, 0.11.2 or newer (tested: 0.11.2, 0.12.0, "
-        "0.25.1, 0.31.0, 0.33.0)",
+        "kprecompile: --vllm-version: got '0.11.0', expected a vLLM release, 0.11.2 or newer (tested: 0.12.0, 0.25.1, "
+        "0.31.0, 0.33.0)",
     ),
     (
         "not-a-version",
