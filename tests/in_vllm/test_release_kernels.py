@@ -239,9 +239,6 @@ def test_merges_are_widened_once_per_trace_and_lose_nothing(release):
     assert (document["widened"] > 0) == widens, document
 
 
-# Its probe traces one merge per token count up to the budget in 0.20 to 0.26 (a constexpr there):
-# 0.25.1's passed the suite's 900 s once on this 2-core machine beside other work.
-@pytest.mark.timeout(1800)
 def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):
     """vLLM's gather and merge around ROCM_AITER_FA's prefill with cached context: the gather's
     key is the launch path's; random request mixes through vLLM's own metadata builder compile
