@@ -264,15 +264,6 @@ def serve(cache_dir: Path) -> None:
     print(json.dumps(document, default=str))
 
 
-def step_layer(backend, impl, layer, qkv, kv_cache, metadata, out) -> None:
-    """One attention layer's step as vLLM's runner makes it: from 0.19 the KV-cache write is the
-    impl's own call before `forward` where the backend says `forward` leaves it out."""
-    q, k, v = qkv
-    if hasattr(impl, "do_kv_cache_update") and not getattr(backend, "forward_includes_kv_cache_update", True):
-        impl.do_kv_cache_update(layer, k, v, kv_cache, metadata.slot_mapping)
-    impl.forward(layer, q, k, v, kv_cache, metadata, output=out)
-
-
 class Paged:
     """Sequences laid out in a paged KV cache: block tables and slots for (query, context) lengths."""
 
@@ -326,6 +317,10 @@ class TritonAttnCase(TimedCase):
         module = import_library_module("vllm.v1.attention.backends.triton_attn")
         self.module = module
         backend = self.backend = module.TritonAttentionBackend
+        # As vLLM's runner steps a layer (the KV-cache write apart from `forward` from 0.19).
+        from kprecompile.shapes._vllm_backend import layer_step
+
+        self.layer_step = layer_step
         self.q_heads, self.kv_heads = serving.heads_per_rank(model), serving.kv_heads_per_rank(model)
         self.head = model.head_dim
         self.impl = backend.get_impl_cls()(self.q_heads, self.head, self.head**-0.5, self.kv_heads, None, None, "auto")
@@ -388,7 +383,7 @@ class TritonAttnCase(TimedCase):
     def call(self, prepared):
         q, k, v, metadata, _, _ = prepared
         out = self.torch.empty_like(q)
-        step_layer(self.backend, self.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
+        self.layer_step(self.backend, self.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
         return out
 
     def error(self, step) -> float:
@@ -809,6 +804,10 @@ class LayerKindCase(TimedCase):
                 setattr(self.layer, scale, getattr(self.layer, scale).to(DEVICE))
         self.sinks = extra.get("sinks")
         self.backend = self.layer.attn_backend
+        # As vLLM's runner steps a layer (the KV-cache write apart from `forward` from 0.19).
+        from kprecompile.shapes._vllm_backend import layer_step
+
+        self.layer_step = layer_step
         if self.backend.get_name() != "TRITON_ATTN":
             raise SystemExit(f"vLLM built {self.name} with {self.backend.get_name()}, not TRITON_ATTN")
         impl = self.layer.impl
@@ -910,7 +909,7 @@ class LayerKindCase(TimedCase):
     def call(self, prepared):
         q, k, v, metadata = prepared[:4]
         out = self.torch.empty_like(q)
-        step_layer(self.backend, self.layer.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
+        self.layer_step(self.backend, self.layer.impl, self.layer, (q, k, v), self.kv_cache, metadata, out)
         return out
 
     def reference(self, q, keys, values, context: int, *, sinks=True, softcap=True, window=True):

@@ -787,9 +787,16 @@ def engine_step(spec: VllmBackend, shape: PagedEngineStep, target: Target) -> No
     layer = kv_scales_layer()
     output = torch.empty((shape.tokens, shape.q_heads, shape.head_size), dtype=dtype, device=meta)
     with prebuilt_ops_skipped(spec.prebuilt_ops):
-        if hasattr(impl, "do_kv_cache_update") and not getattr(backend, "forward_includes_kv_cache_update", True):
-            impl.do_kv_cache_update(layer, key, torch.empty_like(key), kv_cache, metadata.slot_mapping)
-        impl.forward(layer, query, key, torch.empty_like(key), kv_cache, metadata, output=output)
+        layer_step(backend, impl, layer, (query, key, torch.empty_like(key)), kv_cache, metadata, output)
+
+
+def layer_step(backend: type, impl: Any, layer: Any, qkv: tuple, kv_cache: Any, metadata: Any, output: Any) -> None:
+    """One attention layer's step as vLLM's runner makes it: from 0.19 the impl's own KV-cache
+    write before `forward`, where the backend says `forward` leaves it out."""
+    query, key, value = qkv
+    if hasattr(impl, "do_kv_cache_update") and not getattr(backend, "forward_includes_kv_cache_update", True):
+        impl.do_kv_cache_update(layer, key, value, kv_cache, metadata.slot_mapping)
+    impl.forward(layer, query, key, value, kv_cache, metadata, output=output)
 
 
 def launch_step(spec: VllmBackend, shape: PagedAttentionShape, target: Target) -> None:
