@@ -15,14 +15,22 @@ from kprecompile.vllm.releases import TESTED_RELEASES
 
 # The releases the tests inside vLLM run against: the tested ones, or those KPRECOMPILE_TEST_RELEASES
 # names (comma-separated: scripts/release_matrix.py runs them for any release).
-SUPPORTED_RELEASES = (
-    tuple(release.strip() for release in os.environ.get("KPRECOMPILE_TEST_RELEASES", "").split(",") if release.strip())
-    or TESTED_RELEASES
+NAMED_RELEASES = tuple(
+    release.strip() for release in os.environ.get("KPRECOMPILE_TEST_RELEASES", "").split(",") if release.strip()
 )
+SUPPORTED_RELEASES = NAMED_RELEASES or TESTED_RELEASES
 
 ROOT = Path(__file__).parent.parent
 
-__all__ = ["SUPPORTED_RELEASES", "installer", "merges_per_launch", "release_path", "since", "vllm_environment"]
+__all__ = [
+    "NAMED_RELEASES",
+    "SUPPORTED_RELEASES",
+    "installer",
+    "merges_per_launch",
+    "release_path",
+    "since",
+    "vllm_environment",
+]
 
 
 def since(release: str, first: str) -> bool:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from helpers import CACHE_VARIABLES, UNSET_VARIABLES
-from vllm_releases import ROOT, SUPPORTED_RELEASES, release_path
+from vllm_releases import NAMED_RELEASES, ROOT, SUPPORTED_RELEASES, release_path
 
 from kprecompile.inputs.environment import VARIABLES
 
@@ -35,6 +35,18 @@ INSIDE = os.environ.get("KPRECOMPILE_VLLM_RELEASE")
 # Processes that read what another process of the same release leaves in the shared directory:
 # they run after it.
 AFTER = {"kernels-nvidia": "kernels-rocm"}
+# The suite's own run over the tested releases (none named): the processes that check the kernels
+# each release launches (their keys against vLLM's launch paths, coverage, capture sizes, AITER's
+# attention through the real builder and impl) and vLLM's selector against the mirror (the plugin's)
+# run in every tested release, one per Triton series; the others (vLLM's model classes read layer
+# by layer, the CLI, the NVIDIA plugin, several models side by side) in WHOLE_RELEASES, the oldest
+# and newest. Every process in all four took the suite past CI's 90 minutes on 2 cores. Named
+# releases (KPRECOMPILE_TEST_RELEASES, scripts/release_matrix.py) run every process: a matrix row
+# is the whole suite.
+EVERY_RELEASE_PROCESSES = frozenset(
+    {"kernels-rocm", "kernels-nvidia", "capture-rocm", "capture-nvidia", "aiter-fa", "plugin"}
+)
+WHOLE_RELEASES = (SUPPORTED_RELEASES[0], SUPPORTED_RELEASES[-1])
 # Inner runs at once: this machine's cores (each run is one busy process).
 PARALLEL_RUNS = 2
 RUN_TIMEOUT_SECONDS = 3600
@@ -258,11 +270,21 @@ def _is_twin(item) -> bool:
     return isinstance(item, pytest.Function) and item.path.is_relative_to(Path(__file__).parent)
 
 
+def _in_the_suites_run(item) -> bool:
+    """Whether the suite's run over the tested releases runs this twin (EVERY_RELEASE_PROCESSES)."""
+    return process_of(item) in EVERY_RELEASE_PROCESSES or item.callspec.params["release"] in WHOLE_RELEASES
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(session, config, items):
     """Outside vLLM: each selected test here becomes its twin's outcome inside its release."""
     if INSIDE:
         return (yield)
+    if not NAMED_RELEASES:
+        outside = [item for item in items if _is_twin(item) and not _in_the_suites_run(item)]
+        if outside:
+            config.hook.pytest_deselected(items=outside)
+            items[:] = [item for item in items if item not in set(outside)]
     # Before selection: every test of each process (one that another reads after runs whole).
     every: dict[tuple[str, str], list[str]] = {}
     for item in filter(_is_twin, items):
