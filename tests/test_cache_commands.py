@@ -143,7 +143,7 @@ def test_prune_max_size_evicts_the_least_recently_served(capsys, cache):
     few, more = sorted(listing["configurations"], key=lambda c: c["serving"]["max_num_seqs"])
     os.utime(more["path"], (time.time() - 86400, time.time() - 86400))  # served a day ago
     limit = listing["cache_bytes"] - 1
-    plan = run_cli_json(capsys, "cache", "prune", "--max-size", str(limit), "--cache-dir", str(cache))
+    plan = run_cli_json(capsys, "cache", "prune", "--max-size", f"{limit}B", "--cache-dir", str(cache))
     evicted = [removal for removal in plan["removals"] if removal["kind"] == "configuration"]
     assert [Path(removal["path"]).stem for removal in evicted] == [more["manifest"]]
     assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 1
@@ -192,7 +192,11 @@ def test_prune_waits_for_a_warm_in_progress(capsys, cache):
         ),
         (
             ["cache", "prune", "--max-size", "lots"],
-            "kprecompile: --max-size: got 'lots', expected a size such as 10G, 500MB, 2GiB or a number of bytes",
+            "kprecompile: --max-size: got 'lots', expected a size with its unit, such as 10G, 500MB, 2GiB or 4096B",
+        ),
+        (  # a bare number was once 10 bytes: every configuration evicted
+            ["cache", "prune", "--max-size", "10"],
+            "kprecompile: --max-size: got '10', expected a size with its unit, such as 10G, 500MB, 2GiB or 4096B",
         ),
         (
             ["misses", "zz"],

@@ -356,7 +356,7 @@ def test_four_overlapping_warms_beside_prune_max_size(cache):
     warms = [runs.start("warm", *serving(seqs), "--cache-dir", cache, "--jobs", "1") for seqs in sizes]
     wait_for(new_entries(cache, before), warms[0])
     done = threading.Event()
-    pruning = loop_until(runs, done, "cache", "prune", "--max-size", limit, "--cache-dir", cache, "--json")
+    pruning = loop_until(runs, done, "cache", "prune", "--max-size", f"{limit}B", "--cache-dir", cache, "--json")
     for seqs, warm in zip(sizes, warms, strict=True):
         status, _, err = runs.wait(warm, ["warm", seqs])
         assert status == 0, err

@@ -20,7 +20,6 @@ from . import options
 from .output import Output, plural
 
 _UNITS = {
-    "": 1,
     "b": 1,
     "k": 10**3,
     "m": 10**6,
@@ -31,7 +30,8 @@ _UNITS = {
     "gi": 2**30,
     "ti": 2**40,
 }
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?)?b?\s*", re.IGNORECASE)
+# A unit is required (B for bytes): a bare `--max-size 10` was read as 10 bytes and evicted everything.
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)\s*", re.IGNORECASE)
 
 
 @click.group(name="cache")
@@ -150,7 +150,7 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
     "--max-size",
     default=None,
     metavar="SIZE",
-    help="Then evict the least recently served configurations until the cache fits (10G, 500MB, 2GiB).",
+    help="Then evict the least recently served configurations until the cache fits (10G, 500MB, 2GiB, 4096B).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @options.cache_dir_option
@@ -235,11 +235,12 @@ def _current_toolchains(layout, found: list[Configuration]) -> dict[str, bool | 
 
 
 def parse_size(text: str) -> int:
-    """`10G`, `500MB`, `2GiB`, `1.5T` or a byte count; SI units are powers of 1000, `Ki`-style of 1024."""
+    """`10G`, `500MB`, `2GiB`, `1.5T` or `4096B`; SI units are powers of 1000, `Ki`-style of 1024."""
     match = _SIZE.fullmatch(text)
     if match is None:
-        raise InputError("--max-size", text, "a size such as 10G, 500MB, 2GiB or a number of bytes")
-    return int(float(match[1]) * _UNITS[(match[2] or "").lower()])
+        raise InputError("--max-size", text, "a size with its unit, such as 10G, 500MB, 2GiB or 4096B")
+    unit = match[2].lower()
+    return int(float(match[1]) * _UNITS["b" if unit == "b" else unit.removesuffix("b")])
 
 
 def _engine_in_short(document: dict) -> str:

@@ -5,7 +5,8 @@ process there (vLLM binds its platform once per process, so a ROCm target's test
 target's do not share one; a fresh interpreter's tests have theirs alone).
 
 - In the suite's own run (no vLLM), each test is collected once per release and stands for its
-  twin inside that release. When the session's tests start, one pytest per release and process is
+  twin inside that release (over the tested releases, some processes in the oldest and newest
+  only: EVERY_RELEASE_PROCESSES). When the session's tests start, one pytest per release and process is
   started with the selected twins' node ids, one at a time beside the suite's own tests, two at a
   time once those are done; these tests run last, and each reports the outcome its twin had there,
   a failure with the assertion it failed on.
@@ -284,7 +285,8 @@ def pytest_collection_modifyitems(session, config, items):
         outside = [item for item in items if _is_twin(item) and not _in_the_suites_run(item)]
         if outside:
             config.hook.pytest_deselected(items=outside)
-            items[:] = [item for item in items if item not in set(outside)]
+            left_out = set(outside)
+            items[:] = [item for item in items if item not in left_out]
     # Before selection: every test of each process (one that another reads after runs whole).
     every: dict[tuple[str, str], list[str]] = {}
     for item in filter(_is_twin, items):
