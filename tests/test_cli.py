@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import run_cli
+from helpers import kprecompile_cli, run_cli
 
 
 def test_auto_target_without_a_gpu_exits_2_and_writes_nothing(capsys, tmp_path, monkeypatch):
@@ -16,6 +16,23 @@ def test_auto_target_without_a_gpu_exits_2_and_writes_nothing(capsys, tmp_path, 
     assert err.count("\n") == 1
     assert err.startswith("kprecompile: --target: got 'auto', expected a visible GPU for auto-detection"), err
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("where", ["after the subcommand", "after its options", "before the subcommand", "none"])
+def test_verbosity_is_taken_anywhere_before_a_double_dash(where):
+    """`kprecompile plan -v ...` as pip, uv and vllm take it; the control without one logs no INFO."""
+    plan = ["--model", "deepseek-v2-lite", "--target", "gfx942", "--engine", "aiter", "--family", "fp8_bmm"]
+    argv = {
+        "after the subcommand": ["plan", "-v", *plan],
+        "after its options": ["plan", *plan, "--verbose"],
+        "before the subcommand": ["-v", "plan", *plan],
+        "none": ["plan", *plan],
+    }[where]
+    result = kprecompile_cli(*argv, "--max-num-seqs", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    traced = "INFO kprecompile.tracing.trace: traced fp8_bmm on gfx942"
+    assert (traced in result.stderr) == (where != "none"), result.stderr
+    assert json.loads(result.stdout)["kernels"] > 0
 
 
 def test_plan_json_schema(capsys):

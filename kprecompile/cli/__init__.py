@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import importlib
 import logging
+import re
 import sys
 
 import click
@@ -105,9 +106,21 @@ def vllm_spelling(argument: str) -> str:
     return name.replace("_", "-") + equals + value
 
 
+def verbosity_first(arguments: list[str]) -> list[str]:
+    """`kprecompile warm -v ...` as `kprecompile -v warm ...`: pip, uv and vllm take `-v` after the
+    subcommand too (up to a `--`)."""
+    end = arguments.index("--") if "--" in arguments else len(arguments)
+    verbose = [argument for argument in arguments[:end] if _VERBOSE.fullmatch(argument)]
+    others = [argument for argument in arguments[:end] if not _VERBOSE.fullmatch(argument)]
+    return [*verbose, *others, *arguments[end:]]
+
+
+_VERBOSE = re.compile(r"-v+|--verbose")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one-line errors, no traceback for a user mistake."""
-    arguments = [vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)]
+    arguments = verbosity_first([vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)])
     _INVOCATION[:] = arguments
     try:
         _use_named_engine(arguments)
