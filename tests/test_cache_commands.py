@@ -138,6 +138,21 @@ def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can
     assert run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))["removals"] == []
 
 
+def test_prune_prints_a_summary_and_lists_kernel_entries_and_locks_with_v(capsys, cache):
+    """A warm leaves a free lock file per kernel: the dry run's text is the summary and what is
+    not counted by the thousand; `-v` lists every lock file too."""
+    status, out, _ = run_cli(capsys, "cache", "prune", "--dry-run", "--cache-dir", str(cache))
+    assert status == 0
+    summary = out.splitlines()[-1]
+    assert summary.startswith("Would remove ") and "lock files" in summary and summary.endswith("; -v lists each)")
+    assert not [line for line in out.splitlines() if line.startswith("  lock")]
+    status, out, _ = run_cli(capsys, "-v", "cache", "prune", "--dry-run", "--cache-dir", str(cache))
+    locks = [line for line in out.splitlines() if line.startswith("  lock")]
+    assert status == 0 and len(locks) > 1 and not out.splitlines()[-1].endswith("; -v lists each)")
+    document = run_cli_json(capsys, "cache", "prune", "--dry-run", "--cache-dir", str(cache))
+    assert len([removal for removal in document["removals"] if removal["kind"] == "lock"]) == len(locks)
+
+
 def test_prune_max_size_evicts_the_least_recently_served(capsys, cache):
     listing = run_cli_json(capsys, "cache", "ls", "--cache-dir", str(cache))
     few, more = sorted(listing["configurations"], key=lambda c: c["serving"]["max_num_seqs"])

@@ -34,6 +34,11 @@ _UNITS = {
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)\s*", re.IGNORECASE)
 
 
+# Kernel entries and lock files come by the thousand (one of each per kernel): the summary counts
+# them, `-v` lists each, as uv's and hf's cache commands print a summary.
+_COUNTED_ONLY = frozenset({"entry", "lock"})
+
+
 @click.group(name="cache")
 def command() -> None:
     """See and manage what the cache holds (dir, ls, rm, prune)."""
@@ -196,8 +201,10 @@ def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
         }
     )
     verb = "Would remove" if dry_run else "Removed"
+    every = click.get_current_context().find_root().params.get("verbose", 0) > 0
     for removal in plan.removals:
-        output.data(f"  {removal.kind:<13} {human_size(removal.bytes):>9}  {removal.path}  ({removal.reason})")
+        if every or removal.kind not in _COUNTED_ONLY:
+            output.data(f"  {removal.kind:<13} {human_size(removal.bytes):>9}  {removal.path}  ({removal.reason})")
     nouns = (
         ("configuration", "configuration", "configurations"),
         ("entry", "kernel entry", "kernel entries"),
@@ -210,7 +217,8 @@ def _report(output: Output, plan: DeletionPlan, dry_run: bool, layout) -> None:
     if not counts:
         output.data("Nothing to remove")
         return
-    output.data(f"{verb} {', '.join(counts)} ({human_size(plan.bytes)})")
+    listed = "" if every or not any(plan.count(kind) for kind in _COUNTED_ONLY) else "; -v lists each"
+    output.data(f"{verb} {', '.join(counts)} ({human_size(plan.bytes)}{listed})")
 
 
 def _current_toolchains(layout, found: list[Configuration]) -> dict[str, bool | None]:
