@@ -5,6 +5,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -151,6 +153,25 @@ def test_prune_prints_a_summary_and_lists_kernel_entries_and_locks_with_v(capsys
     assert status == 0 and len(locks) > 1 and not out.splitlines()[-1].endswith("; -v lists each)")
     document = run_cli_json(capsys, "cache", "prune", "--dry-run", "--cache-dir", str(cache))
     assert len([removal for removal in document["removals"] if removal["kind"] == "lock"]) == len(locks)
+
+
+def test_a_cache_rm_typo_is_said_at_once_while_a_warm_uses_the_cache(cache):
+    """A warm holds the cache's usage lock: `cache rm` of a model it lacks says so at once; of one it
+    has, it waits (the control: the lock is really held), then removes it once the warm is done."""
+
+    def rm(model: str) -> subprocess.Popen:
+        command = [sys.executable, "-m", "kprecompile", "cache", "rm", "--model", model, "--cache-dir", str(cache)]
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    with using(CacheLayout.of(cache)):  # what a running warm holds
+        typo = rm("deepseek-v2-lit")
+        assert typo.wait(timeout=120) == 2
+        assert typo.stderr.read().strip().startswith("kprecompile: cache rm: got 'deepseek-v2-lit', expected")
+        waiting = rm("deepseek-v2-lite")
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=5)
+    assert waiting.wait(timeout=120) == 0, waiting.stderr.read()
+    assert "waiting for" in waiting.stderr.read()
 
 
 def test_prune_max_size_evicts_the_least_recently_served(capsys, cache):

@@ -138,15 +138,19 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
             )
         )
 
-    with _deleting(layout, dry_run):
-        selected = [configuration for configuration in configurations(layout) if chosen(configuration)]
-        if not selected:
+    def selected() -> list[Configuration]:
+        found = [configuration for configuration in configurations(layout) if chosen(configuration)]
+        if not found:
             raise InputError(
                 "cache rm",
                 " ".join([*manifests, *model_names, *target_names]) or "--all",
                 "configurations of the writable cache (see kprecompile cache ls)",
             )
-        plan = plan_rm(layout, selected)
+        return found
+
+    selected()  # a typo is said at once, not after a running warm lets go of the cache
+    with _deleting(layout, dry_run):
+        plan = plan_rm(layout, selected())  # chosen again: the cache may have changed meanwhile
         _report(output, plan, dry_run, layout)
 
 
