@@ -455,6 +455,47 @@ def test_sizes_and_counts_read_as_people_write_them():
     assert plural(2, "kernel entry", "kernel entries") == "2 kernel entries"
 
 
+def _leaf_commands():
+    """(path, command) of every command that runs (groups walked), as `kprecompile --help` lists them."""
+    import click
+
+    from kprecompile.cli import cli
+
+    pending = [("", cli)]
+    while pending:
+        path, command = pending.pop()
+        if isinstance(command, click.Group):
+            context = click.Context(command)
+            for name in command.list_commands(context):
+                pending.append((f"{path} {name}".strip(), command.get_command(context, name)))
+        else:
+            yield path, command
+
+
+def test_every_commands_help_ends_with_examples_that_parse(capsys):
+    """Each command's `--help` shows examples, and each example is a real invocation: its
+    arguments parse with that command's own options (a renamed option fails here)."""
+    import shlex
+
+    from kprecompile.cli.examples import EXAMPLES
+
+    leaves = dict(_leaf_commands())
+    assert sorted(leaves) == sorted(EXAMPLES)
+    for path, command in leaves.items():
+        status, out, _ = run_cli(capsys, *path.split(), "--help")
+        assert status == 0 and "Examples:" in out, path
+        for example in EXAMPLES[path]:
+            assert f"    {example}\n" in out, (path, example)
+            words = shlex.split(example)
+            assert words[: 1 + len(path.split())] == ["kprecompile", *path.split()], example
+            command.make_context(path, words[1 + len(path.split()) :])  # raises on an unknown option
+    # The control: an option the command does not take is refused by the same parse.
+    import click
+
+    with pytest.raises(click.NoSuchOption):
+        leaves["cache prune"].make_context("cache prune", ["--max-bytes", "10G"])
+
+
 def test_help_names_the_environment_variable_of_each_option_that_has_one(capsys):
     status, out, _ = run_cli(capsys, "warm", "--help")
     text = " ".join(out.split())

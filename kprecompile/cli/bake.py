@@ -7,12 +7,13 @@ import click
 from ..inputs import settings
 from ..warmup.bundling import bake
 from . import options
+from .examples import epilog
 from .output import ExitStatus, Output, human_size, plural
 from .warm import show_failures, show_family_failures
 from .workers import check_worker_options, worker_options
 
 
-@click.command(name="bake")
+@click.command(name="bake", epilog=epilog("bake"))
 @options.selection_options(multiple_models=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
 @click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")

@@ -17,6 +17,7 @@ from ..inputs import settings
 from ..inputs.targets import resolve_target
 from ..wording import human_size
 from . import options
+from .examples import epilog
 from .output import Output, plural
 
 _UNITS = {
@@ -44,7 +45,7 @@ def command() -> None:
     """See and manage what the cache holds (dir, ls, rm, prune)."""
 
 
-@command.command(name="dir")
+@command.command(name="dir", epilog=epilog("cache dir"))
 @options.cache_dir_option
 @options.json_option
 def cache_dir(cache_dir, json_output) -> None:
@@ -55,7 +56,7 @@ def cache_dir(cache_dir, json_output) -> None:
     output.data(str(layout.root))
 
 
-@command.command(name="ls")
+@command.command(name="ls", epilog=epilog("cache ls"))
 @options.cache_dir_option
 @options.json_option
 def cache_ls(cache_dir, json_output) -> None:
@@ -110,7 +111,7 @@ def cache_ls(cache_dir, json_output) -> None:
     )
 
 
-@command.command(name="rm")
+@command.command(name="rm", epilog=epilog("cache rm"))
 @click.argument("manifests", nargs=-1, metavar="[MANIFEST]...")
 @click.option("--model", "model_names", multiple=True, metavar="NAME", help="Configurations of this model.")
 @click.option("--target", "target_names", multiple=True, metavar="TARGET", help="Configurations for this target.")
@@ -154,7 +155,7 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
         _report(output, plan, dry_run, layout)
 
 
-@command.command(name="prune")
+@command.command(name="prune", epilog=epilog("cache prune"))
 @click.option(
     "--max-size",
     default=None,

@@ -7,10 +7,11 @@ import click
 from ..inputs import settings
 from ..warmup.doctor import run_checks
 from . import options
+from .examples import epilog
 from .output import ExitStatus, Output
 
 
-@click.command(name="doctor")
+@click.command(name="doctor", epilog=epilog("doctor"))
 @options.cache_dir_option
 @options.json_option
 def command(cache_dir, json_output) -> None:

@@ -14,6 +14,7 @@ from ..vllm import aiter_source
 from ..vllm import install as engine_install
 from ..vllm.releases import TESTED_RELEASES, release_line
 from . import options
+from .examples import epilog
 from .output import Output
 
 _ENGINES = ("vllm",)
@@ -39,7 +40,7 @@ def _release(requirement: str) -> str:
     return version
 
 
-@command.command(name="install")
+@command.command(name="install", epilog=epilog("engine install"))
 @click.argument("requirement", metavar="REQUIREMENT")
 @click.option(
     "--aiter-source",
@@ -122,7 +123,7 @@ def _triton_under(directory) -> str | None:
         return None
 
 
-@command.command(name="ls")
+@command.command(name="ls", epilog=epilog("engine ls"))
 @options.json_option
 def ls(json_output: bool) -> None:
     """The engine releases installed here, with their Triton and size."""

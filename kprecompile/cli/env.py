@@ -6,6 +6,7 @@ import click
 
 from ..inputs.environment import DEFAULT_ENGINE, ENGINES, VARIABLES, fingerprint
 from . import options
+from .examples import epilog
 from .output import Output
 
 
@@ -13,7 +14,7 @@ def _shown(value: str | None) -> str:
     return "(unset)" if value is None else value
 
 
-@click.command(name="env")
+@click.command(name="env", epilog=epilog("env"))
 @click.option(
     "--engine",
     default=DEFAULT_ENGINE,

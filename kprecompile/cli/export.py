@@ -7,10 +7,11 @@ import click
 from ..inputs import settings
 from ..warmup.bundling import export
 from . import options
+from .examples import epilog
 from .output import Output, plural
 
 
-@click.command(name="export")
+@click.command(name="export", epilog=epilog("export"))
 @options.selection_options()
 @options.cache_dir_option
 @click.option("--archive", required=True, type=click.Path(dir_okay=False), help="The .tar.gz to write.")

@@ -9,10 +9,11 @@ import click
 from ..inputs import settings
 from ..warmup.bundling import import_archive
 from . import options
+from .examples import epilog
 from .output import Output, plural
 
 
-@click.command(name="import")
+@click.command(name="import", epilog=epilog("import"))
 @click.argument("archive", type=click.Path(dir_okay=False))
 @options.cache_dir_option
 @click.option(

@@ -9,6 +9,7 @@ import click
 
 from ..cache.signing import generate_key
 from . import options
+from .examples import epilog
 from .output import Output
 
 
@@ -17,7 +18,7 @@ def command() -> None:
     """Make the key archives are signed with (generate)."""
 
 
-@command.command(name="generate")
+@command.command(name="generate", epilog=epilog("key generate"))
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--comment", default="kprecompile", show_default=True, help="The public key's comment.")
 @options.json_option

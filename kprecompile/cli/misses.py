@@ -9,13 +9,14 @@ from ..inputs import settings
 from ..inputs.targets import resolve_target
 from ..warmup.recorded import find_recorded
 from . import options
+from .examples import epilog
 from .output import Output, plural
 
 # Specializations are long; the table shows their start (`--json` has all of it).
 _SPECIALIZATION_WIDTH = 72
 
 
-@click.command(name="misses")
+@click.command(name="misses", epilog=epilog("misses"))
 @click.argument("manifests", nargs=-1, metavar="[MANIFEST]...")
 @click.option("--model", "model_names", multiple=True, metavar="NAME", help="Records of this model.")
 @click.option("--target", "target_names", multiple=True, metavar="TARGET", help="Records made on this target.")

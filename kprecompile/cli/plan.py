@@ -11,6 +11,7 @@ from ..inputs.layers import AttentionLayer
 from ..warmup.planning import FamilyPlan, plan
 from ..wording import printable
 from . import options
+from .examples import epilog
 from .output import ExitStatus, Output, plural
 
 
@@ -54,7 +55,7 @@ def report_failed_families(model: str, families: Sequence[FamilyPlan]) -> None:
             click.echo(printable(line), err=True)
 
 
-@click.command(name="plan")
+@click.command(name="plan", epilog=epilog("plan"))
 @options.selection_options()
 @options.cache_dir_option
 def command(json_output, cache_dir, **chosen) -> None:

@@ -9,10 +9,11 @@ import click
 from ..inputs import settings
 from ..warmup.verification import verify
 from . import options
+from .examples import epilog
 from .output import ExitStatus, Output, plural
 
 
-@click.command(name="verify")
+@click.command(name="verify", epilog=epilog("verify"))
 @options.selection_options()
 @options.cache_dir_option
 @click.option("--deep", is_flag=True, help="Also compare every kernel file's sha256 with the manifest.")

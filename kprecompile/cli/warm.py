@@ -11,6 +11,7 @@ from ..inputs import settings
 from ..warmup.warming import FamilyFailure, KernelFailure, warm
 from ..wording import printable
 from . import options
+from .examples import epilog
 from .output import ExitStatus, Output, plural
 from .plan import show_families
 from .workers import check_worker_options, worker_options
@@ -35,7 +36,7 @@ def show_family_failures(failures: Sequence[FamilyFailure]) -> None:
         )
 
 
-@click.command(name="warm")
+@click.command(name="warm", epilog=epilog("warm"))
 @options.selection_options()
 @worker_options
 @click.option(
