@@ -106,6 +106,9 @@ def vllm_spelling(argument: str) -> str:
     return name.replace("_", "-") + equals + value
 
 
+_VERBOSE = re.compile(r"-v+|--verbose")
+
+
 def verbosity_first(arguments: list[str]) -> list[str]:
     """`kprecompile warm -v ...` as `kprecompile -v warm ...`: pip, uv and vllm take `-v` after the
     subcommand too (up to a `--`)."""
@@ -113,9 +116,6 @@ def verbosity_first(arguments: list[str]) -> list[str]:
     verbose = [argument for argument in arguments[:end] if _VERBOSE.fullmatch(argument)]
     others = [argument for argument in arguments[:end] if not _VERBOSE.fullmatch(argument)]
     return [*verbose, *others, *arguments[end:]]
-
-
-_VERBOSE = re.compile(r"-v+|--verbose")
 
 
 def main(argv: list[str] | None = None) -> None:

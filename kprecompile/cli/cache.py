@@ -252,8 +252,7 @@ def parse_size(text: str) -> int:
     match = _SIZE.fullmatch(text)
     if match is None:
         raise InputError("--max-size", text, "a size with its unit, such as 10G, 500MB, 2GiB or 4096B")
-    unit = match[2].lower()
-    return int(float(match[1]) * _UNITS["b" if unit == "b" else unit.removesuffix("b")])
+    return int(float(match[1]) * _UNITS[match[2].lower().removesuffix("b") or "b"])
 
 
 def _engine_in_short(document: dict) -> str:
