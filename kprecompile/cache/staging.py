@@ -66,23 +66,33 @@ def is_held(lock: str | os.PathLike[str]) -> bool:
     return False
 
 
-def dead_staging(layout: CacheLayout) -> list[tuple[Path, Path]]:
-    """(staging directory, its owner's lock file) of each import in the writable root whose owner
-    is gone: its lock free, or never taken (an older kprecompile)."""
+def _staging(layout: CacheLayout) -> list[tuple[Path, Path, bool]]:
+    """(staging directory, its owner's lock file, whether the owner holds it) of each import in the
+    writable root."""
     try:
         with os.scandir(layout.root) as items:
             candidates = [item for item in items if item.name.startswith(STAGING_PREFIX)]
     except OSError:
         return []
-    dead = []
+    found = []
     for item in candidates:
         with contextlib.suppress(OSError):
             if not stat.S_ISDIR(item.stat(follow_symlinks=False).st_mode):
                 continue
         lock = _owner_lock(layout, item.name.removeprefix(STAGING_PREFIX))
-        if not is_held(lock):
-            dead.append((Path(item.path), lock))
-    return dead
+        found.append((Path(item.path), lock, is_held(lock)))
+    return found
+
+
+def dead_staging(layout: CacheLayout) -> list[tuple[Path, Path]]:
+    """(staging directory, its owner's lock file) of each import in the writable root whose owner
+    is gone: its lock free, or never taken (an older kprecompile)."""
+    return [(staging, lock) for staging, lock, held in _staging(layout) if not held]
+
+
+def importing(layout: CacheLayout) -> bool:
+    """Whether an import into the writable root is unpacking now."""
+    return any(held for _, _, held in _staging(layout))
 
 
 def remove_stale_staging(layout: CacheLayout) -> int:

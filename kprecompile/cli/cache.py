@@ -11,6 +11,7 @@ import click
 
 from ..cache.inventory import Configuration, configurations, directory_size
 from ..cache.pruning import DeletionPlan, execute, plan_prune, plan_rm
+from ..cache.staging import importing
 from ..cache.usage import using
 from ..errors import InputError
 from ..inputs import settings
@@ -149,7 +150,10 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
             )
         return found
 
-    selected()  # a typo is said at once, not after a running warm lets go of the cache
+    # A typo is said at once, not after a running warm lets go of the cache; but an import
+    # unpacking now may be installing what was named, so then it is looked for once it is done.
+    if not importing(layout):
+        selected()
     with _deleting(layout, dry_run):
         plan = plan_rm(layout, selected())  # chosen again: the cache may have changed meanwhile
         _report(output, plan, dry_run, layout)
