@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -63,6 +64,34 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
+# Spawned workers re-import the caller's script (Python's `spawn` start method): a script that
+# calls `kprecompile.warm` outside `if __name__ == "__main__":` calls it again in every worker.
+_GUARD = '`if __name__ == "__main__":`'
+
+
+def _reimported_script() -> str | None:
+    """The script a spawned worker re-imports before running anything: the main module when it
+    was run by path (`python script.py`, not `python -m`), else None."""
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main.__spec__, "name", None) is not None:
+        return None
+    return getattr(main, "__file__", None)
+
+
+def refuse_in_worker_start() -> None:
+    """Stop a compile worker that is re-importing the caller's script and reached a warm: at
+    once and in one line, instead of planning the whole warm again and failing to start workers
+    of its own (multiprocessing's 'bootstrapping phase' error)."""
+    # What multiprocessing itself checks before starting a process (`spawn._check_not_importing_main`).
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # The worker took the caller's argv before re-importing its script.
+        script = sys.argv[0] if sys.argv and sys.argv[0] else "the caller's script"
+        raise SystemExit(
+            f"kprecompile: this compile worker re-imported {script}, which calls kprecompile.warm again: "
+            f"call it under {_GUARD}"
+        )
+
+
 class CompilePool:
     """Spawned compile workers, started on demand: by `start()` before other work, so that their
     start-up overlaps it, or by `compile()` with as many workers as jobs are missing."""
@@ -87,6 +116,7 @@ class CompilePool:
         """Start the workers now (at most `max_workers`); their imports run while the caller works."""
         from pebble import ProcessPool
 
+        refuse_in_worker_start()
         if self._pool is None:
             self.workers = max(1, min(self.max_workers, workers or self.max_workers))
             self._pool = ProcessPool(
@@ -158,6 +188,12 @@ class CompilePool:
                 else f"{type(error).__name__}: {error}"
             )
             reason = f"compile workers could not start ({detail}); their own error is on stderr"
+            script = _reimported_script()
+            if script is not None:
+                reason += (
+                    f"; if {script} calls kprecompile.warm outside {_GUARD}, each worker re-imports it "
+                    "and stops: move the call under it"
+                )
             yield from (JobOutcome(job, "failed", 0.0, reason) for job in jobs)
             return
         timeout = self.job_timeout_seconds

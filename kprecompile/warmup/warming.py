@@ -32,7 +32,7 @@ from ..wording import plural
 from .compile import JobOutcome, job_lock
 from .manifest_key import ManifestLookup, find_manifest
 from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_line, planned_shapes
-from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool
+from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool, refuse_in_worker_start
 from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
 
 logger = logging.getLogger(__name__)
@@ -204,6 +204,7 @@ def warm(
     split the work instead of every rank queuing behind the same first kernel. `recorded`: also
     compile the kernels serving processes recorded in the configuration's journal (`replay.py`).
     """
+    refuse_in_worker_start()
     started = time.perf_counter()
     # Shapes first: every input error surfaces before anything is written.
     shapes = planned_shapes(request.model, request.serving, request.selection)
