@@ -31,11 +31,11 @@ from kprecompile.inputs.targets import TARGETS
 
 ROOT = Path(__file__).parent.parent
 # Small stand-ins for the Dockerfile's build arguments: the command line is the Dockerfile's.
+# (MODEL: the preset in place of the Hugging Face id `hf download` would fetch the config of.)
 BUILD_ARGS = {
     "MODEL": "deepseek-v2-lite",
-    "TP": "1",
+    "SERVE_ARGS": "--tensor-parallel-size 1 --max-num-seqs 3",
     "TARGETS": "--target gfx942 --target gfx950",
-    "SERVING": "--max-num-seqs 3 --jobs 2",
 }
 BUNDLE_PATH_IN_IMAGE = "/opt/kprecompile/bundle"
 
