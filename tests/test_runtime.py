@@ -32,16 +32,27 @@ def cache_copy(warm_copy):
     return warm_copy.root, len(baked_manifest(warm_copy, TARGETS["gfx942"]).manifest.jobs)
 
 
-def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_path, monkeypatch):
+def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_path, monkeypatch, caplog):
     from triton import knobs
 
     monkeypatch.delenv("AITER_JIT_DIR", raising=False)
-    monkeypatch.setenv("TRITON_CACHE_DIR", "restored by monkeypatch")
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/a/user/triton/cache")
     with knobs.cache.scope():
-        for _ in range(2):
+        for attempt in range(2):
+            caplog.clear()
             layout = activate(tmp_path / "c")
             assert os.environ["TRITON_CACHE_DIR"] == str(layout.triton_dir) == knobs.cache.dir
             assert os.environ["AITER_JIT_DIR"] == str(layout.aiter_jit_dir)
+            # The user's Triton cache is replaced with one WARNING naming it; the second call replaces
+            # nothing of the user's (the control), and says nothing.
+            warnings = [record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
+            if attempt == 0:
+                [warning] = warnings
+                assert warning.startswith("kprecompile: replacing TRITON_CACHE_DIR=/a/user/triton/cache: ")
+                assert "TRITON_CACHE_MANAGER" not in warning
+            else:
+                assert warnings == []
 
 
 def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_does(cache_copy):

@@ -35,12 +35,25 @@ def activate(
 
     layout = settings.cache_layout(cache_dir, layers)
     triton_dir = str(layout.triton_dir)
+    manager = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
+    # kprecompile's manager, layers or not: entries found by name beside their group file, and
+    # served only as a manifest recorded them (`layered_cache.py`). A user's own setting is replaced
+    # out loud: the server would otherwise compile into, and load from, a cache nobody checks.
+    replaced = [
+        f"{name}={os.environ[name]}"
+        for name, ours in (("TRITON_CACHE_DIR", triton_dir), ("TRITON_CACHE_MANAGER", manager))
+        if os.environ.get(name, ours) != ours
+    ]
+    if replaced:
+        logger.warning(
+            "kprecompile: replacing %s: Triton's kernels come from %s, each checked against its manifest",
+            " and ".join(replaced),
+            layout.root,
+        )
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     knobs.cache.dir = triton_dir
-    # kprecompile's manager, layers or not: entries found by name beside their group file, and
-    # served only as a manifest recorded them (`layered_cache.py`).
     os.environ[settings.CACHE_LAYERS.name] = os.pathsep.join(str(layer) for layer in layout.layers)
-    os.environ["TRITON_CACHE_MANAGER"] = f"{LayeredCacheManager.__module__}:{LayeredCacheManager.__name__}"
+    os.environ["TRITON_CACHE_MANAGER"] = manager
     knobs.cache.manager_class = LayeredCacheManager
     aiter_dir = str(layout.aiter_jit_dir)
     if os.environ.get("AITER_JIT_DIR", aiter_dir) != aiter_dir:
