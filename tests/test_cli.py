@@ -552,3 +552,38 @@ def test_a_warning_naming_a_path_with_a_newline_is_one_line(tmp_path):
     assert result.returncode == 0
     [line] = result.stderr.splitlines()
     assert line.startswith("WARNING kprecompile.cache.journal: journal ") and "cache\\nWARNING" in line
+
+
+def _completions(*words: str) -> list[str]:
+    """What bash completion offers after `kprecompile WORDS` (the last word being typed), through
+    the installed console script as the shell calls it."""
+    import shutil
+    import subprocess
+
+    environment = {
+        **os.environ,
+        "COMP_WORDS": " ".join(["kprecompile", *words]),
+        "COMP_CWORD": str(len(words)),
+        "_KPRECOMPILE_COMPLETE": "bash_complete",
+    }
+    script = shutil.which("kprecompile")
+    result = subprocess.run([script], env=environment, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return [line.split(",", 1)[1] for line in result.stdout.splitlines() if line.startswith("plain,")]
+
+
+def test_the_shell_completes_commands_and_each_closed_set():
+    from kprecompile.inputs.models import list_presets
+    from kprecompile.inputs.targets import TARGETS
+
+    assert _completions("ca") == ["cache"]
+    assert _completions("warm", "--target", "gfx9") == [name for name in TARGETS if name.startswith("gfx9")]
+    assert _completions("warm", "--target", "mi30") == ["mi300a", "mi300x"]
+    assert _completions("bake", "--engine", "") == ["vllm-aiter", "vllm", "aiter"]
+    assert _completions("plan", "--kv-cache-dtype", "fp") == ["fp8", "fp8_e4m3"]
+    assert _completions("plan", "--model", "") == list_presets()
+    assert "ROCM_AITER_TRITON_MLA" in _completions("warm", "--attention-backend", "rocm_aiter")
+    assert _completions("warm", "--family", "mla_d") == ["mla_decode"]
+    # The controls: an open value and a name in no set are offered nothing.
+    assert _completions("warm", "--max-num-seqs", "") == []
+    assert _completions("warm", "--target", "zz") == []

@@ -11,9 +11,16 @@ import click
 from ..cache.layout import CacheLayout
 from ..errors import InputError
 from ..inputs.environment import DEFAULT_ENGINE, ENGINES
-from ..inputs.serving import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS, ServingParams
+from ..inputs.serving import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    KV_CACHE_DTYPES,
+    ServingParams,
+)
 from ..selection.request import Request, parse_capture_sizes, resolve_requests
 from ..vllm.releases import DEFAULT_RELEASE
+from . import completion
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -42,6 +49,17 @@ _SELECTION_OPTIONS = (
 )
 
 
+class OneOf(click.Choice):
+    """A closed set: `--help` lists it and the shell completes it (click's Choice); a value
+    outside it is refused as every input error is, in one line naming the option."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value in self.choices:
+            return value
+        field = max(param.opts, key=len) if param is not None else "value"
+        raise InputError(field, value, "one of " + ", ".join(self.choices))
+
+
 def combined(options: list[Decorator]) -> Decorator:
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(options):
@@ -61,6 +79,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                 required=True,
                 multiple=multiple_models,
                 metavar="MODEL",
+                shell_complete=completion.models,
                 help="Preset name, path to a config.json or a directory holding one, or a Hugging Face id "
                 "(org/name) in the local Hugging Face cache" + ("; repeatable." if multiple_models else "."),
             ),
@@ -93,6 +112,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                 default=("auto",),
                 show_default=True,
                 metavar="TARGET",
+                shell_complete=completion.targets,
                 help="GPU to compile for (gfx942, gfx950, sm90, ...) or auto; repeatable.",
             ),
             click.option(
@@ -124,6 +144,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
             ),
             click.option(
                 "--kv-cache-dtype",
+                type=OneOf(KV_CACHE_DTYPES),
                 default="auto",
                 show_default=True,
                 help="auto (the model dtype), fp8 or fp8_e4m3 (the target's FP8).",
@@ -133,6 +154,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                 default="auto",
                 show_default=True,
                 callback=_dtype,
+                shell_complete=completion.dtypes,
                 help="auto, bfloat16, float16 or half (vLLM's spellings).",
             ),
             click.option(
@@ -158,6 +180,7 @@ def selection_options(multiple_models: bool = False) -> Decorator:
             ),
             click.option(
                 "--engine",
+                type=OneOf(ENGINES),
                 default=DEFAULT_ENGINE,
                 show_default=True,
                 help=f"{' or '.join(ENGINES)}: vllm-aiter is vLLM with VLLM_ROCM_USE_AITER=1 unless set, vllm "
@@ -175,12 +198,14 @@ def selection_options(multiple_models: bool = False) -> Decorator:
                 "families",
                 multiple=True,
                 metavar="FAMILY",
+                shell_complete=completion.families,
                 help="Plan only this kernel family (fp8_bmm, mla_decode, ...); repeatable "
                 "[default: all the engine runs].",
             ),
             click.option(
                 "--attention-backend",
                 default=None,
+                shell_complete=completion.attention_backends,
                 help="The engine's attention backend [env: VLLM_ATTENTION_BACKEND; default: chosen from the flags].",
             ),
             json_option,
@@ -199,13 +224,13 @@ signing_key_option = click.option(
 )
 
 # vLLM's own spellings of --dtype.
-_DTYPES = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+DTYPE_SPELLINGS = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
 
 
 def _dtype(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if value.lower() not in _DTYPES:
+    if value.lower() not in DTYPE_SPELLINGS:
         raise InputError("--dtype", value, "auto, bfloat16, float16 or half (serving in float32 is not planned)")
-    return _DTYPES[value.lower()]
+    return DTYPE_SPELLINGS[value.lower()]
 
 
 def speculative_tokens(config: str | None, num_speculative_tokens: int) -> int:
