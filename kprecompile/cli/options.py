@@ -11,6 +11,7 @@ import click
 from ..cache.layout import CacheLayout
 from ..errors import InputError
 from ..inputs.environment import DEFAULT_ENGINE, ENGINES
+from ..inputs.serve_line import ServeLine, human_readable_int, log_ignored, read_line, read_with_parser
 from ..inputs.serving import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -20,6 +21,7 @@ from ..inputs.serving import (
 )
 from ..selection.request import Request, parse_capture_sizes, resolve_requests
 from ..vllm.releases import DEFAULT_RELEASE
+from ..vllm.serve_parser import serve_flags
 from . import completion
 
 Decorator = Callable[[Callable[..., Any]], Callable[..., Any]]
@@ -73,10 +75,10 @@ def selection_options(multiple_models: bool = False) -> Decorator:
     """The model, serving parameters, engine selection and targets (bake takes several models)."""
     return combined(
         [
+            click.argument("serve_line", nargs=-1, type=click.UNPROCESSED, metavar="[MODEL] [VLLM SERVE FLAGS]..."),
             click.option(
                 "--model",
                 "model_spec",
-                required=True,
                 multiple=multiple_models,
                 metavar="MODEL",
                 shell_complete=completion.models,
@@ -131,9 +133,10 @@ def selection_options(multiple_models: bool = False) -> Decorator:
             ),
             click.option(
                 "--max-model-len",
-                type=int,
                 default=None,
-                help="Longest sequence [default: the config's max_position_embeddings].",
+                metavar="N",
+                help="Longest sequence, as vllm serve takes it (8192, 32k, 32K, auto) "
+                "[default: the config's max_position_embeddings].",
             ),
             click.option(
                 "--block-size",
@@ -270,11 +273,55 @@ cache_dir_option = click.option(
 )
 
 
+# The commands that take a `vllm serve` line: flags they do not declare, and a positional model,
+# are left to `serve_line` (click would refuse them).
+SERVE_LINE_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": True}
+
+
+def split_serve_line(command: click.Command, words: list[str]) -> list[str]:
+    """A serve-line command's words as click should see them: its own options first, then `--` and
+    the rest of the `vllm serve` line untouched (click would read `-O.mode=3` as a cluster of
+    one-letter options, `-h` among them). A list its own option takes the way vllm serve spells
+    it (`--cudagraph-capture-sizes 1 2 4`) is joined with commas."""
+    if not any(param.name == "serve_line" for param in command.params):
+        return words
+    arities: dict[str, int] = {"-h": 0, "--help": 0}  # click adds its help option to every command
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for name in (*param.opts, *param.secondary_opts):
+                arities[name] = 0 if param.is_flag or param.count else param.nargs
+    table = serve_flags()
+    own, rest, index = [], [], 0
+    while index < len(words):
+        word = words[index]
+        index += 1
+        if word == "--":
+            rest += words[index:]
+            break
+        name, equals, _ = word.partition("=")
+        arity = arities.get(name) if word.startswith("-") else None
+        if arity is None:
+            rest.append(word)
+            continue
+        if equals or arity == 0:
+            own.append(word)
+            continue
+        values = words[index : index + arity]
+        index += len(values)
+        if table.get(name) in ("+", "*"):  # vllm serve's list spelling: the words up to the next flag
+            while index < len(words) and not words[index].startswith("-"):
+                values = [",".join([*values, words[index]])]
+                index += 1
+        own += [word, *values]
+    return [*own, "--", *rest] if rest else own
+
+
 def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tuple[Request, ...]:
     """Resolve the selection options (popped from `options`) into checked requests; where vLLM's
     own selector is asked, its answers are remembered in `layout`'s cache."""
     selection = {name: options.pop(name) for name in _SELECTION_OPTIONS}
     chosen = {name: options.pop(name) for name in _SERVING_OPTIONS}
+    line = _serve_line(options.pop("serve_line"), chosen, selection)
     chosen["num_speculative_tokens"] = speculative_tokens(
         selection["speculative_config"], chosen["num_speculative_tokens"]
     )
@@ -283,8 +330,17 @@ def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tupl
         cudagraph_capture_sizes=parse_capture_sizes(selection["cudagraph_capture_sizes"]),
     )
     specs = selection["model_spec"]
-    return resolve_requests(
-        (specs,) if isinstance(specs, str) else specs,
+    several = isinstance(specs, tuple)  # bake's repeatable --model
+    specs = tuple(specs) if several else (specs,) if specs else ()
+    if line.model is not None:
+        if specs and not several and line.model != specs[0]:
+            expected = f"the positional model ({line.model}), or left out: vllm serve takes one model"
+            raise InputError("--model", specs[0], expected)
+        specs = tuple(dict.fromkeys([*specs, line.model]))
+    if not specs:
+        raise InputError("--model", "nothing", "a model: positional, as vllm serve takes it, or --model")
+    resolved = resolve_requests(
+        specs,
         serving,
         selection["target_names"],
         engine=selection["engine"],
@@ -294,6 +350,85 @@ def requests(options: dict[str, Any], layout: CacheLayout | None = None) -> tupl
         layout=layout,
         revision=selection["revision"],
     )
+    if line.quantization is not None:
+        for request in resolved:
+            _check_quantization(request.model, line.quantization)
+    return resolved
+
+
+def _serve_line(words: tuple[str, ...], chosen: dict[str, Any], selection: dict[str, Any]) -> ServeLine:
+    """Read the rest of a `vllm serve` line into the options (see `inputs/serve_line.py`): where vLLM
+    is importable, by its own parser, else against the table of its flags; only when the line has
+    more than kprecompile's own options, or a model length that is not a plain number."""
+    raw_length = chosen["max_model_len"]
+    plain_length = raw_length is None or raw_length.strip().isdigit()
+    if not words and plain_length:
+        chosen["max_model_len"] = None if raw_length is None else int(raw_length)
+        return ServeLine()
+    parser = _release_parser(selection)
+    if parser is None:
+        own = [name for param in click.get_current_context().command.params for name in getattr(param, "opts", ())]
+        line = read_line(words, serve_flags(), own)
+        chosen["max_model_len"] = None if raw_length is None else human_readable_int(raw_length)
+    else:
+        line, chosen["max_model_len"] = read_with_parser(words, parser, raw_length)
+    for name, value in line.settings:
+        if name in chosen:
+            chosen[name] = value
+        elif name == "speculative_config" and isinstance(value, dict | str):
+            selection[name] = value if isinstance(value, str) else json.dumps(value)
+        elif name in selection and isinstance(value, str | None):
+            selection[name] = value
+        else:  # a setting kprecompile cannot read in this form: refused, not ignored
+            raise InputError(f"--{name.replace('_', '-')}", value, "the form vllm serve documents for it")
+    if line.cudagraph_capture_sizes is not None:
+        given = parse_capture_sizes(selection["cudagraph_capture_sizes"])
+        if given is not None and sorted(set(given)) != sorted(set(line.cudagraph_capture_sizes)):
+            raise InputError(
+                "--cudagraph-capture-sizes",
+                selection["cudagraph_capture_sizes"],
+                "the sizes the line's compilation config names, or left out",
+            )
+        selection["cudagraph_capture_sizes"] = ",".join(str(size) for size in line.cudagraph_capture_sizes)
+    if line.attention_backend is not None:
+        if selection["attention_backend"] not in (None, line.attention_backend):
+            raise InputError(
+                "--attention-backend",
+                selection["attention_backend"],
+                f"the line's attention config's backend ({line.attention_backend}), or left out",
+            )
+        selection["attention_backend"] = line.attention_backend
+    log_ignored(line)
+    return line
+
+
+def _release_parser(selection: dict[str, Any]) -> Any:
+    """The installed release's `vllm serve` parser, when that release is the one planned for."""
+    from ..inputs.targets import resolve_target
+    from ..vllm.releases import installed_release
+    from ..vllm.serve_parser import release_parser
+
+    installed = installed_release()
+    if installed is None or selection["vllm_version"] not in (None, installed):
+        return None
+    return release_parser(resolve_target(selection["target_names"][0]))
+
+
+def _check_quantization(model: Any, quantization: str) -> None:
+    """vLLM refuses a --quantization other than the checkpoint's own; without one, it would quantize
+    the weights at load, which kprecompile does not plan."""
+    config = json.loads(model.config_json or "{}").get("quantization_config")
+    method = config.get("quant_method") if isinstance(config, dict) else None
+    if method is None:
+        raise InputError(
+            "--quantization",
+            quantization,
+            f"left out: {model.name} has no quantization_config (kprecompile plans checkpoints as quantized)",
+        )
+    if str(method).lower() != quantization.lower():
+        raise InputError(
+            "--quantization", quantization, f"{method}, the quantization of {model.name}'s checkpoint (or left out)"
+        )
 
 
 def request(options: dict[str, Any], layout: CacheLayout | None = None) -> Request:
