@@ -113,11 +113,12 @@ class _OneLineFormatter(logging.Formatter):
 
 def vllm_spelling(argument: str) -> str:
     """`--max_num_seqs=8` -> `--max-num-seqs=8`: option names as `vllm serve` takes them, with
-    underscores or dashes (values are left alone)."""
+    underscores or dashes (values, and a JSON flag's keys after a dot, are left alone)."""
     if not argument.startswith("--"):
         return argument
     name, equals, value = argument.partition("=")
-    return name.replace("_", "-") + equals + value
+    flag, dot, key = name.partition(".")  # `--compilation-config.cudagraph_capture_sizes`: a JSON key stays
+    return flag.replace("_", "-") + dot + key + equals + value
 
 
 _VERBOSE = re.compile(r"-v+|--verbose")

@@ -213,7 +213,12 @@ def read_with_parser(words: Sequence[str], parser: Any, max_model_len: str | Non
         backend = getattr(backend, "name", backend)
     quantization = getattr(namespace, "quantization", None) if names & set(_QUANTIZATION_FLAGS) else None
     read = {*_CAPTURE_FLAGS, *_ATTENTION_CONFIG_FLAGS, *_QUANTIZATION_FLAGS}
-    ignored = tuple(word for word in given if split_flag(word)[0].partition(".")[0] not in read)
+    ignored = tuple(
+        word
+        for word in given
+        if split_flag(word)[0].partition(".")[0] not in read
+        and _destination(parser, split_flag(word)[0]) not in OWN_SETTINGS
+    )
     model = getattr(namespace, "model_tag", None)
     length = getattr(namespace, "max_model_len", None) if max_model_len is not None else None
     settings = tuple(
@@ -223,6 +228,16 @@ def read_with_parser(words: Sequence[str], parser: Any, max_model_len: str | Non
     )
     line = ServeLine(model, capture, backend, quantization, ignored, settings)
     return line, (None if length == -1 else length)
+
+
+def _destination(parser: Any, flag: str) -> str | None:
+    """The setting a flag sets in an argparse parser, abbreviations included (argparse's rule: a
+    prefix of exactly one option)."""
+    actions = parser._option_string_actions
+    if flag in actions:
+        return actions[flag].dest
+    matches = {actions[name].dest for name in actions if name.startswith(flag)}
+    return matches.pop() if len(matches) == 1 else None
 
 
 def _plain(value: Any) -> Any:
