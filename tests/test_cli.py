@@ -4,7 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import kprecompile_cli, run_cli
+from helpers import kprecompile_cli, parse_command_line, run_cli
+
+from kprecompile.errors import InputError
 
 
 def test_auto_target_without_a_gpu_exits_2_and_writes_nothing(capsys, tmp_path, monkeypatch):
@@ -488,12 +490,14 @@ def test_every_commands_help_ends_with_examples_that_parse(capsys):
             assert f"    {example}\n" in out, (path, example)
             words = shlex.split(example)
             assert words[: 1 + len(path.split())] == ["kprecompile", *path.split()], example
-            command.make_context(path, words[1 + len(path.split()) :])  # raises on an unknown option
+            parse_command_line(command, path, words[1 + len(path.split()) :])  # raises on an unknown option
     # The control: an option the command does not take is refused by the same parse.
     import click
 
     with pytest.raises(click.NoSuchOption):
         leaves["cache prune"].make_context("cache prune", ["--max-bytes", "10G"])
+    with pytest.raises(InputError, match="--max-num-seq"):  # and a command that takes a vllm serve line
+        parse_command_line(leaves["warm"], "warm", ["--model", "deepseek-r1", "--max-num-seq", "8"])
 
 
 def test_help_names_the_environment_variable_of_each_option_that_has_one(capsys):

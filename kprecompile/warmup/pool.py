@@ -75,7 +75,8 @@ def _reimported_script() -> str | None:
     main = sys.modules.get("__main__")
     if main is None or getattr(main.__spec__, "name", None) is not None:
         return None
-    return getattr(main, "__file__", None)
+    path = getattr(main, "__file__", None)
+    return path if path is not None and os.path.isfile(path) else None  # not `python -` (stdin)
 
 
 def refuse_in_worker_start() -> None:
