@@ -94,8 +94,13 @@ def isolated_session(tmp_path_factory):
         patch.setenv("KPRECOMPILE_TRUSTED_KEYS", key.public_key_path)
         yield Isolation(home, tuple(real))
     after = _snapshot(real)
-    changed = sorted(set(before.items()) ^ set(after.items()))
-    assert not changed, f"the suite wrote to the real user caches: {changed[:5]}"
+    changed = sorted({path for path, _ in set(before.items()) ^ set(after.items())})
+    assert not changed, (
+        f"the real user caches changed during the run ({len(changed)} paths, first {changed[:3]}): a test "
+        f"escaped the suite's isolation, or a process outside it (a kprecompile warm, vLLM or Triton in "
+        f"another terminal) used {', '.join(map(str, real))} meanwhile; run the suite again with nothing else "
+        f"using them, or with HOME and XDG_CACHE_HOME pointed at an empty directory"
+    )
 
 
 @pytest.fixture(autouse=True)
