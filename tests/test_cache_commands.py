@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import run_cli, run_cli_json
+from helpers import run_cli, run_cli_json, serving_process
 
 from kprecompile.cache.layout import CacheLayout
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
@@ -252,3 +252,39 @@ def test_bad_cache_commands_are_one_line_and_exit_2(capsys, cache, argv, expecte
     status, out, err = run_cli(capsys, *argv, "--cache-dir", str(cache))
     assert (status, out, err) == (2, "", expected + "\n")
     assert sorted(os.listdir(CacheLayout.of(cache).triton_dir)) == entries
+
+
+def test_last_served_is_when_a_server_loaded_the_configuration_never_when_it_was_warmed(capsys, warm_copy):
+    """The session's bake (gfx942 and gfx950, warmed, never served); a serving process preloads
+    gfx942's: `cache ls` says so for gfx942 alone; a warm that follows leaves it; `rm` takes the
+    stamp with the configuration, and `prune` one whose configuration is gone."""
+    root = str(warm_copy.root)
+
+    def listing() -> dict[str, dict]:
+        document = run_cli_json(capsys, "cache", "ls", "--cache-dir", root)
+        return {configuration["target"]: configuration for configuration in document["configurations"]}
+
+    def column() -> dict[str, str]:
+        _, out, _ = run_cli(capsys, "cache", "ls", "--cache-dir", root)
+        return {row.split()[1]: " ".join(row.split()[-3:-1]) for row in out.splitlines()[1:-1]}
+
+    assert {target: c["last_served"] for target, c in listing().items()} == {"gfx942": None, "gfx950": None}
+    assert [value.split()[-1] for value in column().values()] == ["never", "never"]
+    serving_process(root)  # preloads gfx942's kernels, as a server's plugin does
+    served = listing()
+    assert served["gfx942"]["last_served"] is not None and served["gfx950"]["last_served"] is None
+    assert served["gfx942"]["last_used"] >= served["gfx942"]["last_served"]
+    assert column()["gfx942"].endswith("just now") and column()["gfx950"].endswith("never")
+    baked = ["deepseek-v2-lite", "--max-num-seqs", "3", "--target", "gfx942"]
+    status, _, err = run_cli(capsys, "warm", *baked, "--cache-dir", root)
+    assert status == 0, err
+    assert listing()["gfx942"]["last_served"] == served["gfx942"]["last_served"]
+    stamp = Path(served["gfx942"]["path"]).with_suffix(".served")
+    assert stamp.is_file()
+    assert run_cli(capsys, "cache", "rm", "--target", "gfx942", "--cache-dir", root)[0] == 0
+    assert not stamp.exists()
+    orphan = Path(served["gfx950"]["path"]).with_name("f" * 64 + ".served")
+    orphan.touch()
+    plan = run_cli_json(capsys, "cache", "prune", "--cache-dir", root)
+    assert [r["path"] for r in plan["removals"] if r["kind"] == "manifest"] == [str(orphan)]
+    assert not orphan.exists() and Path(served["gfx950"]["path"]).exists()

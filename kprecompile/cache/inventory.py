@@ -13,6 +13,7 @@ from typing import Any
 from .entries import entry_problem
 from .layout import Bucket, CacheLayout, triton_entry_name
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .usage import last_served
 
 
 @dataclass(frozen=True)
@@ -24,10 +25,12 @@ class Configuration:
     manifest: Manifest
     # Kernel entries (Triton's directory names) and their recorded sizes in bytes.
     entries: dict[str, int]
-    # The manifest's modification time: when it was written or last served.
+    # When it was last warmed (the manifest written) or served, whichever is later.
     last_used: float
     # Every entry present with its recorded files.
     complete: bool
+    # When a serving process last loaded it (`usage.mark_used`); None: never.
+    last_served: float | None = None
 
     @property
     def model_name(self) -> str:
@@ -59,6 +62,7 @@ class Configuration:
             "kernels": len(self.manifest.jobs),
             "bytes": self.size,
             "last_used": self.last_used,
+            "last_served": self.last_served,
             "status": "warm" if self.complete else "incomplete",
         }
 
@@ -83,9 +87,10 @@ def configurations(layout: CacheLayout) -> list[Configuration]:
             complete = not any(
                 entry_problem(layout, job_key, files, deep=False) for job_key, files in manifest.artifacts.items()
             )
-            found.append(
-                Configuration(manifest.key, path, root == layout.root, manifest, entries, info.st_mtime, complete)
-            )
+            served = last_served(path)
+            used = max(info.st_mtime, served or 0.0)
+            writable = root == layout.root
+            found.append(Configuration(manifest.key, path, writable, manifest, entries, used, complete, served))
     return found
 
 

@@ -32,7 +32,7 @@ from .inventory import Configuration, configurations, directory_size
 from .journal import JOURNAL_LOCK_PREFIX
 from .layout import GROUP_PREFIX, Bucket, CacheLayout
 from .staging import dead_staging, is_held
-from .usage import USAGE_LOCK
+from .usage import SERVED_SUFFIX, USAGE_LOCK, served_stamp
 
 # A kernel entry written this recently may belong to a serving process compiling a miss.
 UNREFERENCED_GRACE_SECONDS = 600
@@ -94,7 +94,8 @@ def plan_prune(
     removals += _dead_staging(layout)
     if max_size is not None:
         evicted = _evictions(layout, kept, removals, max_size)
-        removals += [_configuration_removal(c, f"least recently served, over {max_size} bytes") for c in evicted]
+        reason = f"least recently served or warmed, over {max_size} bytes"
+        removals += [_configuration_removal(c, reason) for c in evicted]
         survivors = [c for c in kept if c not in evicted]
         already = {removal.path for removal in removals}
         removals += [removal for removal in _entries_only_of(layout, evicted, survivors) if removal.path not in already]
@@ -109,6 +110,9 @@ def execute(layout: CacheLayout, plan: DeletionPlan) -> None:
         if removal.kind in ("configuration", "manifest", "lock"):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+            if removal.kind == "configuration":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(served_stamp(path))
         else:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -149,6 +153,8 @@ def _unreadable_manifests(layout: CacheLayout, readable: list[Configuration]) ->
                         "not a manifest this version of kprecompile reads",
                     )
                 )
+            elif item.name.endswith(SERVED_SUFFIX) and path.with_suffix(".json") not in known:
+                removals.append(Removal("manifest", item.path, 0, "when a configuration no longer here was served"))
     return removals
 
 

@@ -68,12 +68,32 @@ def using_if_possible(layout: CacheLayout) -> Iterator[None]:
         context.__exit__(None, None, None)
 
 
+# Beside a manifest `<key>.json`, `<key>.served`: empty, its modification time the last time a
+# serving process loaded the configuration. A warm rewrites the manifest, never this.
+SERVED_SUFFIX = ".served"
+
+
+def served_stamp(manifest: os.PathLike[str] | str) -> str:
+    return os.path.splitext(os.fspath(manifest))[0] + SERVED_SUFFIX
+
+
 def mark_used(manifest: os.PathLike[str] | str) -> None:
-    """Record that a configuration was served now (its manifest's modification time: `cache ls`
-    shows it, `cache prune --max-size` evicts the least recently used); nothing where the
-    manifest is read-only."""
+    """Record that a configuration was served now (`cache ls` shows it; `cache prune --max-size`
+    evicts the least recently served or warmed); nothing where the manifest is read-only."""
     with contextlib.suppress(OSError):
-        os.utime(manifest)
+        descriptor = os.open(served_stamp(manifest), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            os.utime(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def last_served(manifest: os.PathLike[str] | str) -> float | None:
+    """When a serving process last loaded the configuration; None if none has."""
+    try:
+        return os.lstat(served_stamp(manifest)).st_mtime
+    except OSError:
+        return None
 
 
 def tag_cache_dir(layout: CacheLayout) -> None:

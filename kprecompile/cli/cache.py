@@ -101,7 +101,7 @@ def cache_ls(cache_dir, json_output) -> None:
                 f"{document['kernels']:,}",
                 f"{document['recorded']:,}",
                 human_size(document["bytes"]),
-                _ago(document["last_used"]),
+                "never" if document["last_served"] is None else _ago(document["last_served"]),
                 document["status"],
             ]
         )
@@ -164,7 +164,8 @@ def cache_rm(manifests, model_names, target_names, everything, dry_run, cache_di
     "--max-size",
     default=None,
     metavar="SIZE",
-    help="Then evict the least recently served configurations until the cache fits (10G, 500MB, 2GiB, 4096B).",
+    help="Then evict the least recently served (or warmed) configurations until the cache fits "
+    "(10G, 500MB, 2GiB, 4096B).",
 )
 @click.option("--dry-run", is_flag=True, help="Say what would be removed; remove nothing.")
 @options.cache_dir_option
