@@ -121,6 +121,10 @@ def test_a_flag_neither_takes_is_refused_with_the_nearest_names():
         (["deepseek-r1", "-q", "awq"], "--quantization: got 'awq', expected fp8, the quantization of"),
         (["deepseek-v2-lite", "--port"], "--port: got 'no value', expected a value"),
         (["deepseek-v2-lite", "--max-model-len", "32.5K"], "--max-model-len: got '32.5K', expected a token count"),
+        (["deepseek-v2-lite", "--compilation-config.cudagraph_capture_sizes=[1,2"], "--compilation-config: got "),
+        (["deepseek-v2-lite", "-cc", '{"cudagraph_capture_sizes": 8}'], "-cc: got "),
+        (["deepseek-v2-lite", "-cc", '{"cudagraph_capture_sizes": [1, -2]}'], "-cc: got -2, expected positive"),
+        (["deepseek-v2-lite", "--compilation-config", "{not json"], "--compilation-config: got '{not json', expected"),
     ],
 )
 def test_what_kprecompile_cannot_follow_is_refused_in_one_line(argv, said):

@@ -164,10 +164,17 @@ def _capture_sizes(flag: str, value: str) -> tuple[int, ...] | None:
         return tuple(_positive(flag, part) for part in value.split())
     if value.startswith("cudagraph_capture_sizes="):
         text = value.partition("=")[2]
-        parts = json.loads(text) if text.startswith("[") else text.split(",")
+        try:
+            parts = json.loads(text) if text.startswith("[") else text.split(",")
+        except ValueError:
+            raise InputError(flag, value, "cudagraph_capture_sizes=[1,2,4], as vllm serve takes it") from None
+        if not isinstance(parts, list):
+            raise InputError(flag, value, "cudagraph_capture_sizes=[1,2,4], as vllm serve takes it")
         return tuple(_positive(flag, part) for part in parts)
     if value.startswith("{"):
         sizes = _json_field(flag, value, "cudagraph_capture_sizes")
+        if sizes is not None and not isinstance(sizes, list):
+            raise InputError(flag, value[:80], "cudagraph_capture_sizes as a list of token counts")
         return None if sizes is None else tuple(_positive(flag, part) for part in sizes)
     return None  # an optimization level, or another key: no capture sizes
 
@@ -184,7 +191,7 @@ def _json_field(flag: str, value: str, key: str) -> Any:
 
 def _positive(flag: str, part: Any) -> int:
     try:
-        number = int(part)
+        number = 0 if isinstance(part, bool) else int(part)
     except (TypeError, ValueError):
         number = 0
     if number <= 0:
