@@ -84,8 +84,8 @@ def human_readable_int(value: str, field_name: str = "--max-model-len") -> int |
 
 
 def split_flag(word: str) -> tuple[str, str | None]:
-    """`--port=8000` -> ('--port', '8000'); `-O3` -> ('-O', '3'); `-cc.x=1` -> ('-cc', None) with
-    the sub-key in the value's place kept by the caller."""
+    """`--port=8000` -> ('--port', '8000'); `-O3` -> ('-O', '3'); `-O.mode=3` -> ('-O', 'mode=3');
+    `-cc.mode=3` -> ('-cc.mode', '3'), whose caller splits the key from the flag."""
     name, equals, value = word.partition("=")
     if name.startswith("-O") and not name.startswith("--") and name != "-O":
         return "-O", name[2:].lstrip(".") + (equals + value if equals else "")
