@@ -36,6 +36,8 @@ TRITON_MODULES = (
     "test_recording",
     "test_bundle",
     "test_cli",
+    # A newcomer's `.[builder]` install resolves the newest Triton: the documented example runs on each.
+    "test_python_example",
 )
 # What fails under a Triton for a reason outside kprecompile, exactly: the run must fail these and
 # nothing else. amd-aiter 0.1.7.post2.dev18 (the only AITER on the registry) names ACTUAL_HEAD_DIM,
