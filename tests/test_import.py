@@ -422,7 +422,14 @@ REFUSED = [
         {"mode": "w", "cut": "header"},
         "archive: got '{archive}', expected a complete archive: it ends early",
     ),
-    ("damaged-gzip", None, {"flip": 0.5}, "archive: got '{archive}', expected an intact archive ("),
+    # Flipped bytes inside the deflate stream decode to other bytes as often as to an error: the
+    # member they land in fails its sha256 before gzip's CRC at the end is reached (both refuse).
+    (
+        "damaged-gzip",
+        None,
+        {"flip": 0.5},
+        ("archive: got '{archive}', expected an intact archive (", "archive member: got 'triton-v1/"),
+    ),
     (
         "damaged-tar-header",
         None,
@@ -512,7 +519,8 @@ def test_a_crafted_or_damaged_archive_is_refused_with_one_line_and_the_cache_unt
     before = tree(destination)
     status = run("import", crafted, "--cache-dir", destination)
     captured = capsys.readouterr()
-    expected = "kprecompile: " + message.format(archive=crafted, **names(archive))
+    messages = message if isinstance(message, tuple) else (message,)
+    expected = tuple("kprecompile: " + text.format(archive=crafted, **names(archive)) for text in messages)
     assert status == 2, captured.err
     assert captured.out == "" and captured.err.count("\n") == 1, captured.err
     assert captured.err.startswith(expected), captured.err

@@ -23,12 +23,13 @@ from ..errors import InputError
 from ..inputs import settings
 from ..inputs.targets import Target
 
-# How many values a flag reads, as argparse's nargs: "0" (a switch), "1", "?", "*" or "+".
+# {"releases": [...], "flags": {flag: arity}}, written by scripts/serve_flags.py.
 FLAGS_TABLE = "serve_flags.json"
 
 
 def arity(action: Any) -> str:
-    """A parser action's value count, as the table records it."""
+    """How many values a parser action reads, as the table records it: argparse's nargs, "0" for
+    a switch, "1", "?", "*" or "+"."""
     if action.nargs is None:
         return "1"
     return str(action.nargs)
@@ -39,10 +40,6 @@ def serve_flags() -> dict[str, str]:
     """Every option string some supported release's `vllm serve` takes, and its arity."""
     document = json.loads((resources.files(__package__) / FLAGS_TABLE).read_text())
     return document["flags"]
-
-
-def serve_flags_releases() -> list[str]:
-    return json.loads((resources.files(__package__) / FLAGS_TABLE).read_text())["releases"]
 
 
 def _parser_module() -> str:
