@@ -123,8 +123,6 @@ def _engine_config(
     # CPU swap space per rank is checked against this host's memory, which a builder's is not.
     if "swap_space" in names:
         arguments["swap_space"] = 0
-    saved = os.environ.get(settings.VLLM_HOOK.name)
-    os.environ[settings.VLLM_HOOK.name] = "0"
     # transformers warns about config fields it validates more strictly than the model's authors wrote them.
     transformers_logger = logging.getLogger("transformers")
     level = transformers_logger.level
@@ -132,7 +130,13 @@ def _engine_config(
     try:
         # A quantized model's config imports vLLM's quantization configs, some of which try AITER's HIP ops;
         # vLLM inspects the model's class (its modules import as on the target's host: `target_imports`).
-        with target_imports(target), aiter_hip_absent(), cutlass_answered(target), models_inspected_here():
+        with (
+            plugin_hook_off(),
+            target_imports(target),
+            aiter_hip_absent(),
+            cutlass_answered(target),
+            models_inspected_here(),
+        ):
             installed_aiter_without_hip()
             engine_args = EngineArgs(**{name: value for name, value in arguments.items() if name in names})
             try:
@@ -149,6 +153,17 @@ def _engine_config(
                 ) from error
     finally:
         transformers_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def plugin_hook_off() -> Iterator[None]:
+    """kprecompile's vLLM plugin does nothing in the block: vLLM loads its plugins while
+    kprecompile builds vLLM's objects in its own process, where no hook must act."""
+    saved = os.environ.get(settings.VLLM_HOOK.name)
+    os.environ[settings.VLLM_HOOK.name] = "0"
+    try:
+        yield
+    finally:
         if saved is None:
             os.environ.pop(settings.VLLM_HOOK.name, None)
         else:

@@ -14,13 +14,11 @@ import ast
 import functools
 import importlib.util
 import json
-import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..inputs import settings
 from ..inputs.targets import Target
 
 # {"releases": [...], "flags": {flag: arity}}, written by scripts/serve_flags.py.
@@ -59,18 +57,11 @@ def release_parser(target: Target) -> Any:
     """The installed release's `vllm serve` parser, built as on the target's host."""
     from ..platforms.vllm_platform import target_imports
     from ..tracing.libraries import import_library_module
+    from .engine_config import plugin_hook_off
 
-    saved = os.environ.get(settings.VLLM_HOOK.name)
-    os.environ[settings.VLLM_HOOK.name] = "0"  # vLLM loads its plugins here: kprecompile's must not act
-    try:
-        with target_imports(target):
-            flexible = import_library_module("vllm.utils.argparse_utils").FlexibleArgumentParser
-            parser = import_library_module(_parser_module()).make_arg_parser(flexible(prog="vllm serve"))
-    finally:
-        if saved is None:
-            os.environ.pop(settings.VLLM_HOOK.name, None)
-        else:
-            os.environ[settings.VLLM_HOOK.name] = saved
+    with plugin_hook_off(), target_imports(target):
+        flexible = import_library_module("vllm.utils.argparse_utils").FlexibleArgumentParser
+        parser = import_library_module(_parser_module()).make_arg_parser(flexible(prog="vllm serve"))
 
     def refuse(message: str) -> None:
         raise InputError("vllm serve line", message, "what the installed vLLM's `vllm serve` takes")
