@@ -238,11 +238,10 @@ def parse_command_line(command, name: str, words: list[str]):
     """A command's arguments parsed as the CLI parses them, without running it: its own options
     (click), then, for the commands that take a `vllm serve` line, the rest of the line against
     the table of vLLM's flags. Raises on an option neither takes."""
-    from kprecompile.cli.options import split_serve_line
     from kprecompile.inputs.serve_line import read_line
     from kprecompile.vllm.serve_parser import serve_flags
 
-    context = command.make_context(name, split_serve_line(command, list(words)))
+    context = command.make_context(name, list(words))
     rest = context.params.get("serve_line")
     if rest:
         read_line(rest, serve_flags())

@@ -89,20 +89,6 @@ def _use_named_engine(arguments: list[str]) -> None:
         logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
 
 
-def _serve_line_apart(arguments: list[str]) -> list[str]:
-    """The subcommand's own options, then the rest of a pasted `vllm serve` line after `--`
-    (`options.split_serve_line`), for the commands that take one."""
-    from .options import split_serve_line
-
-    position = next((index for index, word in enumerate(arguments) if not word.startswith("-")), None)
-    if position is None:
-        return arguments
-    command = cli.get_command(None, arguments[position])
-    if command is None:
-        return arguments
-    return [*arguments[: position + 1], *split_serve_line(command, arguments[position + 1 :])]
-
-
 class _OneLineFormatter(logging.Formatter):
     """Warnings name models, paths and kernels a user or an archive chose: each message is
     escaped to one line (a traceback, with -vv, follows as Python prints it)."""
@@ -138,7 +124,6 @@ def main(argv: list[str] | None = None) -> None:
     arguments = verbosity_first([vllm_spelling(argument) for argument in (sys.argv[1:] if argv is None else argv)])
     _INVOCATION[:] = arguments
     try:
-        arguments = _serve_line_apart(arguments)
         _use_named_engine(arguments)
         status = cli.main(args=arguments, prog_name="kprecompile", standalone_mode=False)
     except click.exceptions.Exit as exit_:

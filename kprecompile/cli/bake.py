@@ -13,7 +13,7 @@ from .warm import show_failures, show_family_failures
 from .workers import check_worker_options, worker_options
 
 
-@click.command(name="bake", epilog=epilog("bake"), context_settings=options.SERVE_LINE_CONTEXT)
+@click.command(name="bake", cls=options.ServeLineCommand, epilog=epilog("bake"))
 @options.selection_options(multiple_models=True)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Bundle directory (a cache root).")
 @click.option("--archive", type=click.Path(dir_okay=False), default=None, help="Also write it as one .tar.gz.")

@@ -11,7 +11,7 @@ from .examples import epilog
 from .output import Output, plural
 
 
-@click.command(name="export", epilog=epilog("export"), context_settings=options.SERVE_LINE_CONTEXT)
+@click.command(name="export", cls=options.ServeLineCommand, epilog=epilog("export"))
 @options.selection_options()
 @options.cache_dir_option
 @click.option("--archive", required=True, type=click.Path(dir_okay=False), help="The .tar.gz to write.")

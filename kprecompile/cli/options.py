@@ -273,9 +273,13 @@ cache_dir_option = click.option(
 )
 
 
-# The commands that take a `vllm serve` line: flags they do not declare, and a positional model,
-# are left to `serve_line` (click would refuse them).
-SERVE_LINE_CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": True}
+class ServeLineCommand(click.Command):
+    """A command that takes a `vllm serve` line (`plan`, `warm`, `verify`, `export`, `bake`): its own
+    options are click's; a positional model and the flags it does not declare go, untouched, to
+    its `serve_line` argument (`inputs/serve_line.py` reads them)."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, split_serve_line(self, args))
 
 
 def split_serve_line(command: click.Command, words: list[str]) -> list[str]:
@@ -283,8 +287,6 @@ def split_serve_line(command: click.Command, words: list[str]) -> list[str]:
     the rest of the `vllm serve` line untouched (click would read `-O.mode=3` as a cluster of
     one-letter options, `-h` among them). A list its own option takes the way vllm serve spells
     it (`--cudagraph-capture-sizes 1 2 4`) is joined with commas."""
-    if not any(param.name == "serve_line" for param in command.params):
-        return words
     arities: dict[str, int] = {"-h": 0, "--help": 0}  # click adds its help option to every command
     for param in command.params:
         if isinstance(param, click.Option):

@@ -55,7 +55,7 @@ def report_failed_families(model: str, families: Sequence[FamilyPlan]) -> None:
             click.echo(printable(line), err=True)
 
 
-@click.command(name="plan", epilog=epilog("plan"), context_settings=options.SERVE_LINE_CONTEXT)
+@click.command(name="plan", cls=options.ServeLineCommand, epilog=epilog("plan"))
 @options.selection_options()
 @options.cache_dir_option
 def command(json_output, cache_dir, **chosen) -> None:

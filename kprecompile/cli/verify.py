@@ -13,7 +13,7 @@ from .examples import epilog
 from .output import ExitStatus, Output, plural
 
 
-@click.command(name="verify", epilog=epilog("verify"), context_settings=options.SERVE_LINE_CONTEXT)
+@click.command(name="verify", cls=options.ServeLineCommand, epilog=epilog("verify"))
 @options.selection_options()
 @options.cache_dir_option
 @click.option("--deep", is_flag=True, help="Also compare every kernel file's sha256 with the manifest.")

@@ -36,7 +36,7 @@ def show_family_failures(failures: Sequence[FamilyFailure]) -> None:
         )
 
 
-@click.command(name="warm", epilog=epilog("warm"), context_settings=options.SERVE_LINE_CONTEXT)
+@click.command(name="warm", cls=options.ServeLineCommand, epilog=epilog("warm"))
 @options.selection_options()
 @worker_options
 @click.option(
