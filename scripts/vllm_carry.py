@@ -86,19 +86,21 @@ TRANSFORMERS_4 = ("transformers", "tokenizers", "huggingface_hub")
 HOST_OWN = {"vllm", "torch", "triton"}
 
 SETUP = """\
-# Source on the GPU host from the repository root (written by scripts/vllm_carry.py).
+# Source on the GPU host from the repository root (written by scripts/vllm_carry.py). Its paths
+# are its own directory's, wherever that was carried or copied to.
+carry=$(cd "$(dirname "${{BASH_SOURCE[0]:-$0}}")" && pwd)
 mkdir -p /tmp/vllm /tmp/site /tmp/deps
-tar xzf {out}/vllm-{release}.tgz -C /tmp/vllm
+tar xzf "$carry"/vllm-{release}.tgz -C /tmp/vllm
 forced="{forced}"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \\
-    $(for n in $forced; do ls {out}/wheels/$n-*.whl /tmp/{name}-part*/wheels/$n-*.whl 2>/dev/null; done)
-missing=$(for w in {out}/wheels/*.whl /tmp/{name}-part*/wheels/*.whl; do [ -e "$w" ] || continue
+    $(for n in $forced; do ls "$carry"/wheels/$n-*.whl /tmp/{name}-part*/wheels/$n-*.whl 2>/dev/null; done)
+missing=$(for w in "$carry"/wheels/*.whl /tmp/{name}-part*/wheels/*.whl; do [ -e "$w" ] || continue
     n=$(basename $w | cut -d- -f1); case " $forced " in *" $n "*) continue;; esac
     python3 -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" $n 2>/dev/null || echo $w; done)
 echo "installing where missing: $(for w in $missing; do basename $w | cut -d- -f1; done | tr '\\n' ' ')"
 [ -n "$missing" ] && python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/deps $missing
 export PYTHONPATH=$PWD:/tmp/vllm:/tmp/site:/tmp/deps
-export VLLM_CACHE_ROOT={cache_root}
+export VLLM_CACHE_ROOT="$carry"/vllm-cache
 """
 
 
@@ -160,7 +162,7 @@ def main() -> None:
         help="distributions the GPU host already has (its `pip list`): no wheel packed for them",
     )
     args = parser.parse_args()
-    out = (ROOT / args.out).resolve()
+    out = Path(args.out).resolve()
     release_dir = _installer().install(args.release)
     (out / "wheels").mkdir(parents=True, exist_ok=True)
 
@@ -245,12 +247,7 @@ def main() -> None:
         sys.exit(f"no CPython 3.12 manylinux wheel on the package index for: {' '.join(unavailable) or '?'}")
 
     forced = FORCED + (TRANSFORMERS_4 if (_version(release_dir, "transformers") or "").startswith("4.") else ())
-    # Paths in the checkout are relative to its root (where setup.sh is sourced on the host).
-    where = str(out.relative_to(ROOT)) if out.is_relative_to(ROOT) else str(out)
-    cache_root = f"$PWD/{where}/vllm-cache" if out.is_relative_to(ROOT) else f"{out}/vllm-cache"
-    (out / "setup.sh").write_text(
-        SETUP.format(out=where, name=out.name, release=args.release, forced=" ".join(forced), cache_root=cache_root)
-    )
+    (out / "setup.sh").write_text(SETUP.format(name=out.name, release=args.release, forced=" ".join(forced)))
     for part in out.parent.glob(f"{out.name}-part*"):
         shutil.rmtree(part)
     parts = _split(out, args.part_mib * 2**20)
