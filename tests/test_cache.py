@@ -21,7 +21,7 @@ CACHE_PACKAGE = Path(__file__).parent.parent / "kprecompile" / "cache"
 
 def test_cache_is_a_leaf():
     """cache/ imports only cache/, errors, the standard library and its storage libraries."""
-    allowed_third_party = {"filelock", "cryptography"}  # locks; the signatures of bundles
+    allowed_third_party = {"cryptography"}  # the signatures of bundles
     for path in CACHE_PACKAGE.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level > 0:

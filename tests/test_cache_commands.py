@@ -14,8 +14,9 @@ import pytest
 from helpers import run_cli, run_cli_json, serving_process
 
 from kprecompile.cache.layout import CacheLayout
+from kprecompile.cache.locks import hold_lock
 from kprecompile.cache.manifest import Manifest, manifest_key, read_manifest, write_manifest
-from kprecompile.cache.usage import CACHEDIR_TAG, using
+from kprecompile.cache.usage import CACHEDIR_TAG, USAGE_LOCK, using
 from kprecompile.cli import main
 
 pytestmark = pytest.mark.compiles
@@ -41,6 +42,25 @@ def cache(two_configurations, tmp_path):
     copy = tmp_path / "cache"
     shutil.copytree(two_configurations, copy)
     return copy
+
+
+def _hold_until_killed(path: Path, ready) -> None:
+    with hold_lock(path, "test", 60, "KPRECOMPILE_LOCK_TIMEOUT"):
+        ready.set()
+        time.sleep(600)
+
+
+def _lock_of_a_killed_holder(path: Path) -> Path:
+    """The lock file a process killed (SIGKILL) while holding `path` leaves behind."""
+    context = multiprocessing.get_context("spawn")
+    ready = context.Event()
+    holder = context.Process(target=_hold_until_killed, args=(path, ready))
+    holder.start()
+    assert ready.wait(60), "the holder never took the lock"
+    holder.kill()
+    holder.join()
+    assert path.exists()
+    return path
 
 
 def verified(capsys, cache, serving) -> int:
@@ -126,23 +146,30 @@ def test_prune_removes_what_this_toolchain_can_never_serve_and_keeps_what_it_can
     (launcher / "__triton_launcher.so").write_bytes(b"\x7fELF")
     os.utime(launcher / "__triton_launcher.so", (0, 0))
     (cache / ".import-dead").mkdir()
-    locks_before = len(os.listdir(layout.locks_dir))
+    # The two warms left no lock file behind (each holder deleted its own); one killed while it
+    # held a kernel's lock leaves one.
+    assert os.listdir(layout.locks_dir) == [USAGE_LOCK]
+    killed = _lock_of_a_killed_holder(layout.lock_path("0" * 64))
     plan = run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))
     removed = {(removal["kind"], Path(removal["path"]).name) for removal in plan["removals"]}
     assert ("configuration", f"{foreign.key}.json") in removed
     assert ("bucket", "manifests-v5") in removed and ("entry", "ORPHAN") in removed
     assert ("staging", ".import-dead") in removed
-    assert sum(kind == "lock" for kind, _ in removed) == locks_before - 1  # all but the usage lock
+    assert {name for kind, name in removed if kind == "lock"} == {killed.name}
     # Kept: both current configurations, a kernel written moments ago, a launcher module.
     assert not (cache / "manifests-v5").exists() and not orphan.exists() and not (cache / ".import-dead").exists()
+    assert os.listdir(layout.locks_dir) == [USAGE_LOCK]
     assert fresh.exists() and launcher.exists()
     assert verified(capsys, cache, FEW) == 0 and verified(capsys, cache, MORE) == 0
     assert run_cli_json(capsys, "cache", "prune", "--cache-dir", str(cache))["removals"] == []
 
 
 def test_prune_prints_a_summary_and_lists_kernel_entries_and_locks_with_v(capsys, cache):
-    """A warm leaves a free lock file per kernel: the dry run's text is the summary and what is
-    not counted by the thousand; `-v` lists every lock file too."""
+    """Lock files left behind (an earlier kprecompile left one per kernel): the dry run's text is the
+    summary and what is not counted by the thousand; `-v` lists every lock file too."""
+    layout = CacheLayout.of(cache)
+    for entry in os.listdir(layout.triton_dir):
+        layout.lock_path(entry).touch()
     status, out, _ = run_cli(capsys, "cache", "prune", "--dry-run", "--cache-dir", str(cache))
     assert status == 0
     summary = out.splitlines()[-1]

@@ -1,5 +1,6 @@
 """Cache locks across real processes: waiting says so, times out naming the variable, a dead
-holder's lock is free at once, and processes queued on one kernel compile it once."""
+holder's lock is free at once, a holder deletes its lock file as it lets go without two processes
+ever holding one lock, and processes queued on one kernel compile it once."""
 
 import logging
 import logging.handlers
@@ -10,7 +11,9 @@ import signal
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
-from kprecompile.cache.locks import hold_lock
+from kprecompile.cache import locks
+from kprecompile.cache.locks import hold_lock, remove_if_free, try_lock
+from kprecompile.cache.staging import is_held
 from kprecompile.errors import InputError, LockTimeoutError
 from kprecompile.inputs import settings
 from kprecompile.tracing.trace import trace_calls
@@ -60,6 +63,70 @@ def test_a_lock_of_a_killed_holder_is_free_at_once(tmp_path, caplog):
         pass
     # Taken on the first try: nobody waited.
     assert "Waiting to acquire" not in caplog.text
+
+
+def test_a_holder_deletes_its_lock_file_and_a_killed_one_leaves_it_for_prune(tmp_path):
+    path = tmp_path / "job.lock"
+    with hold_lock(path, "test", 60, VARIABLE):
+        assert path.exists()
+    assert not path.exists()
+    holder, _ = _start_holder(path)
+    assert not remove_if_free(path) and path.exists()  # the control: a held lock stays
+    os.kill(holder.pid, signal.SIGKILL)
+    holder.join()
+    assert path.exists() and remove_if_free(path) and not path.exists()
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["checked", "control-unchecked"])
+def test_a_taker_that_opened_the_file_its_holder_deleted_takes_the_new_one(tmp_path, monkeypatch, check):
+    """The race deleting lock files opens: a taker opens the file, the holder deletes it and lets go,
+    the taker's lock then succeeds on a file no one else will open. Played in that order here (the
+    holder lets go right after the taker's open); the control, without the check, ends up holding
+    the deleted file while the path is free for anyone."""
+    path = tmp_path / "job.lock"
+    holder, release = _start_holder(path)
+    real_open = os.open
+    opened = []
+
+    def open_then_let_the_holder_go(*args, **kwargs):
+        descriptor = real_open(*args, **kwargs)
+        if not opened:
+            opened.append(descriptor)
+            release.set()
+            holder.join()
+        return descriptor
+
+    monkeypatch.setattr(locks.os, "open", open_then_let_the_holder_go)
+    if not check:
+        monkeypatch.setattr(locks, "_names", lambda path, descriptor: True)
+    descriptor = try_lock(path)
+    monkeypatch.undo()
+    assert descriptor is not None and opened
+    try:
+        if check:
+            assert os.fstat(descriptor).st_ino == os.stat(path).st_ino and is_held(path)
+        else:
+            assert not path.exists() and not is_held(path)
+    finally:
+        os.close(descriptor)
+
+
+def _count_under_the_lock(path, counter, rounds):
+    for _ in range(rounds):
+        with hold_lock(path, "test", 60, VARIABLE):
+            counter.write_text(str(int(counter.read_text()) + 1))
+
+
+def test_processes_taking_and_deleting_one_lock_never_hold_it_together(tmp_path):
+    path, counter = tmp_path / "job.lock", tmp_path / "count"
+    counter.write_text("0")
+    workers = [SPAWN.Process(target=_count_under_the_lock, args=(path, counter, 200)) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert [worker.exitcode for worker in workers] == [0] * 4
+    assert counter.read_text() == "800" and not path.exists()
 
 
 @pytest.mark.parametrize("raw", ["abc", "0", "-3"])

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
 import re
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from typing import Any, Literal
 from .files import FILE_MODE, write_atomic
 from .jobs import describe_specialization_data
 from .layout import CacheLayout
+from .locks import hold_briefly
 
 logger = logging.getLogger(__name__)
 
@@ -411,22 +411,7 @@ def _regular_size(path: Path) -> int:
     return status.st_size
 
 
-@contextlib.contextmanager
-def _journal_lock(layout: CacheLayout, key: str, timeout_seconds: float) -> Iterator[None]:
+def _journal_lock(layout: CacheLayout, key: str, timeout_seconds: float) -> contextlib.AbstractContextManager[None]:
     """The journal's OS lock, held for one append or rewrite (milliseconds): a short wait, then an
     OSError naming the lock (a serving process logs it and goes on)."""
-    from filelock import FileLock, Timeout
-
-    path = layout.locks_dir / f"{JOURNAL_LOCK_PREFIX}{key}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(path)
-    try:
-        lock.acquire(timeout=timeout_seconds)
-    except Timeout:
-        raise OSError(
-            errno.ETIMEDOUT, f"another process held the journal's lock for {timeout_seconds:g} s", str(path)
-        ) from None
-    try:
-        yield
-    finally:
-        lock.release()
+    return hold_briefly(layout.locks_dir / f"{JOURNAL_LOCK_PREFIX}{key}.lock", timeout_seconds)

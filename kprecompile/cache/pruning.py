@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Literal
 
 from .inventory import Configuration, configurations, directory_size
-from .journal import JOURNAL_LOCK_PREFIX
 from .layout import GROUP_PREFIX, Bucket, CacheLayout
+from .locks import remove_if_free
 from .staging import dead_staging, is_held
 from .usage import SERVED_SUFFIX, USAGE_LOCK, served_stamp
 
@@ -107,7 +107,9 @@ def execute(layout: CacheLayout, plan: DeletionPlan) -> None:
     order = {"configuration": 0, "manifest": 0, "entry": 1, "bucket": 2, "staging": 2, "lock": 3}
     for removal in sorted(plan.removals, key=lambda removal: order[removal.kind]):
         path = Path(removal.path)
-        if removal.kind in ("configuration", "manifest", "lock"):
+        if removal.kind == "lock":
+            remove_if_free(path)  # taken meanwhile: its holder deletes it as it lets go
+        elif removal.kind in ("configuration", "manifest"):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             if removal.kind == "configuration":
@@ -204,8 +206,8 @@ def _unreferenced_entries(layout: CacheLayout, referenced: set[str], now: float)
 
 
 def _free_locks(layout: CacheLayout) -> list[Removal]:
-    """Lock files nobody holds (one is left per kernel ever compiled). Under the exclusive usage
-    lock no warm or import runs, so none is about to be taken."""
+    """Lock files nobody holds: a holder deletes its own as it lets go, so these are left by a
+    process killed while holding one, or by an earlier kprecompile that kept them."""
     removals = []
     with contextlib.suppress(OSError), os.scandir(layout.locks_dir) as items:
         for item in items:
@@ -213,8 +215,6 @@ def _free_locks(layout: CacheLayout) -> list[Removal]:
                 continue
             if item.name.startswith("import-"):
                 continue  # an import's ownership lock: `_dead_staging` decides
-            if item.name.startswith(JOURNAL_LOCK_PREFIX):
-                continue  # serving processes take it without the usage lock: never split it
             if is_held(item.path):
                 continue
             removals.append(Removal("lock", item.path, 0, "held by no process"))
