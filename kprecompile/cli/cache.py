@@ -36,8 +36,8 @@ _UNITS = {
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)\s*", re.IGNORECASE)
 
 
-# Kernel entries and lock files come by the thousand (one of each per kernel): the summary counts
-# them, `-v` lists each, as uv's and hf's cache commands print a summary.
+# Kernel entries come by the thousand (one per kernel), and so do the lock files an earlier
+# kprecompile left: the summary counts them, `-v` lists each, as uv's and hf's cache commands do.
 _COUNTED_ONLY = frozenset({"entry", "lock"})
 
 
