@@ -82,8 +82,11 @@ DEPENDENCIES = (
 # Installed over the host's own: kprecompile's, and transformers' where the release takes 4.x.
 FORCED = ("pebble", "platformdirs")
 TRANSFORMERS_4 = ("transformers", "tokenizers", "huggingface_hub")
-# The host's own toolchain, never packed.
+# The host's own toolchain, never packed; and what vLLM imports only where it is installed (under
+# `try: import ray`), imported by the plans here because the release's install has it: ray's wheel
+# alone is over what a call carries.
 HOST_OWN = {"vllm", "torch", "triton"}
+OPTIONAL = {"ray"}
 
 SETUP = """\
 # Source on the GPU host from the repository root (written by scripts/vllm_carry.py). Its paths
@@ -146,7 +149,7 @@ def _imported_distributions(release_dir: Path, import_log: str) -> set[str]:
     for line in import_log.splitlines():
         if line.startswith("import time:") and "|" in line:
             tops.add(line.rsplit("|", 1)[1].strip().split(".")[0])
-    return {owners[top].lower() for top in tops if top in owners} - HOST_OWN
+    return {owners[top].lower() for top in tops if top in owners} - HOST_OWN - OPTIONAL
 
 
 def main() -> None:

@@ -1,9 +1,15 @@
+import sys
+
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
 
 from kprecompile.cache.entries import is_compiled
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.errors import InputError
+from kprecompile.inputs import settings
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.warmup.pool import CompilePool, compile_jobs
+from kprecompile.warmup.worker_start import worker_context
 
 pytestmark = pytest.mark.compiles
 
@@ -79,3 +85,27 @@ def test_workers_that_cannot_start_fail_the_jobs_instead_of_hanging(tmp_path):
     for line in lines:
         assert line.split(maxsplit=1)[1].startswith("failed compile workers could not start ("), line
         assert line.endswith("); their own error is on stderr")
+
+
+def test_workers_take_the_environment_the_pool_starts_with(tmp_path, monkeypatch, sm90):
+    """Workers fork from a server that started with an earlier environment: a setting changed
+    since applies all the same (here one malformed on purpose, which the worker's job reports)."""
+    jobs = trace_calls([sample_call("launch_add", 100, 32)], sm90, "sample", (SAMPLE_MODULE,)).jobs
+    [first] = compile_jobs(jobs, CacheLayout.of(tmp_path / "first"), max_workers=1)
+    assert first.status == "compiled"
+    monkeypatch.setenv(settings.LOCK_TIMEOUT.name, "abc")
+    [second] = compile_jobs(jobs, CacheLayout.of(tmp_path / "second"), max_workers=1)
+    assert second.status == "failed" and f"{settings.LOCK_TIMEOUT.name}: got 'abc'" in second.error
+
+
+def test_workers_fork_from_the_server_unless_the_path_changed_or_spawn_is_asked(monkeypatch):
+    assert worker_context().get_start_method() == "forkserver"
+    monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
+    assert worker_context().get_start_method() == "spawn"  # the server would import other modules
+    monkeypatch.undo()
+    assert worker_context().get_start_method() == "forkserver"
+    monkeypatch.setenv(settings.WORKER_START.name, "spawn")
+    assert worker_context().get_start_method() == "spawn"
+    monkeypatch.setenv(settings.WORKER_START.name, "fork")
+    with pytest.raises(InputError, match="KPRECOMPILE_WORKER_START: got 'fork', expected one of forkserver, spawn"):
+        worker_context()

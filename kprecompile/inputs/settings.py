@@ -21,6 +21,8 @@ T = TypeVar("T")
 
 StrictMode = Literal["off", "warn", "error"]
 STRICT_MODES: tuple[StrictMode, ...] = get_args(StrictMode)
+WorkerStart = Literal["forkserver", "spawn"]
+WORKER_STARTS: tuple[WorkerStart, ...] = get_args(WorkerStart)
 _APP_NAME = "kprecompile"
 
 
@@ -55,6 +57,13 @@ def _strict_mode(raw: str) -> StrictMode:
     if mode not in STRICT_MODES:
         raise ValueError(raw)
     return mode  # type: ignore[return-value]
+
+
+def _worker_start(raw: str) -> WorkerStart:
+    method = raw.strip().lower()
+    if method not in WORKER_STARTS:
+        raise ValueError(raw)
+    return method  # type: ignore[return-value]
 
 
 def _switch(raw: str) -> bool:
@@ -124,6 +133,13 @@ VLLM_HOOK = Setting(
     lambda: True,
     "whether the vLLM plugin installs the loader hook",
 )
+WORKER_START = Setting(
+    "KPRECOMPILE_WORKER_START",
+    "one of " + ", ".join(WORKER_STARTS),
+    _worker_start,
+    lambda: "forkserver",
+    "how compile workers start: forked from one process that imported torch and Triton, or each spawned",
+)
 SIGNING_KEY = Setting(
     "KPRECOMPILE_SIGNING_KEY",
     "a private key file path",
@@ -148,6 +164,7 @@ SETTINGS: tuple[Setting, ...] = (
     STRICT,
     TRUSTED_KEYS,
     VLLM_HOOK,
+    WORKER_START,
 )
 
 

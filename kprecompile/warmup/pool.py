@@ -1,9 +1,10 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
 Jobs already in the cache are found in this process first; workers are started only for the
-rest, because each spawned worker re-imports torch and Triton (docs/design.md, fact 8, about 2.5 s
-of CPU each); on a cold cache they are started early, so that those imports overlap with the
-parent's tracing. Workers are spawned, not forked (Triton and torch do not survive fork).
+rest, because starting them costs imports (torch and Triton: paid once by the fork server that
+forks them, `worker_start.py`, or by each spawned worker); on a cold cache they are started early,
+so that this overlaps with the parent's tracing. Workers are never forked from this process
+(Triton and torch do not survive fork once used).
 `pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the
 compiler) or overruns into a failed job while the pool replaces the worker and carries on.
 """
@@ -25,6 +26,7 @@ from ..cache.layout import CacheLayout
 from ..progress import NoProgress, Progress
 from ..tracing.libraries import VLLM_PACKAGE, import_library_module
 from .compile import JobOutcome, compile_job
+from .worker_start import worker_context
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +43,16 @@ def default_worker_count() -> int:
         return os.cpu_count() or 1
 
 
-def _prepare_worker(modules: tuple[str, ...]) -> None:
-    """Pool initializer: pay imports and Triton's toolchain hash before the first job arrives.
+def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str]) -> None:
+    """Pool initializer: take the parent's environment as it is now (a fork server keeps the one
+    it started with), and pay imports and Triton's toolchain hash before the first job arrives.
 
     Workers start while the parent is still tracing, so this overlaps with the trace. It
     never raises: a worker whose initializer failed would be restarted forever; a job that
     needs what failed here fails on its own, with the real error.
     """
+    os.environ.clear()
+    os.environ.update(environment)
     try:
         from triton.runtime.cache import triton_key
 
@@ -87,14 +92,18 @@ def refuse_in_worker_start() -> None:
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # The worker took the caller's argv before re-importing its script.
         script = sys.argv[0] if sys.argv and sys.argv[0] else "the caller's script"
-        raise SystemExit(
+        # Said here: a worker forked by the fork server exits without printing a SystemExit's text.
+        print(
             f"kprecompile: this compile worker re-imported {script}, which calls kprecompile.warm again: "
-            f"call it under {_GUARD}"
+            f"call it under {_GUARD}",
+            file=sys.stderr,
+            flush=True,
         )
+        raise SystemExit(1)
 
 
 class CompilePool:
-    """Spawned compile workers, started on demand: by `start()` before other work, so that their
+    """Compile workers, started on demand: by `start()` before other work, so that their
     start-up overlaps it, or by `compile()` with as many workers as jobs are missing."""
 
     def __init__(
@@ -122,9 +131,9 @@ class CompilePool:
             self.workers = max(1, min(self.max_workers, workers or self.max_workers))
             self._pool = ProcessPool(
                 max_workers=self.workers,
-                context=multiprocessing.get_context("spawn"),
+                context=worker_context(),
                 initializer=_prepare_worker,
-                initargs=(self.preload_modules,),
+                initargs=(self.preload_modules, dict(os.environ)),
             )
             # Scheduling starts the workers now; its result says a worker could start at all.
             self._ready = self._pool.schedule(_worker_ready)

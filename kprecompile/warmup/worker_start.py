@@ -1,0 +1,48 @@
+"""How compile workers start: forked from one server process that imported torch, Triton and
+kprecompile's compile path once, instead of each spawned worker importing them again.
+
+A spawned worker pays about 2.5 s of CPU in imports before its first job (docs/design.md, fact
+8); sixteen of them pay it sixteen times, beside the parent's tracing. Python's `forkserver`
+start method pays it once: the server imports `worker_preload` and forks each worker from
+itself. The server never touches a GPU, so what it imported survives the fork (what does not
+survive fork is a process that initialized CUDA). The server does not import the caller's
+script either, so a script that calls `warm` outside its `__main__` guard works.
+
+The server lives as long as this process and keeps the `sys.path` it started with: a process
+whose path changed since (another engine release put first, `engine install`'s `use_engine`)
+spawns its workers instead, so that they import what the parent would. Each worker takes the
+parent's environment as it is when the pool starts (`pool._prepare_worker`).
+`KPRECOMPILE_WORKER_START=spawn` spawns always.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import sys
+from multiprocessing.context import BaseContext
+
+from ..inputs import settings
+
+logger = logging.getLogger(__name__)
+
+PRELOAD = "kprecompile.warmup.worker_preload"
+# The `sys.path` the fork server started with, once this process started it.
+_server_path: tuple[str, ...] | None = None
+
+
+def worker_context() -> BaseContext:
+    """The start method of this pool's workers: the fork server where it imports what this
+    process would, else spawn."""
+    global _server_path
+    if settings.WORKER_START.read() == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    path = tuple(sys.path)
+    context = multiprocessing.get_context("forkserver")
+    if _server_path is None:
+        context.set_forkserver_preload([PRELOAD])
+        _server_path = path
+    elif _server_path != path:
+        logger.info("compile workers are spawned: this process's sys.path changed since its fork server started")
+        return multiprocessing.get_context("spawn")
+    return context
