@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build what `gpu_e2e.py --part vllm` needs on a GPU host that has no vLLM and no network.
+"""Build what `gpu_e2e.py` needs on a GPU host that has no vLLM, no AITER and no network.
 
     python scripts/vllm_carry.py [--release 0.12.0] [--out .e2e]
 
@@ -8,6 +8,9 @@ Writes into OUT (ignore it in .git/info/exclude; carry it with the device tool's
 - `vllm-<release>.tgz`: the release's Python files (from `scripts/install_vllm.py`'s directory)
   without its compiled extensions, and its dist-info (METADATA, RECORD, entry points): vLLM's
   Triton kernels need no extension, and RECORD names the extensions that are absent.
+- `aiter-<version>.tgz`: the `aiter` package of the amd-aiter installed here and its dist-info,
+  without `aiter_meta` (HIP sources and code objects, 176 MB): `--part aiter` runs AITER's Triton
+  `pa_prefill` only.
 - `wheels/`: CPython 3.12 manylinux wheels of the packages vLLM's modules import, at the versions
   installed beside the release (`DEPENDENCIES`, and every distribution beside the release that
   the release's own plans below import: `PYTHONPROFILEIMPORTTIME`), and kprecompile's pebble and
@@ -94,6 +97,7 @@ SETUP = """\
 carry=$(cd "$(dirname "${{BASH_SOURCE[0]:-$0}}")" && pwd)
 mkdir -p /tmp/vllm /tmp/site /tmp/deps
 tar xzf "$carry"/vllm-{release}.tgz -C /tmp/vllm
+tar xzf "$carry"/aiter-*.tgz -C /tmp/vllm
 forced="{forced}"
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site \\
     $(for n in $forced; do ls "$carry"/wheels/$n-*.whl /tmp/{name}-part*/wheels/$n-*.whl 2>/dev/null; done)
@@ -177,6 +181,14 @@ def main() -> None:
         for name in ("METADATA", "RECORD", "entry_points.txt"):
             if (info / name).is_file():
                 archive.add(info / name, f"{info.name}/{name}")
+
+    aiter = metadata.distribution("amd-aiter")
+    with tarfile.open(out / f"aiter-{aiter.version}.tgz", "w:gz") as archive:
+        for file in aiter.files or ():
+            if file.parts[0] == "aiter" or file.parts[0].endswith(".dist-info"):
+                path = Path(aiter.locate_file(file))
+                if path.is_file() and path.suffix != ".so" and "__pycache__" not in file.parts:
+                    archive.add(path, str(file))
 
     # vLLM's own model-info cache, written while it builds each model's engine configuration:
     # DeepSeek-V2-Lite, and the small gpt-oss and Gemma-2 configs of `vllm_e2e.py`'s layers part.
