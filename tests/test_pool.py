@@ -90,6 +90,7 @@ def test_workers_that_cannot_start_fail_the_jobs_instead_of_hanging(tmp_path):
 def test_workers_take_the_environment_the_pool_starts_with(tmp_path, monkeypatch, sm90):
     """Workers fork from a server that started with an earlier environment: a setting changed
     since applies all the same (here one malformed on purpose, which the worker's job reports)."""
+    monkeypatch.setenv(settings.WORKER_START.name, "forkserver")
     jobs = trace_calls([sample_call("launch_add", 100, 32)], sm90, "sample", (SAMPLE_MODULE,)).jobs
     [first] = compile_jobs(jobs, CacheLayout.of(tmp_path / "first"), max_workers=1)
     assert first.status == "compiled"
@@ -98,14 +99,15 @@ def test_workers_take_the_environment_the_pool_starts_with(tmp_path, monkeypatch
     assert second.status == "failed" and f"{settings.LOCK_TIMEOUT.name}: got 'abc'" in second.error
 
 
-def test_workers_fork_from_the_server_unless_the_path_changed_or_spawn_is_asked(monkeypatch):
+def test_workers_fork_from_the_server_where_asked_unless_the_path_changed(monkeypatch):
+    assert worker_context().get_start_method() == "spawn"  # the default
+    monkeypatch.setenv(settings.WORKER_START.name, "forkserver")
     assert worker_context().get_start_method() == "forkserver"
     monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
     assert worker_context().get_start_method() == "spawn"  # the server would import other modules
     monkeypatch.undo()
+    monkeypatch.setenv(settings.WORKER_START.name, "forkserver")
     assert worker_context().get_start_method() == "forkserver"
-    monkeypatch.setenv(settings.WORKER_START.name, "spawn")
-    assert worker_context().get_start_method() == "spawn"
     monkeypatch.setenv(settings.WORKER_START.name, "fork")
     with pytest.raises(InputError, match="KPRECOMPILE_WORKER_START: got 'fork', expected one of forkserver, spawn"):
         worker_context()

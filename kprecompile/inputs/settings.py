@@ -137,7 +137,7 @@ WORKER_START = Setting(
     "KPRECOMPILE_WORKER_START",
     "one of " + ", ".join(WORKER_STARTS),
     _worker_start,
-    lambda: "forkserver",
+    lambda: "spawn",
     "how compile workers start: forked from one process that imported torch and Triton, or each spawned",
 )
 SIGNING_KEY = Setting(

@@ -1,5 +1,5 @@
-"""How compile workers start: forked from one server process that imported torch, Triton and
-kprecompile's compile path once, instead of each spawned worker importing them again.
+"""How compile workers start: spawned (the default), or, with KPRECOMPILE_WORKER_START=forkserver,
+forked from one server process that imported torch, Triton and kprecompile's compile path once.
 
 A spawned worker pays about 2.5 s of CPU in imports before its first job (docs/design.md, fact
 8); sixteen of them pay it sixteen times, beside the parent's tracing. Python's `forkserver`
@@ -12,7 +12,10 @@ The server lives as long as this process and keeps the `sys.path` it started wit
 whose path changed since (another engine release put first, `engine install`'s `use_engine`)
 spawns its workers instead, so that they import what the parent would. Each worker takes the
 parent's environment as it is when the pool starts (`pool._prepare_worker`).
-`KPRECOMPILE_WORKER_START=spawn` spawns always.
+Measured (BENCHMARKS.md): the server saves CPU, 1.17x on the 2-core builder, but on the 16-core
+H200 host a cold DeepSeek-R1 TP8 warm took 3 to 5 s longer with it: pebble creates the workers
+from the caller's thread, which then waits for the server's imports instead of tracing. Hence
+spawn by default until the pool starts them beside the trace.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ _server_path: tuple[str, ...] | None = None
 
 
 def worker_context() -> BaseContext:
-    """The start method of this pool's workers: the fork server where it imports what this
-    process would, else spawn."""
+    """The start method of this pool's workers: spawn, or the fork server where asked and where
+    it imports what this process would."""
     global _server_path
     if settings.WORKER_START.read() == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
