@@ -1,8 +1,8 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
 Jobs already in the cache are found in this process first; workers are started only for the
-rest, because starting them costs imports (torch and Triton: paid once by the fork server that
-forks them, `worker_start.py`, or by each spawned worker); on a cold cache they are started early,
+rest, because starting them costs imports (torch and Triton: paid by each spawned worker, or
+once by a fork server where asked, `worker_start.py`); on a cold cache they are started early,
 so that this overlaps with the parent's tracing. Workers are never forked from this process
 (Triton and torch do not survive fork once used).
 `pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the
