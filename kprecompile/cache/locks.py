@@ -65,29 +65,37 @@ def remove_if_free(path: Path) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def hold_lock(path: Path, resource: str, timeout_seconds: float, timeout_variable: str) -> Iterator[None]:
+def hold_lock(
+    path: Path, resource: str, timeout_seconds: float, timeout_variable: str
+) -> contextlib.AbstractContextManager[None]:
     """Hold the lock at `path`: try first, then say who waits for what, and time out naming
     the variable (`timeout_variable`) that raises the timeout."""
 
     def say_who_waits() -> None:
         logger.warning("Waiting to acquire lock for %s at %s", resource, path)
 
-    descriptor = _wait(path, timeout_seconds, say_who_waits)
-    if descriptor is None:
-        raise LockTimeoutError(str(path), timeout_seconds, timeout_variable)
-    try:
-        yield
-    finally:
-        release(path, descriptor)
+    return _holding(
+        path, timeout_seconds, say_who_waits, lambda: LockTimeoutError(str(path), timeout_seconds, timeout_variable)
+    )
+
+
+def hold_briefly(path: Path, timeout_seconds: float) -> contextlib.AbstractContextManager[None]:
+    """A lock held for milliseconds (a journal's append): a short wait, then an OSError naming it."""
+    return _holding(
+        path,
+        timeout_seconds,
+        lambda: None,
+        lambda: OSError(errno.ETIMEDOUT, f"another process held the lock for {timeout_seconds:g} s", str(path)),
+    )
 
 
 @contextlib.contextmanager
-def hold_briefly(path: Path, timeout_seconds: float) -> Iterator[None]:
-    """A lock held for milliseconds (a journal's append): a short wait, then an OSError naming it."""
-    descriptor = _wait(path, timeout_seconds, lambda: None)
+def _holding(
+    path: Path, timeout_seconds: float, on_first_wait: Callable[[], None], timed_out: Callable[[], Exception]
+) -> Iterator[None]:
+    descriptor = _wait(path, timeout_seconds, on_first_wait)
     if descriptor is None:
-        raise OSError(errno.ETIMEDOUT, f"another process held the lock for {timeout_seconds:g} s", str(path))
+        raise timed_out()
     try:
         yield
     finally:

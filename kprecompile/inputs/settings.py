@@ -138,7 +138,7 @@ WORKER_START = Setting(
     "one of " + ", ".join(WORKER_STARTS),
     _worker_start,
     lambda: "spawn",
-    "how compile workers start: forked from one process that imported torch and Triton, or each spawned",
+    "how compile workers start: each spawned, or forked from one process that imported torch and Triton",
 )
 SIGNING_KEY = Setting(
     "KPRECOMPILE_SIGNING_KEY",

@@ -5,8 +5,9 @@ A spawned worker pays about 2.5 s of CPU in imports before its first job (docs/d
 8); sixteen of them pay it sixteen times, beside the parent's tracing. Python's `forkserver`
 start method pays it once: the server imports `worker_preload` and forks each worker from
 itself. The server never touches a GPU, so what it imported survives the fork (what does not
-survive fork is a process that initialized CUDA). The server does not import the caller's
-script either, so a script that calls `warm` outside its `__main__` guard works.
+survive fork is a process that initialized CUDA). Each forked worker still re-imports the
+caller's script, as a spawned one does (multiprocessing prepares every child alike), so a
+script's `__main__` guard is needed either way.
 
 The server lives as long as this process and keeps the `sys.path` it started with: a process
 whose path changed since (another engine release put first, `engine install`'s `use_engine`)
