@@ -5,6 +5,7 @@ import ast
 import hashlib
 import json
 import logging
+import subprocess
 import sys
 from pathlib import Path
 
@@ -118,6 +119,63 @@ def test_a_remembered_triton_key_of_plausible_digests_that_are_not_these_files_i
         assert triton_key_digest(cache_layout) == hashlib.sha256(triton_key().encode()).hexdigest()
     assert "ignoring a remembered Triton key that is not this Triton's" in caplog.text
     assert json.loads(memo.read_text())["triton_key_text"] == triton_key()
+
+
+# Spellings of a value as a user may set it: libtriton reports booleans in one spelling.
+SPELLINGS = ("1", "0", "ON", "off", "True", "FALSE", "yes", "x y")
+
+
+def test_triton_variables_from_the_memo_are_libtritons_answer(cache_layout, monkeypatch):
+    """The memo knows which set variables are on libtriton's list; the values are read here, as
+    libtriton spells them: equal to its own answer for every spelling, under every Triton."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    from kprecompile.inputs import triton_env
+
+    # Variables on libtriton's list in every supported Triton, and one that is on no list.
+    listed = ("TRITON_DEFAULT_FP_FUSION", "MLIR_ENABLE_DUMP", "LLVM_IR_ENABLE_DUMP")
+    for name in listed:
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("KPRECOMPILE_TEST_UNLISTED", "1")
+    assert set(get_cache_invalidating_env_vars()) >= set(listed)
+    asked = []
+    real = get_cache_invalidating_env_vars
+
+    def asking():
+        asked.append(True)
+        return real()
+
+    monkeypatch.setattr("triton._C.libtriton.get_cache_invalidating_env_vars", asking)
+    assert triton_env.remembered_triton_values(cache_layout) == real() and len(asked) == 1
+    for spelling in SPELLINGS:
+        for name in listed:
+            monkeypatch.setenv(name, spelling)
+        assert triton_env.remembered_triton_values(cache_layout) == real(), spelling
+    assert len(asked) == 1  # every answer above came from the memo
+    # The control: a variable set that the memo has not seen is libtriton's to answer.
+    monkeypatch.setenv("AMDGCN_USE_BUFFER_OPS", "0")
+    assert triton_env.remembered_triton_values(cache_layout) == real() and len(asked) == 2
+    monkeypatch.delenv("AMDGCN_USE_BUFFER_OPS")
+    assert triton_env.remembered_triton_values(cache_layout) == real() and len(asked) == 2
+
+
+def test_triton_identity_without_importing_triton_is_tritons_own(cache_layout):
+    """The version and directory read from the package's files, and the memo's key, equal what
+    `import triton` gives (in a fresh process, so that the answer cannot come from an import)."""
+    import triton
+    from triton.runtime.cache import triton_key
+
+    triton_key_digest(cache_layout)  # the memo
+    script = (
+        "import sys; from kprecompile.cache.layout import CacheLayout; "
+        "from kprecompile.inputs.toolchain import triton_dir, triton_key_text, triton_version; "
+        f"layout = CacheLayout.of({str(cache_layout.root)!r}); "
+        "print(triton_version()); print(triton_dir()); print(triton_key_text(layout)); print('triton' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    version, directory, key, imported = result.stdout.splitlines()
+    assert (version, directory, key) == (triton.__version__, str(Path(triton.__file__).parent), triton_key())
+    assert imported == "False"
 
 
 def test_a_corrupt_manifest_is_ignored_with_a_warning(cache_layout, caplog):

@@ -111,3 +111,43 @@ def test_workers_fork_from_the_server_where_asked_unless_the_path_changed(monkey
     monkeypatch.setenv(settings.WORKER_START.name, "fork")
     with pytest.raises(InputError, match="KPRECOMPILE_WORKER_START: got 'fork', expected one of forkserver, spawn"):
         worker_context()
+
+
+def test_jobs_handed_over_while_the_workers_start_are_collected_not_compiled_again(cache_layout, sm90):
+    """A warm hands each family's jobs to the workers as it traces (`submit`), some before the
+    workers exist; `compile` then collects those from the workers (they say "compiled" even once
+    they are in the cache) and checks the rest here."""
+    import time
+
+    calls = [sample_call("launch_add", 100, block) for block in (16, 32, 64, 128)]
+    jobs = trace_calls(calls, sm90, "sample", (SAMPLE_MODULE,)).jobs
+    assert len(jobs) == 4
+    with CompilePool(cache_layout, max_workers=2, preload_modules=(SAMPLE_MODULE,)) as pool:
+        pool.start()
+        pool.submit(jobs[:2])  # the workers are still starting: held, then scheduled
+        pool.submit(jobs[1:3])  # one of them again: handed over once
+        deadline = time.monotonic() + 300
+        while not all(is_compiled(cache_layout, job.key) for job in jobs[:3]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        outcomes = pool.compile(jobs)
+    assert [outcome.status for outcome in outcomes] == ["compiled"] * 4
+    # The control: a new pool finds all four in the cache, in this process.
+    with CompilePool(cache_layout, max_workers=2) as pool:
+        assert [outcome.status for outcome in pool.compile(jobs)] == ["cached"] * 4
+        assert not pool.started
+
+
+def test_a_plan_hands_each_familys_new_jobs_over_as_it_is_traced(gfx942):
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+    from kprecompile.selection.engines import select
+    from kprecompile.selection.request import Request
+    from kprecompile.warmup.planning import plan
+
+    model = load_model("deepseek-v2-lite")
+    request = Request(model, ServingParams(max_num_seqs=3), select(model), (gfx942,))
+    handed = []
+    streamed = plan(request, on_jobs=handed.append)
+    whole = plan(request)
+    assert len(handed) == sum(family.kernels > 0 for family in streamed.families) >= 2
+    assert [job for jobs in handed for job in jobs] == list(streamed.jobs) == list(whole.jobs)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BundleError, InputError
+from .checked import CHECKED_SUFFIX
 from .entries import compiled_files, group_file
 from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
@@ -61,6 +62,8 @@ def write_index(
             path.relative_to(root).as_posix()
             for top in BUNDLE_TOP_LEVEL
             for path in (sorted((root / top).rglob("*")) if (root / top).is_dir() else ())
+            # A check's memo names this machine's inodes: it means nothing anywhere else.
+            if not path.name.endswith(CHECKED_SUFFIX)
         ]
     for name in sorted(set(names)):
         path = root / name

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .checked import manifest_checked_before
 from .entries import EntryProblem, artifact_digests, entry_problem
 from .files import write_atomic
 from .jobs import CompileJob
@@ -80,31 +81,36 @@ def write_manifest(layout: CacheLayout, manifest: Manifest) -> str:
 
 
 def read_manifest(layout: CacheLayout, key: str) -> Manifest | None:
-    """The manifest for `key` in any root, or None; a corrupt one is logged and treated as absent."""
+    """The manifest for `key` in any root, or None; a corrupt one is logged and treated as absent.
+
+    A manifest file that a whole check already read, unchanged since (`checked.py`), is not
+    checked field by field again (0.07 s for DeepSeek-R1's 1,158 jobs)."""
     path = locate_manifest(layout, key)
     if path is None:
         return None
     try:
         if path.stat().st_size > MAX_MANIFEST_BYTES:
             raise ValueError(f"larger than {MAX_MANIFEST_BYTES} bytes")
-        return parse_manifest(path.read_bytes(), key)
+        return parse_manifest(path.read_bytes(), key, checked=manifest_checked_before(layout, key, path))
     except (OSError, ValueError) as error:
         logger.warning("ignoring unreadable manifest %s: %s", path, error)
         return None
 
 
-def parse_manifest(data: bytes, key: str) -> Manifest:
-    """The manifest named `key` from its file's bytes, every field checked (an import checks a
-    bundle's manifests with this before installing them); ValueError saying what is wrong."""
+def parse_manifest(data: bytes, key: str, checked: bool = False) -> Manifest:
+    """The manifest named `key` from its file's bytes, every field checked unless these bytes were
+    `checked` before (an import checks a bundle's manifests with this before installing them);
+    ValueError saying what is wrong."""
     try:
         document = json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    _check_document(document, key)
-    if manifest_key(document["parts"]) != key:
-        raise ValueError("its parts do not hash to its key")
-    if document.get("checksum") != document_checksum(document):
-        raise ValueError("its content does not match its checksum")
+    if not checked:
+        _check_document(document, key)
+        if manifest_key(document["parts"]) != key:
+            raise ValueError("its parts do not hash to its key")
+        if document.get("checksum") != document_checksum(document):
+            raise ValueError("its content does not match its checksum")
     return Manifest(
         key=key,
         parts=document["parts"],

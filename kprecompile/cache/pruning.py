@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from .checked import CHECKED_SUFFIX
 from .inventory import Configuration, configurations, directory_size
 from .layout import GROUP_PREFIX, Bucket, CacheLayout
 from .locks import remove_if_free
@@ -113,8 +114,9 @@ def execute(layout: CacheLayout, plan: DeletionPlan) -> None:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
             if removal.kind == "configuration":
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(served_stamp(path))
+                for companion in (served_stamp(path), path.with_suffix(CHECKED_SUFFIX)):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(companion)
         else:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -157,6 +159,10 @@ def _unreadable_manifests(layout: CacheLayout, readable: list[Configuration]) ->
                 )
             elif item.name.endswith(SERVED_SUFFIX) and path.with_suffix(".json") not in known:
                 removals.append(Removal("manifest", item.path, 0, "when a configuration no longer here was served"))
+            elif item.name.endswith(CHECKED_SUFFIX) and path.with_suffix(".json") not in known:
+                removals.append(
+                    Removal("manifest", item.path, 0, "when a configuration no longer here was last checked whole")
+                )
     return removals
 
 

@@ -75,9 +75,6 @@ def invocation() -> list[str]:
 def _use_named_engine(arguments: list[str]) -> None:
     """With `--vllm-version X` naming a release `kprecompile engine install` put here and not the
     installed vLLM, that release is put on the path before anything imports vLLM or Triton."""
-    from ..vllm.install import use_engine
-    from ..vllm.releases import installed_release
-
     version = ""
     for index, argument in enumerate(arguments):
         if argument == "--":
@@ -85,7 +82,12 @@ def _use_named_engine(arguments: list[str]) -> None:
         name, equals, value = argument.partition("=")
         if name == "--vllm-version":  # the last one wins, as click takes it
             version = value if equals else (arguments[index + 1] if index + 1 < len(arguments) else "")
-    if version and installed_release() != version and use_engine(version) is not None:
+    if not version:
+        return
+    from ..vllm.install import use_engine
+    from ..vllm.releases import installed_release
+
+    if installed_release() != version and use_engine(version) is not None:
         logging.getLogger(__name__).info("vLLM %s from `kprecompile engine install`", version)
 
 

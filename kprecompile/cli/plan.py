@@ -8,7 +8,7 @@ import click
 
 from ..inputs import settings
 from ..inputs.layers import AttentionLayer
-from ..warmup.planning import FamilyPlan, plan
+from ..warmup.family_plan import FamilyPlan
 from ..wording import printable
 from . import options
 from .examples import epilog
@@ -60,6 +60,8 @@ def report_failed_families(model: str, families: Sequence[FamilyPlan]) -> None:
 @options.cache_dir_option
 def command(json_output, cache_dir, **chosen) -> None:
     """Show each kernel family, the calls enumerated and the unique kernels, without compiling."""
+    from ..warmup.planning import plan  # tracing's imports, not paid by `warm` for `show_families`
+
     output = Output(json_output)
     layout = settings.cache_layout(cache_dir)
     request = options.request(chosen, layout)

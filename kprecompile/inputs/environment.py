@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ..cache.keys import hash_named_dict
+from ..cache.layout import CacheLayout
 from ..errors import InputError
 
 # bool: vLLM's `os.getenv(name, default).lower() in ("true", "1")`;
@@ -140,16 +141,31 @@ def engine_environment(engine: str) -> Iterator[None]:
                 os.environ[name] = value
 
 
-def triton_values() -> dict[str, str]:
-    """Triton's cache-invalidating variables of this process (read by libtriton from the process env)."""
+def triton_values(layout: CacheLayout | None = None, remember: bool = True) -> dict[str, str]:
+    """Triton's cache-invalidating variables of this process (read by libtriton from the process env).
+
+    Asking libtriton imports Triton (about 0.1 s). With `layout`, the answer comes from the names
+    libtriton answered for before (`triton_env.py`) where it answered for every variable now set.
+    """
+    if layout is not None:
+        from .triton_env import remembered_triton_values
+
+        return remembered_triton_values(layout, remember)
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
     return dict(sorted(get_cache_invalidating_env_vars().items()))
 
 
-def fingerprint(environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE) -> Fingerprint:
-    """This process's fingerprint; `environ` overrides the registered variables' source (tests)."""
-    return Fingerprint(registered_values(environ, engine), triton_values())
+def fingerprint(
+    environ: Mapping[str, str] | None = None,
+    engine: str = DEFAULT_ENGINE,
+    layout: CacheLayout | None = None,
+    remember: bool = True,
+) -> Fingerprint:
+    """This process's fingerprint; `environ` overrides the registered variables' source (tests);
+    `layout` lets Triton's part come from what the cache remembers of libtriton's answers
+    (`remember` false: without adding to it)."""
+    return Fingerprint(registered_values(environ, engine), triton_values(layout, remember))
 
 
 def compute_hash(engine: str = DEFAULT_ENGINE) -> str:

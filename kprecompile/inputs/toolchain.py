@@ -11,6 +11,7 @@ digest of the sizes and modification times of every file it reads.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -68,13 +69,14 @@ def aiter_version() -> str | None:
     return _distribution_version("amd-aiter") or _distribution_version("aiter")
 
 
-def _triton_key_inputs(triton_dir: Path) -> list[Path]:
+def _triton_key_inputs(package: Path) -> list[Path]:
     """The files `triton_key()` reads (its own module, compiler, backends, language, libtriton)."""
-    files = [triton_dir / "runtime" / "cache.py"]
+    # Its `__init__.py` too: the memo is then also one of the version it declares.
+    files = [package / "__init__.py", package / "runtime" / "cache.py"]
     for sub in ("compiler", "backends", "language"):
-        for root, _, names in os.walk(triton_dir / sub):
+        for root, _, names in os.walk(package / sub):
             files += [Path(root) / name for name in names if name.endswith(".py")]
-    files += sorted((triton_dir / "_C").glob("libtriton.*"))
+    files += sorted((package / "_C").glob("libtriton.*"))
     return sorted(files)
 
 
@@ -87,19 +89,51 @@ def stat_digest(files: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def triton_dir() -> Path:
+    """Triton's package directory, found as `import triton` would find it, without importing it
+    (0.1 s that `verify` and a warm `warm` need not pay)."""
+    module = sys.modules.get("triton")
+    origin = getattr(module, "__file__", None)
+    if origin is None:
+        spec = importlib.util.find_spec("triton")
+        origin = spec.origin if spec is not None else None
+    if origin is None:
+        import triton  # not installed: its own ImportError
+
+        origin = triton.__file__
+    return Path(origin).parent
+
+
+def _declared_version(package: Path) -> str | None:
+    """`__version__` as Triton's `__init__.py` assigns it (a literal in every release from 3.5)."""
+    try:
+        match = _VERSION_LINE.search((package / "__init__.py").read_text(errors="replace"))
+    except OSError:
+        return None
+    return match.group(1) if match else None
+
+
+def triton_version() -> str:
+    """The Triton this process would import, its `__version__`."""
+    version = _declared_version(triton_dir())
+    if version is None:
+        import triton
+
+        version = triton.__version__
+    return version
+
+
 def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) -> str:
     """Triton's `triton_key()` (its version and the hashes of its files), remembered in the
-    cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s."""
-    import triton
-
-    triton_dir = Path(triton.__file__).parent
+    cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s. With the memo,
+    Triton is not even imported."""
     memo = None
     if layout is not None:
-        inputs = _triton_key_inputs(triton_dir)
+        inputs = _triton_key_inputs(triton_dir())
         memo = layout.toolchain_dir / f"{stat_digest(inputs)}.json"
         try:
             text = json.loads(memo.read_text())["triton_key_text"]
-            if _is_triton_key(text, triton.__version__, inputs):
+            if _is_triton_key(text, triton_version(), inputs):
                 return text
             logger.warning("ignoring a remembered Triton key that is not this Triton's (%s): computing it again", memo)
         except (OSError, ValueError, KeyError, TypeError):
@@ -130,6 +164,7 @@ def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_VERSION_LINE = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.MULTILINE)
 
 
 def triton_key_digest(layout: CacheLayout | None = None, remember: bool = True) -> str:
@@ -156,12 +191,10 @@ def current_toolchain(
 
     With `remember` false (verify), a Triton key computed here is not written to the cache.
     """
-    import triton
-
     return Toolchain(
-        triton_version=triton.__version__,
+        triton_version=triton_version(),
         triton_key=triton_key_digest(layout, remember),
-        triton_path=str(Path(triton.__file__).parent),
+        triton_path=str(triton_dir()),
         python=sys.implementation.cache_tag,
         torch_version=_distribution_version("torch"),
         aiter_version=aiter_version(),

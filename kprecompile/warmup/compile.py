@@ -8,6 +8,7 @@ cross-compile driver, the same path a serving process uses to load it.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,7 +20,6 @@ from ..cache.locks import hold_lock
 from ..inputs import settings
 from ..inputs.targets import TARGETS
 from ..platforms.triton_driver import active_target, device_model
-from ..shapes import FAMILIES
 from ..tracing.libraries import resolve_kernel
 from ..tracing.trace import ModuleSets
 
@@ -75,15 +75,23 @@ def _summarize(error: BaseException) -> str:
     return lines[-1] if lines else repr(error)
 
 
-# Library modules of every family, imported once per target in this process.
-LIBRARY_MODULES = tuple(dict.fromkeys(prefix for family in FAMILIES.values() for prefix in family.traced_modules))
-_MODULE_SETS = ModuleSets(LIBRARY_MODULES)
+@functools.cache
+def library_modules() -> tuple[str, ...]:
+    """Library modules of every family, imported once per target in this process."""
+    from ..shapes import FAMILIES
+
+    return tuple(dict.fromkeys(prefix for family in FAMILIES.values() for prefix in family.traced_modules))
+
+
+@functools.cache
+def _module_sets() -> ModuleSets:
+    return ModuleSets(library_modules())
 
 
 def _kernel(job: CompileJob) -> Any:
     """The job's JITFunction, from library modules imported for the job's target, as traced."""
     target = TARGETS[job.target]
-    with active_target(target), device_model(target), _MODULE_SETS.entered(target.name):
+    with active_target(target), device_model(target), _module_sets().entered(target.name):
         return resolve_kernel(job.kernel)
 
 

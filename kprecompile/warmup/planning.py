@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..cache.jobs import CompileJob
@@ -31,36 +31,12 @@ from ..tracing.trace import trace_calls
 from ..vllm.aiter_source import AITER_REPOSITORY, AiterIdentity, aiter_identity, aiter_pin
 from ..vllm.engine_config import remember_model_directory
 from ..vllm.releases import DEFAULT_RELEASE, TESTED_RELEASES, ReleaseLine, release_line, serving_capture_sizes
+from .family_plan import FamilyPlan
 
 logger = logging.getLogger(__name__)
 
 # Each planned family's shapes, in selection order.
 PlannedShapes = Mapping[FamilyName, tuple[Any, ...]]
-
-
-@dataclass(frozen=True)
-class FamilyPlan:
-    family: FamilyName
-    target: str
-    # Library calls enumerated for this family (one per shape record).
-    calls: int
-    # Unique kernels those calls compile.
-    kernels: int
-    parameters: dict[str, Any]
-    # Why this family is not compiled for this target (a known reason: its limits, a library
-    # this builder lacks, a prebuilt kernel), or None.
-    skip_reason: str | None = None
-    # The engine backend (or flag) that runs this family.
-    backend: str = ""
-    # Why planning this family failed (its trace raised), or None. A failed family makes the
-    # command fail, and its target is never recorded as warm.
-    error: str | None = None
-    # What this builder lacks to plan the family (`vllm==0.12.0`, `amd-aiter`), where that is why
-    # it is skipped: a warm that compiles nothing for that reason fails.
-    missing: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -218,13 +194,20 @@ def _nothing_for_lack(plans: list[FamilyPlan]) -> list[FamilyPlan]:
     ]
 
 
-def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: CacheLayout | None = None) -> Plan:
+def plan(
+    request: Request,
+    *,
+    shapes: PlannedShapes | None = None,
+    layout: CacheLayout | None = None,
+    on_jobs: Callable[[tuple[CompileJob, ...]], None] | None = None,
+) -> Plan:
     """Trace every selected family's calls on every target of the request.
 
     `shapes` defaults to `planned_shapes`. Families the engine runs but kprecompile does not
     compile are listed with the reason; a family whose trace failed, with its error (`Plan.failed`:
     the plan lacks its kernels; the rest is planned). `layout` is where Triton's toolchain key is remembered
-    between runs.
+    between runs. `on_jobs` is handed each family's new jobs as soon as it is traced (a warm's
+    workers compile them while the next family traces).
     """
     imports_started = time.perf_counter()
     model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
@@ -270,8 +253,10 @@ def plan(request: Request, *, shapes: PlannedShapes | None = None, layout: Cache
                 selection.vllm_release,
             )
             plans.append(family_plan)
-            for job in family_jobs:
-                jobs.setdefault(job.key, job)
+            new = tuple(job for job in family_jobs if job.key not in jobs)
+            jobs.update((job.key, job) for job in new)
+            if on_jobs is not None and new:
+                on_jobs(new)
         plans[first:] = _nothing_for_lack(plans[first:])
     return Plan(
         model=model.name,

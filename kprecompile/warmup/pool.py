@@ -3,7 +3,8 @@
 Jobs already in the cache are found in this process first; workers are started only for the
 rest, because starting them costs imports (torch and Triton: paid by each spawned worker, or
 once by a fork server where asked, `worker_start.py`); on a cold cache they are started early,
-so that this overlaps with the parent's tracing. Workers are never forked from this process
+from a thread of their own, and take each family's jobs as soon as it is traced, so that
+starting and compiling overlap with the parent's tracing. Workers are never forked from this process
 (Triton and torch do not survive fork once used).
 `pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the
 compiler) or overruns into a failed job while the pool replaces the worker and carries on.
@@ -16,9 +17,12 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from multiprocessing.context import BaseContext
 
 from ..cache.entries import is_compiled
 from ..cache.jobs import CompileJob
@@ -103,8 +107,9 @@ def refuse_in_worker_start() -> None:
 
 
 class CompilePool:
-    """Compile workers, started on demand: by `start()` before other work, so that their
-    start-up overlaps it, or by `compile()` with as many workers as jobs are missing."""
+    """Compile workers, started on demand: by `start()` before other work, so that their start-up
+    overlaps it, or by `compile()` with as many workers as jobs are missing. Jobs can be handed
+    over as they are known (`submit`), and `compile()` then waits for them with the rest."""
 
     def __init__(
         self,
@@ -121,27 +126,46 @@ class CompilePool:
         self.preload_modules = preload_modules
         self._pool = None
         self._ready = None
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
+        self._lock = threading.Lock()
+        # Every job handed over, by key: the cache it compiles into, and its future once scheduled
+        # (None while the workers start).
+        self._submitted: dict[str, tuple[CompileJob, CacheLayout, Future | None]] = {}
 
     def start(self, workers: int | None = None) -> CompilePool:
-        """Start the workers now (at most `max_workers`); their imports run while the caller works."""
+        """Start the workers (at most `max_workers`) beside the caller: they are created from a
+        thread of their own (with a fork server, after its imports), so that the caller goes on
+        tracing meanwhile; each takes this process's environment as it is now."""
+        refuse_in_worker_start()
+        if self._starting is None:
+            self.workers = max(1, min(self.max_workers, workers or self.max_workers))
+            arguments = (self.workers, worker_context(), (self.preload_modules, dict(os.environ)))
+            self._starting = threading.Thread(
+                target=self._create, args=arguments, name="kprecompile-workers", daemon=True
+            )
+            self._starting.start()
+        return self
+
+    def _create(self, workers: int, context: BaseContext, initargs: tuple) -> None:
         from pebble import ProcessPool
 
-        refuse_in_worker_start()
-        if self._pool is None:
-            self.workers = max(1, min(self.max_workers, workers or self.max_workers))
-            self._pool = ProcessPool(
-                max_workers=self.workers,
-                context=worker_context(),
-                initializer=_prepare_worker,
-                initargs=(self.preload_modules, dict(os.environ)),
-            )
-            # Scheduling starts the workers now; its result says a worker could start at all.
-            self._ready = self._pool.schedule(_worker_ready)
-        return self
+        try:
+            pool = ProcessPool(max_workers=workers, context=context, initializer=_prepare_worker, initargs=initargs)
+            # Scheduling creates the workers, here; its result says a worker could start at all.
+            ready = pool.schedule(_worker_ready)
+        except BaseException as error:  # said for every job by `_collect`
+            self._start_error = error
+            return
+        with self._lock:
+            self._pool, self._ready = pool, ready
+            waiting = [(job, layout) for job, layout, future in self._submitted.values() if future is None]
+        for job, layout in waiting:
+            self._schedule(job, layout)
 
     @property
     def started(self) -> bool:
-        return self._pool is not None
+        return self._starting is not None
 
     def __enter__(self) -> CompilePool:
         return self
@@ -150,10 +174,35 @@ class CompilePool:
         self.close()
 
     def close(self) -> None:
+        if self._starting is not None:
+            self._starting.join()
         if self._pool is not None:
             self._pool.stop()
             self._pool.join()
-            self._pool = self._ready = None
+        self._pool = self._ready = self._starting = self._start_error = None
+        self._submitted = {}
+
+    def submit(self, jobs: Sequence[CompileJob], damaged: frozenset[str] = frozenset()) -> None:
+        """Hand jobs to the workers now (each key once), without looking in the cache here first:
+        the worker does (`compile_job`). Starts the workers if they are not. `damaged` keys are
+        compiled into the writable root (see `compile`)."""
+        self.start()
+        writable = CacheLayout(self.layout.root)
+        with self._lock:
+            new = [
+                (job, writable if job.key in damaged else self.layout) for job in jobs if job.key not in self._submitted
+            ]
+            for job, layout in new:
+                self._submitted[job.key] = (job, layout, None)
+            scheduling = self._pool is not None
+        if scheduling:
+            for job, layout in new:
+                self._schedule(job, layout)
+
+    def _schedule(self, job: CompileJob, layout: CacheLayout) -> None:
+        future = self._pool.schedule(compile_job, args=(job, layout), timeout=self.job_timeout_seconds)
+        with self._lock:
+            self._submitted[job.key] = (job, layout, future)
 
     def compile(
         self,
@@ -162,33 +211,41 @@ class CompilePool:
         label: str = "compiling",
         damaged: frozenset[str] = frozenset(),
     ) -> tuple[JobOutcome, ...]:
-        """Compile every job not yet in the cache; one outcome per job, in job order. Checked in
-        this process first: no worker starts when nothing is missing. Keys in `damaged` are
-        looked up, and compiled, in the writable root only: their entries in read-only layers
-        failed their checks and must not count as cached."""
-        outcomes, missing = _check_cache(jobs, self.layout, damaged)
-        if missing:
-            if self.started and self.workers < min(self.max_workers, len(missing)):
+        """Compile every job not yet in the cache; one outcome per job, in job order. Jobs not
+        handed over before are checked in this process first: no worker starts when nothing is
+        missing. Keys in `damaged` are looked up, and compiled, in the writable root only: their
+        entries in read-only layers failed their checks and must not count as cached."""
+        handed = [job for job in jobs if job.key in self._submitted]
+        outcomes, missing = _check_cache([job for job in jobs if job.key not in self._submitted], self.layout, damaged)
+        wanted = handed + missing
+        if wanted:
+            needed = min(self.max_workers, len(wanted))
+            if self.started and self.workers < needed and not handed:
                 self.close()  # started small for an earlier target: start again, as large as needed
-            self.start(len(missing))
-            logger.info("compiling %d kernels with %d workers", len(missing), self.workers)
+            self.start(len(wanted))
+            self.submit(missing, damaged)
+            logger.info("compiling %d kernels with %d workers", len(wanted), self.workers)
             progress = progress or NoProgress()
-            progress.start(label, len(jobs), len(jobs) - len(missing))
+            progress.start(label, len(jobs), len(jobs) - len(wanted))
             try:
-                for outcome in self._run(missing, damaged):
+                for outcome in self._collect(wanted):
                     outcomes[outcome.job.key] = outcome
                     progress.advance()
             finally:
                 progress.finish()
         return tuple(outcomes[job.key] for job in jobs)
 
-    def _run(self, jobs: list[CompileJob], damaged: frozenset[str] = frozenset()) -> Iterator[JobOutcome]:
+    def _collect(self, jobs: list[CompileJob]) -> Iterator[JobOutcome]:
+        """Each job's outcome as its worker finishes it (every job handed over before)."""
         from concurrent.futures import as_completed
 
         from pebble import ProcessExpired
 
         waited = time.perf_counter()
+        self._starting.join()
         try:
+            if self._start_error is not None:
+                raise self._start_error
             pid = self._ready.result(timeout=WORKER_START_TIMEOUT_SECONDS)
             logger.info("first compile worker (pid %d) ready after %.2f s more", pid, time.perf_counter() - waited)
         except Exception as error:
@@ -207,13 +264,8 @@ class CompilePool:
             yield from (JobOutcome(job, "failed", 0.0, reason) for job in jobs)
             return
         timeout = self.job_timeout_seconds
-        writable = CacheLayout(self.layout.root)
-
-        def submit(job: CompileJob):
-            layout = writable if job.key in damaged else self.layout
-            return self._pool.schedule(compile_job, args=(job, layout), timeout=timeout)
-
-        futures = {submit(job): job for job in jobs}
+        with self._lock:
+            futures = {self._submitted[job.key][2]: job for job in jobs}
         for future in as_completed(futures):
             job = futures[future]
             try:

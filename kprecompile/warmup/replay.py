@@ -66,17 +66,18 @@ def replay(records: Sequence[Record], target: Target, planned: Collection[str], 
     """The compile jobs for `records` on `target`, except those whose key is in `planned`."""
     from ..tracing.libraries import resolve_kernel
     from ..tracing.trace import capturing
-    from .compile import LIBRARY_MODULES
+    from .compile import library_modules
 
     started = time.perf_counter()
     jobs: dict[str, CompileJob] = {}
     outcomes: dict[str, str] = {}
     skipped: Counter[str] = Counter()
-    packages = frozenset(module.partition(".")[0] for module in LIBRARY_MODULES)
+    modules = library_modules()
+    packages = frozenset(module.partition(".")[0] for module in modules)
     # The libraries' modules are imported anew for the target, as tracing does; a record's own
     # module is imported as it is (never matched by prefix: a record named `t:x` must not take
     # `triton` and `torch` out of the process).
-    with capturing(target, LIBRARY_MODULES, triton_key) as capture:
+    with capturing(target, modules, triton_key) as capture:
         for record in records:
             if record.triton_key in planned:
                 outcomes[record.triton_key] = PLANNED

@@ -2,7 +2,8 @@
 
 In-process and fast: the manifest key is recomputed from the live environment and toolchain
 (no torch, no tracing, no workers), its manifest read and every kernel's cache entry checked
-(sizes; checksums too with `deep`), and the configuration's journal for kernels serving
+(sizes; checksums too with `deep`; nothing more where every file's stat is that of the last whole
+check), and the configuration's journal for kernels serving
 processes compiled that no warm has compiled yet. Without a manifest for the key, the cache's other
 manifests for the same model, serving parameters, engine selection and target say what
 differs: the toolchain (Triton key, install path, Python, ptxas, versions) or a variable.
@@ -14,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from ..cache.checked import checked_before
 from ..cache.layout import CacheLayout
 from ..cache.manifest import job_problems, read_all_manifest_parts
 from ..inputs.targets import Target
@@ -85,9 +87,11 @@ def verify(request: Request, layout: CacheLayout, *, deep: bool = False) -> Veri
 def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, deep: bool) -> TargetVerdict:
     manifest = lookup.manifest
     if manifest is not None:
+        # Unchanged since a whole check passed (`cache/checked.py`): more than sizes would say.
+        unchanged = not deep and checked_before(layout, lookup.key, lookup.path, (job.key for job in manifest.jobs))
         problems = tuple(
             KernelProblem(job.kernel, job.describe_specialization(), job.key, problem.message)
-            for job, problem in job_problems(layout, manifest, deep)
+            for job, problem in ([] if unchanged else job_problems(layout, manifest, deep))
         )
         status: Status = "incomplete" if problems else "warm"
         if not problems:

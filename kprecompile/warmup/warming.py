@@ -15,8 +15,10 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from ..cache.checked import checked_before, entries_digest, remember_checked
 from ..cache.entries import has_entries, remove_entry
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
@@ -27,13 +29,16 @@ from ..inputs.targets import Target
 from ..inputs.toolchain import triton_key_text
 from ..progress import Progress
 from ..selection.request import Request
-from ..shapes import FAMILIES, FamilyName
+from ..shapes import FamilyName
 from ..wording import plural
 from .compile import JobOutcome, job_lock
+from .family_plan import FamilyPlan
 from .manifest_key import ManifestLookup, find_manifest
-from .planning import FamilyPlan, PlannedShapes, compiled_families, plan, planned_line, planned_shapes
 from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool, refuse_in_worker_start
 from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
+
+if TYPE_CHECKING:
+    from .planning import PlannedShapes
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +101,8 @@ class WarmReport:
 
 
 def _library_modules(families: Sequence[FamilyName]) -> tuple[str, ...]:
+    from ..shapes import FAMILIES
+
     return tuple(dict.fromkeys(prefix for name in families for prefix in FAMILIES[name].traced_modules))
 
 
@@ -103,12 +110,12 @@ def _build_launchers(request: Request, layout: CacheLayout, target: Target) -> i
     """On a host with `target`'s GPU, load every kernel once so that Triton builds and caches its
     launcher and driver utility modules (built with the host compiler, and needing the GPU's
     driver): a serving process then only loads them. Returns how many kernels were loaded."""
-    from triton import knobs
-
     from .preload import is_local_gpu, preload
 
     if not is_local_gpu(target):
         return 0
+    from triton import knobs
+
     with knobs.cache.scope():
         knobs.cache.dir = str(layout.triton_dir)
         report = preload(request, layout, target=target, launchers=True)
@@ -166,6 +173,7 @@ def _without_failed_replays(
 def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Manifest | None, frozenset[str]]:
     """The manifest when every kernel it lists is intact (checksums included), else None.
 
+    Files whose stats are those of the last whole check are not hashed again (`cache/checked.py`).
     Entries that no longer match their record (truncated, altered) are deleted under their
     lock where they are writable, so that this warm compiles them again; returns their keys
     (an entry in a read-only layer stays, and its kernel is compiled into the writable root).
@@ -173,8 +181,13 @@ def _warm_from_manifest(layout: CacheLayout, lookup: ManifestLookup) -> tuple[Ma
     manifest = lookup.manifest
     if manifest is None:
         return None, frozenset()
+    keys = [job.key for job in manifest.jobs]
+    if checked_before(layout, lookup.key, lookup.path, keys):
+        return manifest, frozenset()
+    before = entries_digest(layout, keys)
     problems = job_problems(layout, manifest, deep=True)
     if not problems:
+        remember_checked(layout, lookup.key, lookup.path, before)
         return manifest, frozenset()
     damaged = set()
     for job, problem in problems:
@@ -206,8 +219,17 @@ def warm(
     """
     refuse_in_worker_start()
     started = time.perf_counter()
-    # Shapes first: every input error surfaces before anything is written.
-    shapes = planned_shapes(request.model, request.serving, request.selection)
+    # A cache that exists takes the toolchain's memos now; a new one once the inputs are checked.
+    remember = layout.root.is_dir()
+    lookups = [find_manifest(request, target, layout, remember=remember) for target in request.targets]
+    # Shapes first: every input error surfaces before anything is written. A manifest of this
+    # key was written by this kprecompile from these same inputs: where every target has one,
+    # they are valid and planning (importing every family) waits until a target needs it.
+    shapes = None
+    if any(lookup.manifest is None for lookup in lookups):
+        from .planning import planned_shapes
+
+        shapes = planned_shapes(request.model, request.serving, request.selection)
     # Held while warming: `cache prune` never deletes what this warm is writing (`cache/usage.py`).
     with using(layout):
         tag_cache_dir(layout)
@@ -215,8 +237,10 @@ def warm(
         remove_stale_staging(layout)
         run = _WarmRun(request, layout, shapes, max_workers, job_timeout_seconds, progress, rank, ranks)
         try:
-            for target in request.targets:
-                run.warm_target(target, recorded)
+            for target, lookup in zip(request.targets, lookups, strict=True):
+                if lookup.manifest is None and not remember:
+                    lookup = find_manifest(request, target, layout)
+                run.warm_target(target, recorded, lookup)
         finally:
             run.close()
         return run.report(started)
@@ -230,14 +254,14 @@ class _WarmRun:
         self,
         request: Request,
         layout: CacheLayout,
-        shapes: PlannedShapes,
+        shapes: PlannedShapes | None,
         max_workers: int | None,
         job_timeout_seconds: float,
         progress: Progress | None,
         rank: int,
         ranks: int,
     ) -> None:
-        self.request, self.layout, self.shapes = request, layout, shapes
+        self.request, self.layout, self._shapes = request, layout, shapes
         self.max_workers, self.job_timeout_seconds = max_workers, job_timeout_seconds
         self.progress, self.rank, self.ranks = progress, rank, ranks
         self.pool: CompilePool | None = None
@@ -247,17 +271,27 @@ class _WarmRun:
         self.trace_seconds = self.compile_seconds = 0.0
         self.replaced = self.launchers = self.workers = 0
 
-    def warm_target(self, target: Target, recorded: bool) -> None:
-        """The module's steps for one target: check the manifest, plan (or reuse its plan), replay
-        the journal's records, compile what is missing, write the manifest."""
-        lookup = find_manifest(self.request, target, self.layout)
+    @property
+    def shapes(self) -> PlannedShapes:
+        """Every family's shapes, planned on first need (inputs a manifest vouched for)."""
+        if self._shapes is None:
+            from .planning import planned_shapes
+
+            request = self.request
+            self._shapes = planned_shapes(request.model, request.serving, request.selection)
+        return self._shapes
+
+    def warm_target(self, target: Target, recorded: bool, lookup: ManifestLookup) -> None:
+        """The module's steps for one target (its manifest looked up): check the manifest, plan
+        (or reuse its plan), replay the journal's records, compile what is missing, write the
+        manifest."""
         records = recorded_here(self.layout, lookup, target) if recorded else []
         manifest, damaged = _warm_from_manifest(self.layout, lookup)
         self.replaced += len(damaged)
         if manifest is not None and not unsettled(records, manifest):
             self._already_warm(target, lookup, manifest)
             return
-        planned_jobs, families = self._planned(target, manifest)
+        planned_jobs, families = self._planned(target, manifest, damaged)
         replayed = None
         if records:
             replayed = replay(records, target, {job.key for job in planned_jobs}, triton_key_text(self.layout))
@@ -279,12 +313,17 @@ class _WarmRun:
         self.manifests.append(str(lookup.path))
         self.launchers += _build_launchers(self.request, self.layout, target)
 
-    def _planned(self, target: Target, manifest: Manifest | None) -> tuple[tuple[CompileJob, ...], list[FamilyPlan]]:
+    def _planned(
+        self, target: Target, manifest: Manifest | None, damaged: frozenset[str]
+    ) -> tuple[tuple[CompileJob, ...], list[FamilyPlan]]:
         """The target's planned jobs and family rows: traced, or, when the manifest is warm but
-        for new records, the manifest's own (untraced)."""
+        for new records, the manifest's own (untraced). Where the workers were started before
+        the trace, each family's jobs go to them as it is traced."""
         if manifest is not None:
             jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
             return jobs, [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
+        from .planning import compiled_families, plan, planned_line
+
         request = self.request
         compiled_here = compiled_families(
             request.model, request.serving, self.shapes, target, planned_line(request.selection)
@@ -297,7 +336,11 @@ class _WarmRun:
                 self.pool.start()
         if self.progress is not None:
             self.progress.status(f"{request.model.name} on {target.name}", "tracing the engine's calls")
-        target_plan = plan(request.on(target), shapes=self.shapes, layout=self.layout)
+        # Ranks split the job list between them (`_compile`), which a stream would not.
+        streaming = self.pool is not None and self.pool.started and not damaged and self.ranks == 1
+        target_plan = plan(
+            request.on(target), shapes=self.shapes, layout=self.layout, on_jobs=self.pool.submit if streaming else None
+        )
         self.trace_seconds += target_plan.trace_seconds
         return target_plan.jobs, list(target_plan.families)
 
@@ -328,6 +371,10 @@ class _WarmRun:
     ) -> None:
         """Last, once every kernel compiled: the manifest that makes the target warm."""
         model = self.request.model
+        # The stats of the files before they are hashed for the manifest: where none changed
+        # meanwhile, the next warm need not hash them again.
+        keys = [job.key for job in jobs]
+        before = entries_digest(self.layout, keys)
         manifest = Manifest(
             lookup.key,
             lookup.parts,
@@ -337,7 +384,10 @@ class _WarmRun:
             {"name": model.name, "source": model.source},
             replayed.outcomes if replayed else {},
         )
-        self.manifests.append(write_manifest(self.layout, manifest))
+        path = write_manifest(self.layout, manifest)
+        self.manifests.append(path)
+        if before == entries_digest(self.layout, keys):
+            remember_checked(self.layout, lookup.key, Path(path), before)
         self.launchers += _build_launchers(self.request, self.layout, target)
 
     def _new_pool(self, families: Sequence[FamilyName]) -> CompilePool:
