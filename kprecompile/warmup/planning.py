@@ -223,6 +223,7 @@ def plan(
         triton_key = triton_key_text(layout)
     started = time.perf_counter()
     import_seconds = started - imports_started
+    logger.info("shapes, torch, Triton and the toolchain's key in %.2f s", import_seconds)
     plans: list[FamilyPlan] = []
     jobs: dict[str, CompileJob] = {}
     line = planned_line(selection)

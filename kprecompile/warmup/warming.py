@@ -374,6 +374,7 @@ class _WarmRun:
         # The stats of the files before they are hashed for the manifest: where none changed
         # meanwhile, the next warm need not hash them again.
         keys = [job.key for job in jobs]
+        started = time.perf_counter()
         before = entries_digest(self.layout, keys)
         manifest = Manifest(
             lookup.key,
@@ -388,6 +389,9 @@ class _WarmRun:
         self.manifests.append(path)
         if before == entries_digest(self.layout, keys):
             remember_checked(self.layout, lookup.key, Path(path), before)
+        logger.info(
+            "manifest of %d kernels (every file hashed) written in %.2f s", len(jobs), time.perf_counter() - started
+        )
         self.launchers += _build_launchers(self.request, self.layout, target)
 
     def _new_pool(self, families: Sequence[FamilyName]) -> CompilePool:
@@ -400,7 +404,9 @@ class _WarmRun:
 
     def close(self) -> None:
         if self.pool is not None:
+            started = time.perf_counter()
             self.pool.close()
+            logger.info("compile workers stopped in %.2f s", time.perf_counter() - started)
 
     def report(self, started: float) -> WarmReport:
         model = self.request.model
