@@ -69,6 +69,15 @@ jobs = trace_calls([sample_call("launch_add", 100, 32)], TARGETS["sm90"], "sampl
 for workers in (1, 2):
     [outcome] = pool.compile_jobs(jobs, CacheLayout.of({cache!r}), max_workers=workers)
     print(workers, outcome.status, outcome.error)
+# Jobs handed over as a warm traces them, while and after the workers fail to start.
+import time
+with pool.CompilePool(CacheLayout.of({cache!r}), max_workers=2) as streaming:
+    streaming.submit(jobs)
+    time.sleep(5)
+    more = trace_calls([sample_call("launch_add", 100, 64)], TARGETS["sm90"], "sample", (SAMPLE_MODULE,)).jobs
+    streaming.submit(more)
+    for outcome in streaming.compile([*jobs, *more]):
+        print("streamed", outcome.status, outcome.error)
 """
 
 
@@ -81,7 +90,7 @@ def test_workers_that_cannot_start_fail_the_jobs_instead_of_hanging(tmp_path):
     script = STDIN_SCRIPT.format(tests=str(Path(__file__).parent), cache=str(tmp_path))
     result = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=300)
     lines = result.stdout.strip().splitlines()
-    assert [line.split()[0] for line in lines] == ["1", "2"], result.stderr[-2000:]
+    assert [line.split()[0] for line in lines] == ["1", "2", "streamed", "streamed"], result.stderr[-2000:]
     for line in lines:
         assert line.split(maxsplit=1)[1].startswith("failed compile workers could not start ("), line
         assert line.endswith("); their own error is on stderr")

@@ -200,7 +200,11 @@ class CompilePool:
                 self._schedule(job, layout)
 
     def _schedule(self, job: CompileJob, layout: CacheLayout) -> None:
-        future = self._pool.schedule(compile_job, args=(job, layout), timeout=self.job_timeout_seconds)
+        try:
+            future = self._pool.schedule(compile_job, args=(job, layout), timeout=self.job_timeout_seconds)
+        except Exception as error:  # the pool broke (its workers could not start): the job's outcome
+            future = Future()
+            future.set_exception(error)
         with self._lock:
             self._submitted[job.key] = (job, layout, future)
 
