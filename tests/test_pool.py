@@ -109,7 +109,10 @@ def test_workers_take_the_environment_the_pool_starts_with(tmp_path, monkeypatch
 
 
 def test_workers_fork_from_the_server_where_asked_unless_the_path_changed(monkeypatch):
-    assert worker_context().get_start_method() == "spawn"  # the default
+    monkeypatch.delenv(settings.WORKER_START.name, raising=False)
+    assert worker_context().get_start_method() == "forkserver"  # the default
+    monkeypatch.setenv(settings.WORKER_START.name, "spawn")
+    assert worker_context().get_start_method() == "spawn"
     monkeypatch.setenv(settings.WORKER_START.name, "forkserver")
     assert worker_context().get_start_method() == "forkserver"
     monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])

@@ -137,8 +137,8 @@ WORKER_START = Setting(
     "KPRECOMPILE_WORKER_START",
     "one of " + ", ".join(WORKER_STARTS),
     _worker_start,
-    lambda: "spawn",
-    "how compile workers start: each spawned, or forked from one process that imported torch and Triton",
+    lambda: "forkserver",
+    "how compile workers start: forked from one process that imported torch and Triton, or each spawned",
 )
 SIGNING_KEY = Setting(
     "KPRECOMPILE_SIGNING_KEY",

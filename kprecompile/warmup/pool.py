@@ -1,8 +1,8 @@
 """The compile worker pool: every missing job compiled once, in parallel, each in isolation.
 
 Jobs already in the cache are found in this process first; workers are started only for the
-rest, because starting them costs imports (torch and Triton: paid by each spawned worker, or
-once by a fork server where asked, `worker_start.py`); on a cold cache they are started early,
+rest, because starting them costs imports (torch and Triton: paid once by a fork server, or by
+each spawned worker where asked, `worker_start.py`); on a cold cache they are started early,
 from a thread of their own, and take each family's jobs as soon as it is traced, so that
 starting and compiling overlap with the parent's tracing. Workers are never forked from this process
 (Triton and torch do not survive fork once used).
@@ -73,13 +73,14 @@ def _worker_ready() -> int:
     return os.getpid()
 
 
-# Spawned workers re-import the caller's script (Python's `spawn` start method): a script that
-# calls `kprecompile.warm` outside `if __name__ == "__main__":` calls it again in every worker.
+# Workers re-import the caller's script (multiprocessing prepares forked and spawned ones alike):
+# a script that calls `kprecompile.warm` outside `if __name__ == "__main__":` calls it again in
+# every worker.
 _GUARD = '`if __name__ == "__main__":`'
 
 
 def _reimported_script() -> str | None:
-    """The script a spawned worker re-imports before running anything: the main module when it
+    """The script a worker re-imports before running anything: the main module when it
     was run by path (`python script.py`, not `python -m`), else None."""
     main = sys.modules.get("__main__")
     if main is None or getattr(main.__spec__, "name", None) is not None:

@@ -1,5 +1,6 @@
-"""How compile workers start: spawned (the default), or, with KPRECOMPILE_WORKER_START=forkserver,
-forked from one server process that imported torch, Triton and kprecompile's compile path once.
+"""How compile workers start: forked from one server process that imported torch, Triton and
+kprecompile's compile path once (the default), or spawned, each importing them itself
+(KPRECOMPILE_WORKER_START=spawn, and wherever Python has no fork server).
 
 A spawned worker pays about 2.5 s of CPU in imports before its first job (docs/design.md, fact
 8); sixteen of them pay it sixteen times, beside the parent's tracing. Python's `forkserver`
@@ -12,11 +13,12 @@ script's `__main__` guard is needed either way.
 The server lives as long as this process and keeps the `sys.path` it started with: a process
 whose path changed since (another engine release put first, `engine install`'s `use_engine`)
 spawns its workers instead, so that they import what the parent would. Each worker takes the
-parent's environment as it is when the pool starts (`pool._prepare_worker`).
-Measured (BENCHMARKS.md): the server saves CPU, 1.17x on the 2-core builder, but on the 16-core
-H200 host a cold DeepSeek-R1 TP8 warm took 3 to 5 s longer with it: pebble creates the workers
-from the caller's thread, which then waits for the server's imports instead of tracing. Hence
-spawn by default until the pool starts them beside the trace.
+parent's environment as it is when the pool starts (`pool._prepare_worker`). The pool creates
+its workers from a thread of its own, so the parent traces while the server imports.
+Measured (BENCHMARKS.md), DeepSeek-R1 TP8 cold on the 16-core H200 host: 13.4 s forked against
+17.5 s spawned; on the 2-core builder forked workers saved 1.17x. Before the pool started its
+workers beside the trace, forking was 3 to 5 s slower on 16 cores: the parent waited for the
+server's imports instead of tracing.
 """
 
 from __future__ import annotations
