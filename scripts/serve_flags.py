@@ -3,6 +3,7 @@ and how many values each reads, from each release's own parser. A builder withou
 pasted `vllm serve` line against it (`kprecompile/inputs/serve_line.py`).
 
     python scripts/serve_flags.py [--dest .vllm] [VERSION ...]   (default: every release in --dest)
+    python scripts/serve_flags.py --add VERSION ...   (into the table as it is: the release matrix)
 
 Each release is read in a process of its own, from `<dest>/<version>` (scripts/install_vllm.py
 installs them). A flag in any of them is in the table: a line pasted from an older release's
@@ -42,18 +43,30 @@ def release_flags(directory: Path) -> dict[str, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dest", type=Path, default=ROOT / ".vllm")
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="add the releases to the table as it is (a release older than its newest adds only new flags)",
+    )
     parser.add_argument("versions", nargs="*")
     arguments = parser.parse_args()
     versions = arguments.versions or [p.name for p in arguments.dest.iterdir() if (p / "vllm").is_dir()]
     versions = sorted(versions, key=Version)
     flags: dict[str, str] = {}
+    known: list[str] = []
+    if arguments.add:
+        table = json.loads(TABLE.read_text())
+        flags, known = dict(table["flags"]), list(table["releases"])
+    newest = max(known, key=Version, default=None)
     for version in versions:  # oldest first: the newest release's arity wins
         read = release_flags(arguments.dest / version)
+        older = newest is not None and Version(version) < Version(newest)
         for flag, arity in read.items():
             if flags.get(flag, arity) != arity:
                 print(f"{flag}: {flags[flag]} values before {version}, {arity} from it", file=sys.stderr)
-        flags.update(read)
+        flags.update({flag: arity for flag, arity in read.items() if not (older and flag in flags)})
         print(f"vLLM {version}: {len(read)} flags", file=sys.stderr)
+    versions = sorted(set(known) | set(versions), key=Version)
     document = {"releases": versions, "flags": dict(sorted(flags.items()))}
     TABLE.write_text(json.dumps(document, indent=1) + "\n")
     print(f"{TABLE}: {len(flags)} flags of vLLM {', '.join(versions)}", file=sys.stderr)
