@@ -334,9 +334,11 @@ def test_block_fp8_linear_keys_and_coverage(block_fp8_linear, release):
     else:
         assert choices["gfx950 aiter=1"] is None and "e4m3fnuz" in choices["gfx942 aiter=1"]
     keys = document["keys"]
-    # vLLM's eager group quantization on ROCm is its Triton kernel in 0.12.0 and 0.13.0; 0.18.1 and
-    # later run none of Triton's here (0.14 to 0.17 not run).
-    quantization = [] if since(release, "0.18") else ["_per_token_group_quant_fp8"]
+    # vLLM's eager group quantization on ROCm is its Triton kernel up to 0.15 (`QuantFP8.forward_hip`
+    # falls back to `forward_cuda`, whose `per_token_group_quant_fp8` launches Triton off CUDA); from
+    # 0.16 `forward_hip` quantizes groups natively (torch) unless asked for Triton or AITER's
+    # (input_quant_fp8.py; run: 0.15.1 Triton, 0.17.1 none).
+    quantization = [] if since(release, "0.16") else ["_per_token_group_quant_fp8"]
     assert keys["eager quantization"]["kernels"] == [*quantization, "_w8a8_triton_block_scaled_mm"]
     assert keys["eager quantization"]["traced"][:1] == keys["eager quantization"]["launched"]
     for row in ("gemm default config", "gemm MI300X table"):
