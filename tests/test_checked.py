@@ -47,10 +47,14 @@ def flipped(data: bytes) -> bytes:
 
 
 def refuse_hashing(monkeypatch) -> None:
+    """Any file hashed by a check (the cache's) or by a server (`served.py`) fails the test."""
+    from kprecompile.cache import served
+
     def hashed(path):
         raise AssertionError(f"{path} was hashed")
 
     monkeypatch.setattr(entries, "sha256_file", hashed)
+    monkeypatch.setattr(served, "sha256_file", hashed)
 
 
 def test_a_warm_warm_hashes_nothing_until_a_file_changes(warm_copy, monkeypatch):
@@ -149,3 +153,30 @@ def test_a_warm_warm_and_verify_import_neither_triton_nor_torch(warm_copy):
         memo.unlink()
     assert imported("warm") == ["triton"]
     assert imported("warm") == [] and imported("verify") == []
+
+
+def test_a_server_takes_files_unchanged_since_the_whole_check_at_a_stat_each(warm_copy, monkeypatch):
+    from kprecompile.cache import served
+    from kprecompile.cache.checked import checked_files
+    from kprecompile.cache.entries import group_children, group_file
+
+    layout = warm_copy
+    assert warm(request(), layout).ok  # the memo of a whole check of this copy
+    lookup = baked_manifest(layout, GFX942)
+    files = served.ServedFiles()
+    files.record(lookup.manifest)
+    checked = checked_files(layout, lookup.key, lookup.path, (job.key for job in lookup.manifest.jobs))
+    assert checked is not None
+    files.checked(checked)
+    entry = layout.triton_entry(lookup.manifest.jobs[0].key)
+    children = group_children(entry, group_file(entry).name)
+    with monkeypatch.context() as patched:
+        refuse_hashing(patched)
+        assert files.problem(entry.name, children, [layout.manifests_dir]) is None
+        # The control: the binary rewritten in place (its size and modification time kept) is hashed.
+        [binary] = entry.glob("*.hsaco")
+        rewrite_in_place(binary, flipped(binary.read_bytes()))
+        with pytest.raises(AssertionError, match="was hashed"):
+            files.problem(entry.name, children, [layout.manifests_dir])
+    problem = files.problem(entry.name, children, [layout.manifests_dir])
+    assert problem == "its files' checksums are not the ones recorded"

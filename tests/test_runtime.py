@@ -79,10 +79,17 @@ def _binary_of_first_job(cache_dir):
 
 
 @pytest.mark.slow
-def test_a_binary_altered_in_place_is_not_loaded_but_compiled_again(cache_copy):
+@pytest.mark.parametrize("checked", [False, True], ids=["copied", "checked-by-a-warm"])
+def test_a_binary_altered_in_place_is_not_loaded_but_compiled_again(cache_copy, checked):
     """Same size, other bytes: `verify` without --deep cannot see it; the serving process checks
-    the sha256 of what it loads, compiles that kernel again, and says which entry it refused."""
+    the sha256 of what it loads, compiles that kernel again, and says which entry it refused.
+    Also where a warm checked every file whole just before (its memo then vouches for files by
+    their stat, and the altered one's stat changed)."""
     cache_dir, kernels = cache_copy
+    if checked:
+        from kprecompile.warmup.warming import warm
+
+        assert warm(Request(MODEL, SERVING, select(MODEL), (TARGETS["gfx942"],)), CacheLayout.of(cache_dir)).ok
     binary = _binary_of_first_job(cache_dir)
     data = bytearray(binary.read_bytes())
     data[len(data) // 2] ^= 0xFF

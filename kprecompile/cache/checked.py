@@ -40,11 +40,20 @@ def checked_memo(layout: CacheLayout, manifest_key: str) -> Path:
     return layout.manifests_dir / f"{manifest_key}{CHECKED_SUFFIX}"
 
 
-def _stat_line(path: str, status: os.stat_result) -> bytes:
+def stat_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What a file's stat says of its content: any write through the file system changes it."""
     return (
-        f"{path}\0{status.st_dev}\0{status.st_ino}\0{status.st_mode}\0{status.st_size}\0"
-        f"{status.st_mtime_ns}\0{status.st_ctime_ns}\n"
-    ).encode()
+        status.st_dev,
+        status.st_ino,
+        status.st_mode,
+        status.st_size,
+        status.st_mtime_ns,
+        status.st_ctime_ns,
+    )
+
+
+def _stat_line(path: str, status: os.stat_result) -> bytes:
+    return (path + "\0" + "\0".join(map(str, stat_identity(status))) + "\n").encode()
 
 
 def manifest_stats(manifest_path: Path) -> str | None:
@@ -56,11 +65,13 @@ def manifest_stats(manifest_path: Path) -> str | None:
     return hashlib.sha256(_stat_line(str(manifest_path), status)).hexdigest()
 
 
-def entries_digest(layout: CacheLayout, keys: Iterable[str]) -> str | None:
+def entries_stats(layout: CacheLayout, keys: Iterable[str]) -> tuple[str | None, dict[str, tuple[int, ...]]]:
     """One digest of the stat of every file of the entries for `keys`, each entry where Triton
-    would find it (the first root whose entry has its group file); None when one is missing
-    (nothing to remember: the check says why)."""
+    would find it (the first root whose entry has its group file), and each file's
+    `stat_identity` by path; (None, ...) when one is missing (nothing to remember: the check
+    says why)."""
     digest = hashlib.sha256()
+    identities: dict[str, tuple[int, ...]] = {}
     triton_dirs = [str(layout.bucket(Bucket.TRITON, root)) for root in layout.roots]
     for key in keys:
         name = triton_entry_name(key)
@@ -74,14 +85,21 @@ def entries_digest(layout: CacheLayout, keys: Iterable[str]) -> str | None:
             if any(item.name.startswith(GROUP_PREFIX) for item in files):
                 break
         else:
-            return None
+            return None, {}
         digest.update(f"{key}\0{entry}\n".encode())
         try:
             for item in files:
-                digest.update(_stat_line(item.name, item.stat(follow_symlinks=False)))
+                status = item.stat(follow_symlinks=False)
+                digest.update(_stat_line(item.name, status))
+                identities[item.path] = stat_identity(status)
         except OSError:
-            return None
-    return digest.hexdigest()
+            return None, {}
+    return digest.hexdigest(), identities
+
+
+def entries_digest(layout: CacheLayout, keys: Iterable[str]) -> str | None:
+    """The digest part of `entries_stats`."""
+    return entries_stats(layout, keys)[0]
 
 
 def _memo(layout: CacheLayout, manifest_key: str) -> str:
@@ -103,10 +121,19 @@ def manifest_checked_before(layout: CacheLayout, manifest_key: str, manifest_pat
 def checked_before(layout: CacheLayout, manifest_key: str, manifest_path: Path, keys: Iterable[str]) -> bool:
     """Whether the manifest and every file of its entries (`keys`) have exactly the stats they had
     when they last passed a whole check."""
+    return checked_files(layout, manifest_key, manifest_path, keys) is not None
+
+
+def checked_files(
+    layout: CacheLayout, manifest_key: str, manifest_path: Path, keys: Iterable[str]
+) -> dict[str, tuple[int, ...]] | None:
+    """Every file of the entries (`keys`) by path with its `stat_identity`, where these and the
+    manifest's are the stats of the last whole check; else None."""
     memo = _memo(layout, manifest_key)
     if not memo or memo[:64] != manifest_stats(manifest_path):
-        return False
-    return memo[64:] == entries_digest(layout, keys)
+        return None
+    digest, identities = entries_stats(layout, keys)
+    return identities if digest is not None and memo[64:] == digest else None
 
 
 def remember_checked(layout: CacheLayout, manifest_key: str, manifest_path: Path, entries: str | None) -> None:

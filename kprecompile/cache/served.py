@@ -6,7 +6,9 @@ was compiled (the same file names, each a regular file of the recorded size and 
 files this process wrote itself (kernels compiled while serving) are served as written. An
 entry no manifest records, or whose files do not match, is not served: Triton compiles the
 kernel again into the writable cache. Checking costs one sha256 per kernel, once per process
-(Triton keeps what it loaded in memory).
+(Triton keeps what it loaded in memory); a stat per file where `preload` found every file of
+its configuration with the stats of the last whole check (`checked.py`: a warm's, which hashed
+them all), since no write leaves a file's stat as it was.
 
 Manifests are read when needed: `preload` hands over the configuration's manifest; an entry
 of another configuration makes this read the manifests of every root once more (new files
@@ -22,6 +24,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from .checked import stat_identity
 from .files import sha256_file
 from .layout import triton_entry_name
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
@@ -40,6 +43,9 @@ class ServedFiles:
         self._written: set[str] = set()
         self._read_manifests: set[Path] = set()
         self._warned: set[str] = set()
+        # Files a whole check found as their own manifest records them (`checked.py`), by path:
+        # their stat then. Unchanged since, they are not hashed again.
+        self._checked: dict[str, tuple[int, ...]] = {}
         self._lock = threading.Lock()
 
     def record(self, manifest: Manifest, own: bool = True) -> None:
@@ -53,6 +59,12 @@ class ServedFiles:
                     records = table.setdefault(triton_entry_name(job_key), [])
                     if record not in records:
                         records.append(record)
+
+    def checked(self, identities: dict[str, tuple[int, ...]]) -> None:
+        """Files of the configurations this process serves that passed a whole check with these
+        stats (`checked.checked_files`, read after the memo matched)."""
+        with self._lock:
+            self._checked.update(identities)
 
     def wrote(self, path: str | os.PathLike[str]) -> None:
         """A file this process wrote into the writable cache."""
@@ -77,6 +89,8 @@ class ServedFiles:
         candidates = [record for record in records if set(record) == set(names)]
         if not candidates:
             return "its files are not the ones its manifest records"
+        if entry_name in self._own and self._unchanged_since_checked(names.values()):
+            return None
         digests = {}
         for name, path in names.items():
             try:
@@ -91,6 +105,12 @@ class ServedFiles:
         if any(all(record[name][1] == digests[name] for name in names) for record in candidates):
             return None
         return "its files' checksums are not the ones recorded"
+
+    def _unchanged_since_checked(self, paths: Iterable[str]) -> bool:
+        try:
+            return all(self._checked.get(path) == stat_identity(os.lstat(path)) for path in paths)
+        except OSError:
+            return False
 
     def warn_once(self, entry: str, problem: str) -> None:
         with self._lock:

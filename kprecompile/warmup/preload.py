@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..cache.checked import checked_files
 from ..cache.layout import CacheLayout
 from ..cache.served import SERVED
 from ..cache.usage import mark_used, using_if_possible
@@ -67,6 +68,10 @@ def preload(
     if manifest is None:
         raise NotWarmError(request.model.name, target.name, str(layout.root))
     SERVED.record(manifest)
+    # Files unchanged since a warm hashed them all are served at a stat each (`cache/checked.py`).
+    checked = checked_files(layout, lookup.key, lookup.path, (job.key for job in manifest.jobs))
+    if checked is not None:
+        SERVED.checked(checked)
     counter = _ListenerCounter()
     failures = []
     context = contextlib.nullcontext() if on_gpu else active_target(target)
