@@ -10,12 +10,15 @@
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
                                    the jobs that configuration needs, file checksums, and the
                                    checksum of the whole document; written last
+        <manifest key>.served      touched when a server preloads it (cache/usage.py)
+        <manifest key>.checked     the stats of the last whole check (cache/checked.py)
       journals-v1/
         <journal key>.jsonl        kernels serving processes compiled beyond the plan, one record per
                                    line, for the next warm to compile (cache/journal.py)
       aiter-jit-v1/                AITER_JIT_DIR once activated: AITER's own JIT-built HIP modules
       toolchain-v1/
         <stat digest>.json         memo of Triton's toolchain hash (hashing libtriton is slow)
+        triton-env-<digest>.json   which set variables libtriton lists as cache-invalidating
       bundle.json, bundle.sig      a bundle's index and its signature (cache/bundle.py, cache/signing.py)
       .kprecompile-bake            in a bundle `bake` writes into (cache/bundle.py)
       .import-<id>/                an import unpacking (cache/staging.py): removed when it ends, or
