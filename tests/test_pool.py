@@ -115,6 +115,8 @@ def test_workers_fork_from_the_server_where_asked_unless_the_path_changed(monkey
     assert worker_context().get_start_method() == "spawn"
     monkeypatch.setenv(settings.WORKER_START.name, "forkserver")
     assert worker_context().get_start_method() == "forkserver"
+    # A caller's own choice wins (a serving process's `prepare` spawns).
+    assert worker_context("spawn").get_start_method() == "spawn"
     monkeypatch.setattr(sys, "path", [*sys.path, "/elsewhere"])
     assert worker_context().get_start_method() == "spawn"  # the server would import other modules
     monkeypatch.undo()

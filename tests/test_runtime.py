@@ -195,8 +195,10 @@ model = load_model("deepseek-v2-lite")
 report = prepare(model, ServingParams(max_num_seqs=4), cache_dir=sys.argv[1], target=TARGETS["gfx942"],
                  selection=select(model, environ={}, families=["fp8_bmm"]), rank=int(sys.argv[2]),
                  local_world_size=int(sys.argv[3]), monitor=False)
+# A fork server would outlive the warm by this serving process's whole life: the hook spawns.
+from multiprocessing import forkserver
 print(json.dumps({"compiled": report.warm.compiled if report.warm else 0, "kernels": report.preload.kernels,
-                  "loaded": report.preload.loaded}))
+                  "loaded": report.preload.loaded, "fork_server": forkserver._forkserver._forkserver_pid}))
 """
 
 
@@ -217,6 +219,7 @@ def test_tensor_parallel_ranks_share_one_warm(tmp_path):
     kernels = results[0]["kernels"]
     assert sum(result["compiled"] for result in results) == kernels
     assert all(result["loaded"] == result["kernels"] == kernels for result in results)
+    assert [result["fork_server"] for result in results] == [None] * ranks
 
 
 def test_a_group_file_that_swaps_two_files_is_not_served(cache_copy):

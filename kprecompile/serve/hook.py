@@ -82,6 +82,8 @@ def prepare(
             progress=(ProgressBar() if sys.stderr.isatty() else ProgressLines()) if rank == 0 else None,
             rank=rank,
             ranks=ranks,
+            # A fork server would outlive the warm by the whole life of this serving process.
+            worker_start="spawn",
         )
         if warm_report.failed:
             logger.warning(

@@ -27,6 +27,7 @@ from multiprocessing.context import BaseContext
 from ..cache.entries import is_compiled
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
+from ..inputs.settings import WorkerStart
 from ..progress import NoProgress, Progress
 from ..tracing.libraries import VLLM_PACKAGE, import_library_module
 from .compile import JobOutcome, compile_job
@@ -119,8 +120,10 @@ class CompilePool:
         max_workers: int | None = None,
         job_timeout_seconds: float = DEFAULT_JOB_TIMEOUT_SECONDS,
         preload_modules: tuple[str, ...] = (),
+        start_method: WorkerStart | None = None,
     ):
         self.layout = layout
+        self.start_method = start_method
         self.max_workers = max(1, max_workers or default_worker_count())
         self.workers = 0
         self.job_timeout_seconds = job_timeout_seconds
@@ -141,7 +144,7 @@ class CompilePool:
         refuse_in_worker_start()
         if self._starting is None:
             self.workers = max(1, min(self.max_workers, workers or self.max_workers))
-            arguments = (self.workers, worker_context(), (self.preload_modules, dict(os.environ)))
+            arguments = (self.workers, worker_context(self.start_method), (self.preload_modules, dict(os.environ)))
             self._starting = threading.Thread(
                 target=self._create, args=arguments, name="kprecompile-workers", daemon=True
             )

@@ -25,6 +25,7 @@ from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
 from ..cache.staging import remove_stale_staging
 from ..cache.usage import tag_cache_dir, using
+from ..inputs.settings import WorkerStart
 from ..inputs.targets import Target
 from ..inputs.toolchain import triton_key_text
 from ..progress import Progress
@@ -209,6 +210,7 @@ def warm(
     rank: int = 0,
     ranks: int = 1,
     recorded: bool = True,
+    worker_start: WorkerStart | None = None,
 ) -> WarmReport:
     """Compile what this configuration lacks on each of the request's targets and record it.
 
@@ -216,6 +218,8 @@ def warm(
     the loader hook): each starts at its own share of the job list, so that the file locks
     split the work instead of every rank queuing behind the same first kernel. `recorded`: also
     compile the kernels serving processes recorded in the configuration's journal (`replay.py`).
+    `worker_start` overrides KPRECOMPILE_WORKER_START (a serving process spawns: a fork server
+    would live as long as it does).
     """
     refuse_in_worker_start()
     started = time.perf_counter()
@@ -235,7 +239,7 @@ def warm(
         tag_cache_dir(layout)
         # What an import killed midway left (its staging directory) goes before anything else.
         remove_stale_staging(layout)
-        run = _WarmRun(request, layout, shapes, max_workers, job_timeout_seconds, progress, rank, ranks)
+        run = _WarmRun(request, layout, shapes, max_workers, job_timeout_seconds, progress, rank, ranks, worker_start)
         try:
             for target, lookup in zip(request.targets, lookups, strict=True):
                 if lookup.manifest is None and not remember:
@@ -260,6 +264,7 @@ class _WarmRun:
         progress: Progress | None,
         rank: int,
         ranks: int,
+        worker_start: WorkerStart | None,
     ) -> None:
         self.request, self.layout, self._shapes = request, layout, shapes
         self.max_workers, self.job_timeout_seconds = max_workers, job_timeout_seconds
@@ -270,6 +275,7 @@ class _WarmRun:
         self.manifests: list[str] = []
         self.trace_seconds = self.compile_seconds = 0.0
         self.replaced = self.launchers = self.workers = 0
+        self.worker_start = worker_start
 
     @property
     def shapes(self) -> PlannedShapes:
@@ -400,6 +406,7 @@ class _WarmRun:
             max_workers=self.max_workers,
             job_timeout_seconds=self.job_timeout_seconds,
             preload_modules=_library_modules(families),
+            start_method=self.worker_start,
         )
 
     def close(self) -> None:

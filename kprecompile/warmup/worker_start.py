@@ -29,6 +29,7 @@ import sys
 from multiprocessing.context import BaseContext
 
 from ..inputs import settings
+from ..inputs.settings import WorkerStart
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,12 @@ PRELOAD = "kprecompile.warmup.worker_preload"
 _server_path: tuple[str, ...] | None = None
 
 
-def worker_context() -> BaseContext:
-    """The start method of this pool's workers: spawn, or the fork server where asked and where
-    it imports what this process would."""
+def worker_context(method: WorkerStart | None = None) -> BaseContext:
+    """The start method of this pool's workers: `method`, else KPRECOMPILE_WORKER_START's; the
+    fork server only where Python has one and it imports what this process would."""
     global _server_path
-    if settings.WORKER_START.read() == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+    method = method or settings.WORKER_START.read()
+    if method == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     path = tuple(sys.path)
     context = multiprocessing.get_context("forkserver")
