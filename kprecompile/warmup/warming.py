@@ -81,8 +81,9 @@ class WarmReport:
     # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
     # when warming for this machine's own GPU (docs/design.md, fact 7); 0 elsewhere.
     launchers: int
-    # Wall time of the whole warm, and of its tracing and compiling parts (0 when the
-    # manifest showed the configuration warm).
+    # Wall time of the whole warm, of its tracing, and of compiling once tracing ended (on a cold
+    # cache the workers compile each family's kernels while the next one traces); 0 when the
+    # manifest showed the configuration warm.
     seconds: float
     trace_seconds: float
     compile_seconds: float
