@@ -48,7 +48,7 @@ def merges_per_launch(release: str, budget: int, continuation: bool = False) -> 
     From 0.27 the count and the log-sum-exp head strides are ordinary integers, which Triton
     specializes by class (1, other, a multiple of 16, where the budget reaches it): the count and
     the tied head strides of contiguous log-sum-exps, each in every class; an MLA prefill's
-    `continuation` merge (0.31: a chunk that starts inside a sequence's context) also slices its
+    `continuation` merge (from 0.28: a chunk that starts inside a sequence's context) also slices its
     running log-sum-exp at a token, a head stride of its own and an address aligned or not."""
     if not since(release, "0.20"):
         return 1
