@@ -183,7 +183,7 @@ def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
     line = release_line(release)
     budget = probes.SERVING["max_num_batched_tokens"]
     per_step = merges_per_launch(release, budget) + merges_per_launch(
-        release, budget, continuation=since(release, "0.31")
+        release, budget, continuation=since(release, "0.28")
     )
     merges = ["merge_attn_states_kernel"] * (per_step if line.mla_merge == "triton" else 0)
     if line.triton_mla_decode == "forward_mqa" and since(release, "0.20"):
