@@ -79,9 +79,10 @@ def build_impl(
     raw = json.loads(config_json)
     nope, rope, latent = raw["qk_nope_head_dim"], raw["qk_rope_head_dim"], raw["kv_lora_rank"]
     refresh_switches()
+    config = engine_config(config_json, serving, target)
     # AITER's attention, which vLLM's ROCm MLA impls import when built; nothing of it on NVIDIA.
     prebuilt = aiter_attention_prebuilt() if target.is_rocm else contextlib.nullcontext()
-    with set_current_vllm_config(engine_config(config_json, serving, target)), prebuilt:
+    with set_current_vllm_config(config), prebuilt:
         impl = getattr(module, backend_class).get_impl_cls()(
             heads,
             latent + rope,
@@ -99,9 +100,50 @@ def build_impl(
             qk_rope_head_dim=rope,
             qk_head_dim=nope + rope,
             v_head_dim=raw["v_head_dim"],
-            kv_b_proj=None,
+            kv_b_proj=_kv_b_proj(config, raw, serving.tensor_parallel_size),
         )
     return impl
+
+
+def _kv_b_proj(config: Any, raw: dict[str, Any], tensor_parallel_size: int) -> Any:
+    """The attention's `kv_b_proj` as vLLM's DeepSeek models build it for one rank (vLLM's own
+    `ColumnParallelLinear` with the configuration's quantization, on meta), built when the impl
+    first reads it: vLLM 0.15's impl reads its weight's dtype when built, with AITER on
+    (`MLACommonBaseImpl.__init__`: a bfloat16 weight takes AITER's FP4 BMM); other releases'
+    impls read nothing of it there, and the prefill calls a stand-in of its output's shape."""
+
+    class BuiltOnRead:
+        def __getattr__(self, attribute: str) -> Any:
+            built = vars(self).get("layer")
+            if built is None:
+                built = self.layer = _column_parallel_linear(config, raw, tensor_parallel_size)
+            return getattr(built, attribute)
+
+    return BuiltOnRead()
+
+
+def _column_parallel_linear(config: Any, raw: dict[str, Any], tensor_parallel_size: int) -> Any:
+    import torch
+
+    linear = import_library_module("vllm.model_executor.layers.linear")
+    parallel_state = import_library_module("vllm.distributed.parallel_state")
+    set_current_vllm_config = import_library_module("vllm.config").set_current_vllm_config
+    # The rank's tensor-parallel group as vLLM's layers read it (no process group here).
+    group = SimpleNamespace(world_size=tensor_parallel_size, rank_in_group=0)
+    default_dtype = torch.get_default_dtype()
+    # vLLM's loader builds the model under the model's dtype as torch's default.
+    torch.set_default_dtype(config.model_config.dtype)
+    try:
+        with set_current_vllm_config(config), attributes_set((parallel_state, "_TP", group)), torch.device("meta"):
+            return linear.ColumnParallelLinear(
+                raw["kv_lora_rank"],
+                raw["num_attention_heads"] * (raw["qk_nope_head_dim"] + raw["v_head_dim"]),
+                bias=False,
+                quant_config=config.quant_config,
+                prefix="model.layers.0.self_attn.kv_b_proj",
+            )
+    finally:
+        torch.set_default_dtype(default_dtype)
 
 
 def _context_chunk_limit(workspace: int, serving: ServingParams, prefills: int | None = None) -> int:
