@@ -61,6 +61,7 @@ from unittest import mock
 
 from helpers import launch_path_keys
 from release_support import aiter_lacked_by, environment, kv_storage_classes
+from vllm_releases import since
 
 from kprecompile.errors import TracingError
 from kprecompile.inputs.models import load_model
@@ -767,7 +768,12 @@ def aiter_fa_context_0_19(model, seed: int) -> dict[str, object]:
     serving = ServingParams(**SERVING)
     document: dict[str, object] = {"kernels": {}}
     shuffled = {"VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT": "1"}
-    for label, variables, kv_cache in (("default", {}, "auto"), ("fp8", {}, "fp8"), ("shuffle", shuffled, "auto")):
+    labels = [("default", {}, "auto"), ("fp8", {}, "fp8"), ("shuffle", shuffled, "auto")]
+    if since(installed_release(), "0.15") and not since(installed_release(), "0.16"):
+        # 0.15 takes the shuffled layout only with AITER's master switch on (its
+        # `is_shuffle_kv_cache_enabled`); the probe's engine leaves it off.
+        labels.append(("shuffle_aiter", {**shuffled, "VLLM_ROCM_USE_AITER": "1"}, "auto"))
+    for label, variables, kv_cache in labels:
         with environment(**variables):
             jobs = planned("llama-3.1-8b-instruct", "ROCM_AITER_FA", kv_cache_dtype=kv_cache).jobs
             document["kernels"][label] = sorted(

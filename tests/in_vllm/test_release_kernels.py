@@ -273,10 +273,21 @@ def test_aiter_fa_context_keys_and_coverage(aiter_fa_context, release):
         assert kernels["default"].count(gather) == kernels["fp8"].count(gather) >= 6
         # The shuffled layout's gather reads another layout, and its KV-cache write is Triton (the
         # layout and VLLM_ROCM_SHUFFLE_KV_CACHE_LAYOUT arrived in 0.15; read in 0.13.0 to 0.18.1).
-        assert kernels["shuffle"].count("reshape_and_cache_shuffle_kernel") == (2 if since(release, "0.15") else 0)
-        assert kernels["shuffle"].count("cp_mha_gather_cache_kernel") == kernels["default"].count(
-            "cp_mha_gather_cache_kernel"
-        )
+        # 0.15 takes it only with AITER's master switch on (`is_shuffle_kv_cache_enabled`:
+        # `cls._AITER_ENABLED and cls._SHUFFLE_KV_CACHE_ENABLED`, vllm/_aiter_ops.py:946 in 0.15.0
+        # and 0.15.1); from 0.16 the variable alone (read in 0.16.0, 0.17.0, 0.25.1, 0.31.0, 0.33.0).
+        # The probe's engine leaves the switch off: the variable alone shuffles nothing in 0.15. One
+        # cache write per KV storage class (one on Triton 3.5, 0.15's own, which has no buffer ops).
+        writes = kv_storage_classes()
+        assert kernels["shuffle"].count("reshape_and_cache_shuffle_kernel") == (writes if since(release, "0.16") else 0)
+        shuffled = ["shuffle"]
+        if since(release, "0.15") and not since(release, "0.16"):
+            assert kernels["shuffle_aiter"].count("reshape_and_cache_shuffle_kernel") == writes
+            shuffled.append("shuffle_aiter")
+        for label in shuffled:
+            assert kernels[label].count("cp_mha_gather_cache_kernel") == kernels["default"].count(
+                "cp_mha_gather_cache_kernel"
+            )
         # One gather per chunk, each with its own slices of the builder's tables; where the merge
         # is Triton, two more: the chunk merge (after the 2nd and 3rd chunks, one kernel) and the
         # final one, as launched for the step's own token count.
