@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
+import importlib
 import json
 import logging
 import sys
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -206,15 +209,65 @@ def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dic
 
 @contextlib.contextmanager
 def isolated_modules(prefixes: tuple[str, ...]) -> Iterator[None]:
-    """Import the modules matching `prefixes` anew inside the block; put the old ones back after."""
+    """Import the modules matching `prefixes` anew inside the block; put the old ones back after.
+
+    A module kept in place that bound a function of a dropped one at its import (vLLM 0.26 and
+    0.27's `mla_attention.py` does `from vllm.v1.attention.ops.triton_merge_attn_states import
+    mask_empty_context`) would still call the old import's function, and so launch the old
+    import's kernel: one imported under another target, or compiled for real earlier in the
+    process (a launch then reaches the cross-compile driver). Inside the block such names call
+    the fresh import's function of the same name (`_forward_to_fresh_imports`). So does a
+    module first imported inside an earlier block, whose names hold that block's imports."""
     if not prefixes:
         yield
         return
     saved = _swap_modules(prefixes, {})
+    forwarded = _forward_to_fresh_imports(prefixes)
     try:
         yield
     finally:
+        for namespace, name, original, forward in forwarded:
+            if namespace.get(name) is forward:
+                namespace[name] = original
         _swap_modules(prefixes, saved)
+
+
+def _forward_to_fresh_imports(prefixes: tuple[str, ...]) -> list[tuple[dict[str, Any], str, Any, Any]]:
+    """In the modules of the same packages that stay in place, each name bound to a module-level
+    function of a module matching `prefixes` (none is imported at this point: each one is an
+    earlier import's) is replaced by one that calls the function of that name in the module as
+    imported anew (on the first call, so under the block's target). Returns (namespace, name,
+    original, replacement) for each, to put back."""
+    packages = {prefix.partition(".")[0] for prefix in prefixes}
+    forwarded = []
+    for module_name, module in list(sys.modules.items()):
+        if module_name.partition(".")[0] not in packages or module_name.startswith(prefixes):
+            continue
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            if (
+                isinstance(value, types.FunctionType)
+                and isinstance(value.__module__, str)
+                and value.__module__.startswith(prefixes)
+                and value.__qualname__ == value.__name__
+            ):
+                forward = _fresh_import_of(value)
+                namespace[name] = forward
+                forwarded.append((namespace, name, value, forward))
+    return forwarded
+
+
+def _fresh_import_of(original: Any) -> Any:
+    """A function that calls `original`'s namesake in its module as `sys.modules` holds it then."""
+    module_name, name = original.__module__, original.__name__
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return getattr(importlib.import_module(module_name), name, original)(*args, **kwargs)
+
+    return forward
 
 
 class ModuleSets:
