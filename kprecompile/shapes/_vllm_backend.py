@@ -551,6 +551,111 @@ def _launch_identity(argument: Any) -> Any:
     return argument
 
 
+# vLLM 0.26 and 0.27's mask of context chunks that cover no keys of some prefill
+# (`mask_empty_context`, beside the merge), and the arguments a step's counts decide.
+_MASK_KERNEL = "mask_empty_context_kernel"
+_MASK_PREFILLS = "num_reqs"
+_MASK_LSE_HEAD_STRIDE = "lse_head_stride"
+_MASK_CONTEXT_STARTS = "context_start_loc"
+
+
+@contextlib.contextmanager
+def empty_context_masks_for_every_class(serving: ServingParams) -> Iterator[None]:
+    """Each launch of vLLM's Triton mask of empty context chunks, launched as well for every
+    specialization a server's steps give it, where the installed vLLM has one (0.26 and 0.27:
+    `vllm/v1/attention/ops/triton_merge_attn_states.py`, called by `mla_attention.py`'s
+    `_compute_prefill_context` on a chunk in which some prefill has no context left). Triton
+    specializes its count of prefills (`num_reqs`) and its log-sum-exp's head stride (the step's
+    prefill tokens: the context chunk's attention returns it as [heads, tokens]) on their class
+    (1, a multiple of 16, other); both come in every pair of classes a step within
+    max-num-seqs and max-num-batched-tokens can have (`_mask_classes`: two prefills at least,
+    two tokens each). The chunk's context offsets are row `i` of a (chunks, prefills + 1) int32
+    table: the first chunk's row is 16-byte aligned, a later chunk's is or is not by the count of
+    prefills, so a launch on a later chunk (its row past the table's start) is launched on both
+    alignments. Nothing where the release has no such kernel."""
+    kernel = None
+    for name in TRITON_MERGE_MODULES:
+        with contextlib.suppress(ImportError):
+            kernel = getattr(import_library_module(name), _MASK_KERNEL, None)
+            break
+    names = list(getattr(kernel, "arg_names", ()))
+    if kernel is None or not {_MASK_PREFILLS, _MASK_LSE_HEAD_STRIDE} <= set(names):
+        yield
+        return
+    prefills_at, stride_at = names.index(_MASK_PREFILLS), names.index(_MASK_LSE_HEAD_STRIDE)
+    starts_at = names.index(_MASK_CONTEXT_STARTS) if _MASK_CONTEXT_STARTS in names else None
+    pairs = _mask_classes(serving)
+    original = kernel.run
+    widened: set[tuple] = set()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if len(args) <= max(prefills_at, stride_at) or not pairs:
+            return result  # (arguments passed by keyword are left as they are)
+        starts = args[starts_at] if starts_at is not None and starts_at < len(args) else None
+        alignments = (0, 1) if getattr(starts, "storage_offset", lambda: 0)() else (None,)
+
+        def changed(pair: tuple[int, int], alignment: int | None) -> list[Any]:
+            new = list(args)
+            new[prefills_at], new[stride_at] = pair
+            if alignment is not None:
+                new[starts_at] = _aligned_or_not(starts, alignment)
+            return new
+
+        capture = active_capture()
+        if capture is None:
+            varied = {prefills_at, stride_at, starts_at}
+            identity = tuple(
+                getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
+                for position, arg in enumerate(args)
+            ) + (alignments,)
+            done = widened
+        else:
+            # Once per capture for each kernel the launch is at the first pair, as Triton
+            # specializes it, and whether its row's alignment varies.
+            first = changed(pairs[0], alignments[0])
+            identity = (_MASK_KERNEL, capture.key_of(lambda: original(*first, **kwargs)), alignments)
+            done = capture.done
+        if identity not in done:
+            done.add(identity)
+            for pair in pairs:
+                for alignment in alignments:
+                    original(*changed(pair, alignment), **kwargs)
+        return result
+
+    kernel.run = run
+    try:
+        yield
+    finally:
+        del kernel.run
+
+
+def _mask_classes(serving: ServingParams) -> list[tuple[int, int]]:
+    """(prefills, prefill tokens): for each class of the count of prefills a step can have
+    (2 and more: one prefill's context chunks are never empty; 16 where max-num-seqs allows),
+    the fewest tokens of each class of the token count those prefills can take, two each at
+    least (one new token is a decode to MLA's builders), within max-num-batched-tokens."""
+    pairs = []
+    for prefills in (2, 16):
+        least = 2 * prefills
+        if prefills > serving.max_num_seqs or least > serving.max_num_batched_tokens:
+            continue
+        for tokens in (least if least % 16 else least + 1, -(-least // 16) * 16):
+            if tokens <= serving.max_num_batched_tokens:
+                pairs.append((prefills, tokens))
+    return pairs
+
+
+def _aligned_or_not(tensor: Any, alignment: int) -> Any:
+    """`tensor` moved within its storage to a 16-element boundary (16-byte aligned whatever the
+    element size) or one element past it (not), near where it starts."""
+    offset = tensor.storage_offset() // 16 * 16
+    offset += alignment if offset + alignment <= tensor.storage_offset() else -alignment
+    if offset == tensor.storage_offset():
+        return tensor
+    return tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()), offset)
+
+
 def vllm_record(record_cls: type, known: dict[str, object]) -> Any:
     """One of vLLM's metadata records (its fields as the release has them) from the values its
     builder computes for the step; a required field this does not know fails the trace with its

@@ -30,6 +30,7 @@ from ..tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped, p
 from ._vllm_backend import (
     attributes_set,
     common_attention_metadata,
+    empty_context_masks_for_every_class,
     host_copies,
     layer_kv_cache,
     merges_for_every_token_count,
@@ -353,6 +354,12 @@ def _layer_prefill(
             min(context, serving.block_size) if index == 0 and context_chunks > 1 else context
             for index in range(prefills)
         ]
+        steps = [context_lens]
+        if context_chunks == 1 and prefills > 1:
+            # And a new prompt beside them (the scheduler puts it after the running ones): its
+            # context chunk is empty, which vLLM 0.26 and 0.27 mask with a Triton kernel of its
+            # own before merging (`mask_empty_context`), on the first chunk's row of offsets.
+            steps.append(context_lens[:-1] + [0])
         step = SimpleNamespace(
             num_seqs=prefills,
             max_seq_len=context + max(query_lens),
@@ -360,30 +367,32 @@ def _layer_prefill(
             kv_cache_blocks=0,
         )
         kv_cache, width = layer_kv_cache(config, backend, spec, step, target)
-        common, host_values = common_attention_metadata(query_lens, context_lens, width)
-        with (
-            host_copies(host_values),
-            unpinned_host_memory(),
-            prebuilt_ops_skipped(PREFILL_PREBUILT_OPS),
-            compiled_ops_skipped(*PREFILL_COMPILED_OPS),
-        ):
-            metadata = builder.build(0, common)
-            dtype = config.model_config.dtype
-            heads, nope, rope = layer.num_heads, layer.qk_nope_head_dim, layer.qk_rope_head_dim
+        for step_context_lens in steps:
+            common, host_values = common_attention_metadata(query_lens, step_context_lens, width)
             with (
-                _prebuilt_prefill_attention(impl, metadata),
-                _projection_stand_in(impl, heads * (nope + layer.v_head_dim)),
-                merges_for_every_token_count(serving.max_num_batched_tokens),
+                host_copies(host_values),
+                unpinned_host_memory(),
+                prebuilt_ops_skipped(PREFILL_PREBUILT_OPS),
+                compiled_ops_skipped(*PREFILL_COMPILED_OPS),
             ):
-                impl.forward_mha(
-                    torch.empty((tokens, heads, nope + rope), dtype=dtype, device=meta),
-                    torch.empty((tokens, layer.kv_lora_rank), dtype=dtype, device=meta),
-                    torch.empty((tokens, 1, rope), dtype=dtype, device=meta),
-                    kv_cache,
-                    metadata,
-                    layer._k_scale,
-                    torch.empty((tokens, heads * layer.v_head_dim), dtype=dtype, device=meta),
-                )
+                metadata = builder.build(0, common)
+                dtype = config.model_config.dtype
+                heads, nope, rope = layer.num_heads, layer.qk_nope_head_dim, layer.qk_rope_head_dim
+                with (
+                    _prebuilt_prefill_attention(impl, metadata),
+                    _projection_stand_in(impl, heads * (nope + layer.v_head_dim)),
+                    merges_for_every_token_count(serving.max_num_batched_tokens),
+                    empty_context_masks_for_every_class(serving),
+                ):
+                    impl.forward_mha(
+                        torch.empty((tokens, heads, nope + rope), dtype=dtype, device=meta),
+                        torch.empty((tokens, layer.kv_lora_rank), dtype=dtype, device=meta),
+                        torch.empty((tokens, 1, rope), dtype=dtype, device=meta),
+                        kv_cache,
+                        metadata,
+                        layer._k_scale,
+                        torch.empty((tokens, heads * layer.v_head_dim), dtype=dtype, device=meta),
+                    )
 
 
 def _prebuilt_prefill_attention(impl: Any, metadata: Any) -> Any:

@@ -14,6 +14,12 @@ the model's head sizes and whether the merged log-sum-exp is kept, and on token 
 0.20 to 0.26 take the count of tokens with context as a constexpr (every count is planned); from
 0.27 the count and the log-sum-exp strides are ordinary integers (every Triton class of each is
 planned, `_vllm_backend.merges_for_every_token_count`).
+0.26 and 0.27 first mask a context chunk that some prefill has no context in (a new prompt beside
+cached ones, or a context shorter than the chunk's start) with a Triton kernel of their own
+(`mask_empty_context_kernel`, called from `mla_attention.py`): the one-chunk step runs once more
+beside a new prompt, and each mask is launched for every class of its count of prefills and
+log-sum-exp head stride, and a later chunk's row of offsets aligned or not
+(`_vllm_backend.empty_context_masks_for_every_class`).
 From 0.32, CDNA3 and newer merge with vLLM's compiled operator (`selection/engines.py` says so).
 """
 

@@ -22,7 +22,7 @@ from ..tracing.libraries import VLLM_DISTRIBUTION
 from ..vllm.releases import MlaMerge, ReleaseLine, TritonMlaDecode
 from ._paged_kv import KV_CACHE_STORAGE_CLASSES, StorageClass, block_count
 from ._vllm_backend import VLLM_ATTENTION_OPS, required_line, vllm_record
-from ._vllm_mla import COMMON_MODULE, build_impl, common_module, impl_prefill_traceable, prefill_with_context
+from ._vllm_mla import COMMON_MODULE, build_impl, common_module, prefill_with_context
 from .family import KernelFamily
 
 BACKEND_MODULE = "vllm.v1.attention.backends.mla.triton_mla"
@@ -156,13 +156,14 @@ def launch(shape: TritonMlaShape, target: Target) -> None:
 
 
 def _prefill_step(shape: TritonMlaShape, target: Target) -> None:
-    """A prefill with cached context: what it compiles is vLLM's merge of partial results."""
+    """A prefill with cached context: what it compiles is vLLM's merge of partial results (on
+    ROCm; NVIDIA merges with vLLM's compiled CUDA operator, which the step skips), and in 0.26
+    and 0.27 on every platform the mask of context chunks empty for some prefill
+    (`mask_empty_context`)."""
     if shape.merge != "triton":
         # vLLM's compiled merge on CDNA3 and newer: nothing to compile (gfx90a's Triton merge
         # is not planned).
         return
-    if not target.is_rocm and not impl_prefill_traceable():
-        return  # From 0.17 NVIDIA merges with vLLM's compiled CUDA operator: nothing to compile.
     prefill_with_context(
         BACKEND_MODULE,
         "TritonMLABackend",

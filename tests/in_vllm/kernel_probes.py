@@ -574,6 +574,11 @@ def mla_merge() -> dict[str, object]:
         # them (without the merges for the token counts and classes it can meet).
         "missing_from_smaller_plan": len(swept_keys - _merge_keys(shapes[:1])),
         "missing_from_plan_as_served": len(swept_keys - _merge_keys(shapes, as_served=True)),
+        # And the plan without vLLM 0.26 and 0.27's mask of empty context chunks.
+        "missing_from_plan_without_masks": len(
+            swept_keys
+            - {job.key for job in plan_jobs if job.kernel.rpartition(":")[2] != "mask_empty_context_kernel"}
+        ),
     }
     return document
 
@@ -586,12 +591,19 @@ def _merge_keys(shapes, as_served: bool = False) -> set[str]:
 def _family_keys(family, module, shapes, target, as_served: bool) -> set[str]:
     """The keys of `family`'s steps: as a plan traces them, or `as_served`, as a server launches
     them (each merge for its own token counts only, not for every count or class as a plan does:
-    `merges_for_every_token_count` off in `module`, the family's step)."""
+    `merges_for_every_token_count` off in `module`, the family's step; and 0.26 and 0.27's mask
+    of empty context chunks for its own counts and row, `empty_context_masks_for_every_class`)."""
     with contextlib.ExitStack() as stack:
         if as_served:
             stack.enter_context(
                 mock.patch.object(module, "merges_for_every_token_count", lambda budget: contextlib.nullcontext())
             )
+            if hasattr(module, "empty_context_masks_for_every_class"):
+                stack.enter_context(
+                    mock.patch.object(
+                        module, "empty_context_masks_for_every_class", lambda serving: contextlib.nullcontext()
+                    )
+                )
         traced = trace_calls(family.calls(tuple(shapes), target), target, family.name, family.traced_modules)
         return {job.key for job in traced.jobs}
 

@@ -119,3 +119,20 @@ def skip_where_aiter_lacks(module: str) -> None:
             f"vLLM {release}'s {module.rpartition('.')[2]} imports {lacking}, which the installed AITER lacks; "
             f"its ROCm servers run AITER {aiter_pin(release)} (scripts/install_vllm.py --aiter-source CLONE)"
         )
+
+
+def empty_context_masks(release: str, max_num_seqs: int, budget: int, several_chunks: bool) -> int:
+    """Kernels of vLLM's Triton mask of empty context chunks in an MLA plan (0.26 and 0.27 only:
+    `mask_empty_context` in `vllm/v1/attention/ops/triton_merge_attn_states.py`, called by
+    `mla_attention.py` on every platform; read in the 0.25.1, 0.26.0, 0.27.0, 0.27.1 and 0.28.0
+    wheels). Triton specializes its count of prefills (2 or more: other; 16 where max-num-seqs and
+    the budget of two tokens a prefill reach it) and its log-sum-exp head stride, the prefill
+    tokens (other; a multiple of 16), by class; and where a context takes several chunks of the
+    workspace, a later chunk's row of context offsets is 16-byte aligned or not."""
+    from vllm_releases import since
+
+    if not since(release, "0.26") or since(release, "0.28"):
+        return 0
+    # Two prefills: 4 tokens (other) or 16; sixteen: 33 (other) or 32.
+    pairs = 2 + (max_num_seqs >= 16) * ((budget >= 32) + (budget >= 33))
+    return pairs * (2 if several_chunks else 1)

@@ -9,7 +9,7 @@ from collections import Counter
 
 import kernel_probes as probes
 import pytest
-from release_support import kv_storage_classes
+from release_support import empty_context_masks, kv_storage_classes
 from vllm_releases import merges_per_launch, since
 
 from kprecompile.vllm.releases import TESTED_RELEASES, release_line
@@ -186,12 +186,17 @@ def test_triton_mla_decode_keys_and_coverage(triton_mla, release):
         release, budget, continuation=since(release, "0.28")
     )
     merges = ["merge_attn_states_kernel"] * (per_step if line.mla_merge == "triton" else 0)
+    # 0.26 and 0.27 mask the context chunks some prefill has no context in (the two-chunk step's
+    # second chunk, and a one-chunk step beside a new prompt) before merging.
+    masks = ["mask_empty_context_kernel"] * empty_context_masks(
+        release, probes.SERVING["max_num_seqs"], budget, several_chunks=True
+    )
     if line.triton_mla_decode == "forward_mqa" and since(release, "0.20"):
         stage1 = ["_fwd_grouped_kernel_stage1"] * 5 * kv_storage_classes()
-        assert document["kernels"] == stage1 + ["_fwd_kernel_stage2"] * 5 + merges
+        assert document["kernels"] == stage1 + ["_fwd_kernel_stage2"] * 5 + masks + merges
     else:
         stage1 = ["_fwd_grouped_kernel_stage1"] * kv_storage_classes()
-        assert document["kernels"] == stage1 + ["_fwd_kernel_stage2"] + merges
+        assert document["kernels"] == stage1 + ["_fwd_kernel_stage2"] + masks + merges
     keys = document["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]
     assert keys["traced"][:1] == keys["launched"] and len(keys["launched"]) == 1
@@ -216,17 +221,28 @@ def test_mla_merge_keys_and_coverage(mla_merge, release):
     # The continuation merge (`accumulate_mla_context_chunk`) is in 0.28's MLA prefill on (read in
     # 0.28.0 and 0.29.0; 0.29.0 ran 63 merges, as 0.31.0 does).
     chunk = merges_per_launch(release, budget, continuation=since(release, "0.28"))
-    assert document["kernels"] == ["merge_attn_states_kernel"] * (final + chunk)
+    # 0.26 and 0.27 mask the context chunks some prefill has no context in before merging, on
+    # the first chunk (one-chunk step beside a new prompt) and on a later one (two chunks).
+    seqs = probes.SERVING["max_num_seqs"]
+    first_chunk_masks = empty_context_masks(release, seqs, budget, several_chunks=False)
+    masks = empty_context_masks(release, seqs, budget, several_chunks=True)
+    assert document["kernels"] == ["mask_empty_context_kernel"] * masks + ["merge_attn_states_kernel"] * (
+        final + chunk
+    )
     one_chunk, two_chunks = document["keys"]
-    assert one_chunk["traced"][:1] == one_chunk["launched"] and len(one_chunk["traced"]) == final
-    # Two chunks: the chunk merge (keeping the log-sum-exp) launches first.
-    assert two_chunks["traced"][:1] == two_chunks["launched"] and len(two_chunks["traced"]) == final + chunk
+    assert one_chunk["traced"][:1] == one_chunk["launched"]
+    assert len(one_chunk["traced"]) == final + first_chunk_masks
+    # Two chunks: the second chunk's mask (0.26 and 0.27), else the chunk merge (keeping the
+    # log-sum-exp) launches first.
+    assert two_chunks["traced"][:1] == two_chunks["launched"] and len(two_chunks["traced"]) == final + chunk + masks
     assert one_chunk["traced"][0] in two_chunks["traced"]
     coverage = document["coverage"]
     assert coverage["steps"] == 12 and coverage["kernels"] >= 2
     assert coverage["missing"] == 0 and coverage["missing_from_smaller_plan"] > 0
     # Where the merge specializes on token counts (from 0.20), the plan's steps as served miss.
     assert (coverage["missing_from_plan_as_served"] > 0) == since(release, "0.20")
+    # A plan without the masks misses where vLLM launches them.
+    assert (coverage["missing_from_plan_without_masks"] > 0) == (masks > 0)
 
 
 def test_merges_are_widened_once_per_trace_and_lose_nothing(release):

@@ -9,6 +9,7 @@ from collections import Counter
 
 import kernel_probes as probes
 import pytest
+from release_support import empty_context_masks
 from vllm_releases import since
 
 from kprecompile.inputs.models import load_model
@@ -96,13 +97,19 @@ def test_triton_mla_on_nvidia_keys_and_coverage(nvidia, release):
     """TRITON_MLA's decode on sm90 under vLLM's CUDA platform: stage 1 and 2 for 4 KV splits up
     to 0.19, for each power-of-2 split count from 0.20; the prefill's merges there take vLLM's
     compiled CUDA merge (the release's own dispatcher launches no Triton kernel), so none is
-    planned. Keys are the launch path's; random decode steps compile nothing outside the plan, and
-    do outside a plan of the prefill steps alone."""
+    planned, but 0.26 and 0.27 mask empty context chunks with Triton on every platform. Keys are
+    the launch path's; random decode steps compile nothing outside the plan, and do outside a
+    plan of the prefill steps alone."""
     mla = nvidia["triton_mla"]
     assert mla["choice"] == ["triton_mla", None]
     # One split count (4) up to 0.19; from 0.20 one per power of 2 of the context (5 to 8192 tokens).
     splits = 5 if release_line(release).triton_mla_decode == "forward_mqa" and since(release, "0.20") else 1
-    assert mla["kernels"] == ["_fwd_grouped_kernel_stage1"] * splits + ["_fwd_kernel_stage2"] * splits
+    masks = empty_context_masks(
+        release, probes.SERVING["max_num_seqs"], probes.SERVING["max_num_batched_tokens"], several_chunks=True
+    )
+    assert mla["kernels"] == ["_fwd_grouped_kernel_stage1"] * splits + ["_fwd_kernel_stage2"] * splits + [
+        "mask_empty_context_kernel"
+    ] * masks
     assert nvidia["merge"] == 0
     keys = mla["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]

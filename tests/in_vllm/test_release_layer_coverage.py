@@ -175,9 +175,16 @@ def test_mla_layers_are_the_ones_vllm_builds(release):
 
 # What a TRITON_MLA plan loses when kprecompile does not handle a feature: its keys without it.
 MLA_LOST = {
-    # The merge of a prefill's partial results on steps with cached context (`mla_merge`).
+    # The merge of a prefill's partial results on steps with cached context (`mla_merge`), and
+    # 0.26 and 0.27's mask of context chunks some prefill has no context in.
     "prefill with context": lambda request, target: {
-        job.key for job in plan(request).jobs if job.kernel_name != "merge_attn_states_kernel"
+        job.key
+        for job in plan(request).jobs
+        if job.kernel_name not in ("merge_attn_states_kernel", "mask_empty_context_kernel")
+    },
+    # 0.26 and 0.27's mask alone (`mask_empty_context`).
+    "empty context chunks": lambda request, target: {
+        job.key for job in plan(request).jobs if job.kernel_name != "mask_empty_context_kernel"
     },
     # A layer of half the heads: the plan for two ranks of tensor parallelism.
     "heads": lambda request, target: engine_steps.planned(
@@ -196,12 +203,17 @@ MLA_LOST = {
 
 def mla_lost_features(target_name: str) -> tuple[str, ...]:
     """What a plan without each feature misses in the installed release: the merge is Triton on
-    ROCm up to 0.31 (compiled on CDNA3 from 0.32, CUDA's compiled merge on NVIDIA); the split
-    count follows the context from 0.20 (0.19 splits 4 ways)."""
-    line = release_line(installed_release())
-    merge = ("prefill with context",) if TARGETS[target_name].is_rocm and line.mla_merge == "triton" else ()
-    contexts = ("long contexts",) if since(installed_release(), "0.20") else ()
-    return (*merge, "heads", *contexts)
+    ROCm up to 0.31 (compiled on CDNA3 from 0.32, CUDA's compiled merge on NVIDIA); 0.26 and 0.27
+    mask empty context chunks with Triton on every platform; the split count follows the context
+    from 0.20 (0.19 splits 4 ways)."""
+    release = installed_release()
+    line = release_line(release)
+    masks = since(release, "0.26") and not since(release, "0.28")
+    merge = TARGETS[target_name].is_rocm and line.mla_merge == "triton"
+    context = ("prefill with context",) if merge or masks else ()
+    empty = ("empty context chunks",) if masks else ()
+    contexts = ("long contexts",) if since(release, "0.20") else ()
+    return (*context, *empty, "heads", *contexts)
 
 
 def mla_coverage(target_name: str, release: str, shared_dir: Path) -> dict[str, object]:
@@ -249,8 +261,8 @@ def _check_mla(row: dict[str, object], target_name: str) -> None:
 def test_random_mla_steps_on_gfx942_are_planned(release, shared_dir):
     """DeepSeek-V2-Lite, vLLM's TRITON_MLA on ROCM (gfx942): decodes, prefills and prefills with
     cached context through vLLM's own MLA layer compile nothing outside the plan; a plan without
-    the context's merge (up to 0.31), for half the heads, or (from 0.19) for short contexts misses
-    kernels."""
+    the context's merge (up to 0.31), without 0.26 and 0.27's mask of empty context chunks, for
+    half the heads, or (from 0.19) for short contexts misses kernels."""
     _check_mla(mla_coverage("gfx942", release, shared_dir), "gfx942")
 
 
@@ -259,5 +271,6 @@ def test_random_mla_steps_on_gfx942_are_planned(release, shared_dir):
 @pytest.mark.slow
 @pytest.mark.vllm_process("layers-nvidia")
 def test_random_mla_steps_on_sm90_are_planned(release, shared_dir):
-    """The same on NVIDIA (sm90), where the context's merge is vLLM's compiled CUDA operator."""
+    """The same on NVIDIA (sm90), where the context's merge is vLLM's compiled CUDA operator (0.26
+    and 0.27's mask of empty context chunks is Triton there too)."""
     _check_mla(mla_coverage("sm90", release, shared_dir), "sm90")
