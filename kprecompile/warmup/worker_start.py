@@ -15,10 +15,11 @@ whose path changed since (another engine release put first, `engine install`'s `
 spawns its workers instead, so that they import what the parent would. Each worker takes the
 parent's environment as it is when the pool starts (`pool._prepare_worker`). The pool creates
 its workers from a thread of its own, so the parent traces while the server imports.
-Measured (BENCHMARKS.md), DeepSeek-R1 TP8 cold on the 16-core H200 host: 13.4 s forked against
-17.5 s spawned; on the 2-core builder forked workers saved 1.17x. Before the pool started its
-workers beside the trace, forking was 3 to 5 s slower on 16 cores: the parent waited for the
-server's imports instead of tracing.
+Measured (BENCHMARKS.md), DeepSeek-R1 TP8 cold on the 16-core H200 host, best of three: 13.7 s
+forked against 15.1 s spawned (17.3 s spawned before the pool started beside the trace); on the
+2-core builder forked workers saved 1.17x. Before the pool started its workers beside the trace,
+forking was 3 to 5 s slower on 16 cores: the parent waited for the server's imports instead of
+tracing.
 """
 
 from __future__ import annotations
