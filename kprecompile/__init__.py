@@ -14,6 +14,7 @@ from ._version import __version__
 _EXPORTS = {
     "activate": "serve.runtime",
     "preload": "warmup.preload",
+    "start_preload": "warmup.preload",
     "prepare": "serve.hook",
     "CacheLayout": "cache",
     "cache_layout": "inputs.settings",
@@ -58,6 +59,7 @@ __all__ = [
     "prepare",
     "resolve_target",
     "select",
+    "start_preload",
     "verify",
     "warm",
 ]

@@ -1,12 +1,12 @@
 """A stand-in serving process for the runtime tests: activate, monitor, preload, then call.
 
-Run as `python serving_process.py CACHE_DIR M [M ...] [add=N]`: after preloading
+Run as `python serving_process.py CACHE_DIR M [M ...] [add=N] [background]`: after preloading
 DeepSeek-V2-Lite's planned kernels (3 sequences, gfx942: the session's bake), with the monitor
 recording into the configuration's journal as the loader hook does, it calls AITER's FP8 BMM
 exactly as the engine does for each m, and with `add=N` the tests' own `add_kernel` (a kernel no
 family covers) over N elements, under the cross-compile driver (so a call ends at its launch,
 which is refused), and prints one JSON line: what preload loaded and what the monitor saw, per
-call.
+call. With `background`, the kernels load in a thread (`start_preload`), joined before the calls.
 """
 
 from __future__ import annotations
@@ -24,17 +24,23 @@ from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate, journal_sink
 from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
-from kprecompile.warmup.preload import preload
+from kprecompile.warmup.preload import preload, start_preload
 
 
 def main() -> None:
     cache_dir, arguments = sys.argv[1], sys.argv[2:]
+    background = "background" in arguments
+    arguments = [argument for argument in arguments if argument != "background"]
     m_values = [int(m) for m in arguments if not m.startswith("add=")]
     add = [int(m.removeprefix("add=")) for m in arguments if m.startswith("add=")]
     layout = activate(cache_dir)
     monitor = JitMonitor().install()
     model, target, serving = load_model("deepseek-v2-lite"), TARGETS["gfx942"], ServingParams(max_num_seqs=3)
-    report = preload(Request(model, serving, select(model)), layout, target=target)
+    request = Request(model, serving, select(model))
+    if background:
+        report = start_preload(request, layout, target=target).join()
+    else:
+        report = preload(request, layout, target=target)
     monitor.record_to(journal_sink(Request(model, serving, select(model)), layout, target))
     after_preload = len(monitor.compiles)
     outcomes, compiles_per_call = [], []

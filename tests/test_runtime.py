@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
 from kprecompile.serve.monitor import JitMonitor
 from kprecompile.serve.runtime import activate
-from kprecompile.warmup.preload import preload
+from kprecompile.warmup.preload import _ListenerCounter, load_order, preload, start_preload
 
 HERE = Path(__file__).parent
 
@@ -55,10 +56,14 @@ def test_activate_points_triton_and_aiter_at_the_cache_and_is_idempotent(tmp_pat
                 assert warnings == []
 
 
-def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_does(cache_copy):
+@pytest.mark.parametrize("background", [False, True], ids=["in-the-caller", "in-a-thread"])
+def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_does(cache_copy, background):
+    """Loaded in the caller or in a thread of its own (a server's start), the engine's calls then
+    find every planned kernel in memory."""
     cache_dir, kernels = cache_copy
-    result, stderr = serving_process(cache_dir, 1, 2, 3, 40, strict="error")
+    result, stderr = serving_process(cache_dir, 1, 2, 3, 40, *["background"] * background, strict="error")
     assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
+    assert (result["preload"]["waited"] is not None) == background
     assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
     # The engine's own calls find the preloaded kernels in memory: straight to launch.
     assert result["outcomes"][:6] == ["reached launch"] * 6 and result["compiles_per_call"][:6] == [0] * 6
@@ -171,10 +176,57 @@ def test_the_monitor_warns_names_and_counts_a_compile(tmp_path, sm90, caplog):
     assert monitor.summary().startswith("kprecompile: 1 kernel compiled while serving (")
 
 
-def test_preload_without_a_warm_cache_says_so(tmp_path):
+@pytest.mark.parametrize("load", [preload, start_preload], ids=["preload", "start_preload"])
+def test_preload_without_a_warm_cache_says_so(tmp_path, load):
+    """Also where the kernels would load in a thread: the caller hears it, not the thread."""
     layout = CacheLayout.of(tmp_path / "empty")
     with pytest.raises(NotWarmError, match="no manifest for deepseek-v2-lite on gfx942"):
-        preload(Request(MODEL, SERVING, select(MODEL, environ={})), layout, target=TARGETS["gfx942"])
+        load(Request(MODEL, SERVING, select(MODEL, environ={})), layout, target=TARGETS["gfx942"])
+    assert not [thread for thread in threading.enumerate() if thread.name == "kprecompile-preload"]
+
+
+def test_kernels_already_in_memory_are_not_loaded_again(cache_copy):
+    """A second preload in one process (a thread's after the engine's own first calls, or another
+    configuration sharing kernels) finds each kernel in Triton's memory: none read from the cache.
+    Control: the first preload loads every one."""
+    cache_dir, kernels = cache_copy
+    layout = activate(cache_dir)
+    request = Request(MODEL, SERVING, select(MODEL, environ={}))
+    first = start_preload(request, layout, target=TARGETS["gfx942"]).join()
+    again = preload(request, layout, target=TARGETS["gfx942"])
+    assert (first.loaded, first.in_memory) == (kernels, 0) and first.waited is not None
+    assert (again.loaded, again.compiled, again.in_memory) == (0, 0, kernels) and again.failures == ()
+
+
+def test_the_load_order_puts_what_the_engine_runs_while_loading_first(cache_copy):
+    """vLLM's MLA layers run the FP8 BMM over every batch size while the weights are processed:
+    those kernels load first, the rest in the plan's order, each kernel once."""
+    cache_dir, _ = cache_copy
+    # The plan's order reversed: the FP8 BMM's kernels last.
+    jobs = list(baked_manifest(CacheLayout.of(cache_dir), TARGETS["gfx942"]).manifest.jobs)[::-1]
+    assert {job.family for job in jobs} > {"fp8_bmm"} and jobs[0].family != "fp8_bmm"  # else nothing to show
+    ordered = load_order(jobs + jobs[:3])
+    families = [job.family for job in ordered]
+    bmm = families.count("fp8_bmm")
+    assert families[:bmm] == ["fp8_bmm"] * bmm and "fp8_bmm" not in families[bmm:]
+    assert sorted(ordered, key=jobs.index) == jobs
+    assert [job for job in ordered if job.family != "fp8_bmm"] == [job for job in jobs if job.family != "fp8_bmm"]
+
+
+def test_a_background_preload_counts_its_own_threads_compiles_only():
+    """Triton's listener is process-wide: the engine's compiles beside a background preload reach
+    it too, and must not be counted as the preload's. Control: its own thread's are."""
+    counter = _ListenerCounter(threading.get_ident())
+    seen = []
+    listen = counter.chained(lambda **event: seen.append(event["cache_hit"]))
+    event = {"src": None, "metadata": None, "metadata_group": None, "times": None}
+    other = threading.Thread(target=lambda: [listen(**event, cache_hit=hit) for hit in (True, False)])
+    other.start()
+    other.join()
+    assert (counter.hits, counter.misses) == (0, 0) and seen == [True, False]
+    listen(**event, cache_hit=True)
+    listen(**event, cache_hit=False)
+    assert (counter.hits, counter.misses) == (1, 1) and seen == [True, False, True, False]
 
 
 def test_monitor_modes_are_checked(monkeypatch):

@@ -11,11 +11,16 @@ vLLM calls `register` in every process it starts, before it builds a model. In t
    backend of the model's layers) for this worker's GPU, whose platform decides the families
    (vLLM's CUDA rules on NVIDIA, its ROCm rules on AMD); verify in-process; when the
    configuration is not warm, start the warm in a background process, which runs while the
-   weights load. Where no family compiles on the GPU (FLASH_ATTN on NVIDIA), one line says why.
+   weights load; when it is, start loading its kernels into the process in a thread
+   (`start_preload`), beside the weights. Where no family compiles on the GPU (FLASH_ATTN on
+   NVIDIA), one line says why.
 3. Before `process_weights_after_loading` (where vLLM's MLA layers run their FP8 BMM loop,
    m = 1..1024): join the warm, so that the loop finds every kernel in the cache.
-4. After the runner's `load_model`: load the configuration's kernels into the process
-   (`preload`) and say how many compiled while loading.
+4. After the runner's `load_model`: start loading the kernels if the warm was needed.
+5. After the runner's `profile_run` (inside vLLM's memory profiling, so the modules' memory is
+   counted before the KV cache is sized), and in any case before `capture_model` (a module
+   loaded by another thread during a CUDA graph capture invalidates it): join the loading and
+   say how long the start waited for it and how many kernels compiled while loading.
 
 Operators see one line per event at WARNING through vLLM's own logging, from the first local
 rank only. Nothing here ever stops the server: a failure is one WARNING line, and the kernels
@@ -91,6 +96,8 @@ class LoaderHook:
     hf_config: dict[str, Any] | None = None
     was_warm: bool | None = None
     background: Any = None
+    # The configuration's kernels loading into this process beside the start (`start_preload`).
+    preloading: Any = None
     events: list[str] = field(default_factory=list)
 
     @classmethod
@@ -110,13 +117,16 @@ class LoaderHook:
         return hook
 
     def _patch_vllm(self) -> None:
-        """Wrap vLLM's model construction, weight post-processing and the runner's load_model."""
+        """Wrap vLLM's model construction, weight post-processing and the runner's load_model,
+        profile_run and capture_model."""
         from vllm.model_executor.model_loader import base_loader
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         _wrap(base_loader, "initialize_model", after=self._model_built)
         _wrap(base_loader, "process_weights_after_loading", before=self._before_weights_processed)
         _wrap(GPUModelRunner, "load_model", after=self._model_loaded)
+        _wrap(GPUModelRunner, "profile_run", after=self._profiled)
+        _wrap(GPUModelRunner, "capture_model", before=self._before_capture)
 
     # The three moments of a load.
 
@@ -131,7 +141,13 @@ class LoaderHook:
             self._guarded("waiting for the background warm", self._join)
 
     def _model_loaded(self, result: Any, args: tuple, kwargs: dict) -> None:
-        self._guarded("loading kernels", self._preload)
+        self._guarded("loading kernels", self._start_preload)
+
+    def _profiled(self, result: Any, args: tuple, kwargs: dict) -> None:
+        self._guarded("loading kernels", self._join_preload)
+
+    def _before_capture(self, args: tuple, kwargs: dict) -> None:
+        self._guarded("loading kernels", self._join_preload)
 
     # What happens at each.
 
@@ -160,8 +176,9 @@ class LoaderHook:
         if report.warm:
             self._say(
                 f"{request.model.name} on {target} is warm in {self.layout.root} "
-                f"({plural(report.targets[0].kernels, 'kernel')})"
+                f"({plural(report.targets[0].kernels, 'kernel')}): loading them beside the weights"
             )
+            self._start_preload()
             return
         ranks = _local_ranks(request.serving.tensor_parallel_size)
         self.background = background.start(
@@ -191,20 +208,29 @@ class LoaderHook:
             f"{report['cached']} cached{failed}) in {report['seconds']:.1f} s; the load waited {waited:.1f} s for it"
         )
 
-    def _preload(self) -> None:
-        from ...warmup.preload import preload
+    def _start_preload(self) -> None:
+        from ...warmup.preload import start_preload
 
+        if self.preloading is not None:
+            return  # started when the model was built, the configuration warm
         if self.request is None:
             raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")
-        request = self.request
-        if _nothing_to_compile(request) is not None:
+        if _nothing_to_compile(self.request) is not None:
             self._say(f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started")
             return
-        report = preload(request, self.layout, target=request.targets[0])
+        self.preloading = start_preload(self.request, self.layout, target=self.request.targets[0])
+
+    def _join_preload(self) -> None:
+        if self.preloading is None:
+            return
+        preloading, self.preloading = self.preloading, None
+        report = preloading.join()
         failed = f" ({len(report.failures)} could not be loaded: {report.failures[0]})" if report.failures else ""
+        in_memory = f", {report.in_memory} already in memory" if report.in_memory else ""
         self._say(
             f"{plural(report.kernels - len(report.failures), 'kernel')} of the configuration in the process "
-            f"({report.loaded} loaded from the cache in {report.seconds:.1f} s){failed}; "
+            f"({report.loaded} loaded from the cache in {report.seconds:.1f} s beside the start{in_memory}; the start "
+            f"waited {report.waited:.1f} s for them){failed}; "
             f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started"
         )
 
@@ -218,6 +244,7 @@ class LoaderHook:
             step()
         except Exception as error:  # the server must start regardless
             self.background = None
+            self.preloading = None
             self.events.append(f"skipped {what}: {error}")
             logger.warning(
                 "kprecompile: %s skipped (%s: %s); kernels compile on first use", what, type(error).__name__, error

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""What loading the planned kernels adds to a server's start: after the weights, or beside them.
+
+On a GPU host with vLLM's Python (`scripts/vllm_carry.py`; the kernels are vLLM's own Triton
+ones). Bakes, with no GPU visible, Llama-3.1-8B under TRITON_ATTN, DeepSeek-V2-Lite under
+TRITON_MLA (`vllm_e2e.py`'s configurations) and the 128 configurations at scale (four GQA models,
+tensor-parallel sizes 1 to 8, KV caches in the model dtype and FP8, blocks of 16 and 32 tokens,
+64 and 256 sequences). Then, alternating in fresh processes with the GPU, a start as vLLM's
+worker makes it: the weights (`--weights-gb` read from a file, tensor by tensor as vLLM's loader
+copies them to the GPU), and the kernels
+
+- `none`: not loaded ahead (each loads from the cache on its first call, as without preload),
+- `after`: loaded after the weights, in the start's own thread (the plugin until 2026-12-04),
+- `beside`: loaded in a thread from when the model is built (`start_preload`), joined after the
+  weights (the plugin joins later still: after vLLM's profiling step).
+
+Prints per plan and mode the start's median seconds, what each adds to `none`, the wait at the
+join, and for the two single configurations the first engine step after the start (vLLM's own
+impl, as `vllm_e2e.py --serve` runs it) against its steady state (goal: at most 2x + 5 ms).
+
+    python scripts/bench_preload_start.py [--weights-gb 8] [--runs 3] [--plans llama,v2-lite,scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_e2e import (  # noqa: E402 - the script's own directory
+    BATCHED_TOKENS,
+    GQA_MODEL,
+    MLA_MODEL,
+    MODEL_LEN,
+    SCALE_MODELS,
+    selection_for,
+    vllm_platform,
+)
+
+MODES = ("none", "after", "beside")
+SINGLE = {"llama": (GQA_MODEL, "TRITON_ATTN"), "v2-lite": (MLA_MODEL, "TRITON_MLA")}
+TENSOR_BYTES = 64 << 20  # a large layer's weight
+
+
+def configurations(plan: str):
+    """(model, serving, backend) of each configuration a plan's start loads."""
+    from kprecompile.inputs.models import load_model
+    from kprecompile.inputs.serving import ServingParams
+
+    if plan in SINGLE:
+        model, backend = SINGLE[plan]
+        yield (
+            load_model(model),
+            ServingParams(max_num_seqs=64, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN),
+            backend,
+        )
+        return
+    for preset, tp, kv, block, seqs in itertools.product(
+        SCALE_MODELS, (1, 2, 4, 8), ("auto", "fp8"), (16, 32), (64, 256)
+    ):
+        serving = ServingParams(
+            max_num_seqs=seqs,
+            max_num_batched_tokens=BATCHED_TOKENS,
+            max_model_len=MODEL_LEN,
+            tensor_parallel_size=tp,
+            kv_cache_dtype=kv,
+            block_size=block,
+        )
+        yield load_model(preset), serving, "TRITON_ATTN"
+
+
+def bake(cache: Path, plan: str, target_name: str) -> dict:
+    """Plan every configuration, compile the union with one pool, record each manifest (no GPU)."""
+    from kprecompile.cache.layout import CacheLayout
+    from kprecompile.inputs.targets import TARGETS
+    from kprecompile.selection.request import Request
+    from kprecompile.warmup.planning import plan as plan_kernels
+    from kprecompile.warmup.pool import compile_jobs
+    from kprecompile.warmup.warming import warm
+
+    target = TARGETS[target_name]
+    layout = CacheLayout.of(cache)
+    requests = [Request(m, s, selection_for(m, b, target), (target,)) for m, s, b in configurations(plan)]
+    jobs, entries = {}, 0
+    for request in requests:
+        result = plan_kernels(request)
+        jobs.update((job.key, job) for job in result.jobs)
+        entries += len(result.jobs)
+    failed = [outcome for outcome in compile_jobs(tuple(jobs.values()), layout) if outcome.error]
+    for request in requests:
+        warm(request, layout)
+    return {"configurations": len(requests), "kernels": len(jobs), "entries": entries, "failed": len(failed)}
+
+
+def start(cache: Path, plan: str, mode: str, weights: Path) -> dict:
+    """One server start in this process (GPU visible); its figures as a dict."""
+    import torch
+
+    vllm_platform()
+    from kprecompile.inputs.targets import detect_local_target
+    from kprecompile.selection.request import Request
+    from kprecompile.serve.monitor import JitMonitor
+    from kprecompile.serve.runtime import activate
+    from kprecompile.warmup.preload import preload, start_preload
+
+    target = detect_local_target()
+    layout = activate(cache)
+    monitor = JitMonitor("warn").install()
+    requests = [Request(m, s, selection_for(m, b, target), (target,)) for m, s, b in configurations(plan)]
+    torch.cuda.init()
+    started = time.perf_counter()
+    if mode == "beside":
+        background = (
+            start_preload(requests[0], layout, target=target)
+            if len(requests) == 1
+            else _loading_in_turn(requests, layout, target)
+        )
+    parameters = _load_weights(torch, weights)
+    weights_done = time.perf_counter()
+    reports = []
+    if mode == "after":
+        reports = [preload(request, layout, target=target) for request in requests]
+    elif mode == "beside":
+        reports = background.join() if len(requests) > 1 else [background.join()]
+    ready = time.perf_counter()
+    figures = {
+        "start": ready - started,
+        "weights": weights_done - started,
+        "waited": ready - weights_done,
+        "loaded": sum(report.loaded for report in reports),
+        "in_memory": sum(report.in_memory for report in reports),
+        "preload_seconds": sum(report.seconds for report in reports),
+        "compiles_at_start": len(monitor.compiles),
+    }
+    if plan in SINGLE:
+        from vllm_e2e import TritonAttnCase, TritonMlaCase
+
+        model, serving, backend = next(configurations(plan))
+        case = (TritonAttnCase if backend == "TRITON_ATTN" else TritonMlaCase)(model, serving, target)
+        with _launch_times() as launches:
+            figures["first_ms"] = case.timed(case.first_step)
+            figures["steady_ms"] = statistics.median(case.timed(case.first_step) for _ in range(20))
+        # Each Triton kernel's first launch against its steady launches (host time: what loading costs).
+        figures["kernel_first_ms"] = max(times[0] for times in launches.values())
+        figures["kernel_over_goal_ms"] = max(
+            times[0] - (2 * statistics.median(times[1:]) + 5) for times in launches.values()
+        )
+    figures["compiles"] = len(monitor.compiles)
+    del parameters
+    return figures
+
+
+class _launch_times:
+    """Host milliseconds of each Triton kernel's launches (`JITFunction.run`), by kernel."""
+
+    def __enter__(self) -> dict[str, list[float]]:
+        from triton.runtime.jit import JITFunction
+
+        self.launches: dict[str, list[float]] = {}
+        self.original = original = JITFunction.run
+
+        def run(function, *args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(function, *args, **kwargs)
+            finally:
+                elapsed = (time.perf_counter() - started) * 1000
+                self.launches.setdefault(function.fn.__qualname__, []).append(elapsed)
+
+        JITFunction.run = run
+        return self.launches
+
+    def __exit__(self, *exc: object) -> None:
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.run = self.original
+
+
+class _loading_in_turn:
+    """The scale plan's configurations loaded one after another in one thread beside the start
+    (`start_preload` loads one configuration)."""
+
+    def __init__(self, requests, layout, target) -> None:
+        import torch
+
+        from kprecompile.warmup.preload import preload
+
+        device = torch.cuda.current_device()
+        self.reports = []
+
+        def run() -> None:
+            torch.cuda.set_device(device)
+            self.reports = [preload(request, layout, target=target) for request in requests]
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self):
+        self.thread.join()
+        return self.reports
+
+
+def _load_weights(torch, weights: Path) -> list:
+    """The file's bytes onto the GPU tensor by tensor, as vLLM's default loader copies each
+    checkpoint tensor (memory-mapped) into its parameter."""
+    import mmap
+
+    parameters = []
+    with open(weights, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        host = torch.frombuffer(mapped, dtype=torch.uint8)
+        for offset in range(0, len(host), TENSOR_BYTES):
+            chunk = host[offset : offset + TENSOR_BYTES]
+            parameter = torch.empty(chunk.shape, dtype=torch.uint8, device="cuda")
+            parameter.copy_(chunk)
+            parameters.append(parameter)
+        del host, chunk
+    torch.cuda.synchronize()
+    return parameters
+
+
+def _write_weights(path: Path, gigabytes: float) -> None:
+    block = os.urandom(TENSOR_BYTES)
+    with open(path, "wb") as file:
+        for _ in range(int(gigabytes * (1 << 30)) // TENSOR_BYTES):
+            file.write(block)
+
+
+def _child(*arguments: str, hidden: bool = False) -> dict:
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": ""} if hidden else {})}
+    result = subprocess.run(
+        [sys.executable, __file__, *arguments], env=env, capture_output=True, text=True, check=False
+    )
+    if result.returncode:
+        sys.exit(f"{' '.join(arguments[:2])} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--weights-gb", type=float, default=8.0)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--plans", default="llama,v2-lite,scale")
+    parser.add_argument(
+        "--child", nargs=4, metavar=("WHAT", "CACHE", "PLAN", "MODE_OR_WEIGHTS"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.child:
+        what, cache, plan, mode = arguments.child
+        result = bake(Path(cache), plan, mode) if what == "bake" else start(Path(cache), plan, mode, arguments.weights)
+        print(json.dumps(result))
+        return
+    from kprecompile.inputs.targets import detect_local_target
+
+    target = detect_local_target().name
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="bench-preload-start-") as scratch:
+        weights = Path(scratch) / "weights.bin"
+        _write_weights(weights, arguments.weights_gb)
+        print(f"weights: {arguments.weights_gb:g} GB in {TENSOR_BYTES >> 20} MiB tensors")
+        for plan in arguments.plans.split(","):
+            cache = Path(scratch) / plan
+            started = time.perf_counter()
+            baked = _child("--child", "bake", str(cache), plan, target, hidden=True)
+            print(
+                f"{plan}: {baked['configurations']} configurations, {baked['entries']} kernels in their manifests "
+                f"({baked['kernels']} unique, {baked['failed']} failed) baked with no GPU visible in "
+                f"{time.perf_counter() - started:.1f} s",
+                flush=True,
+            )
+            runs = {mode: [] for mode in MODES}
+            for _ in range(arguments.runs):
+                for mode in MODES:
+                    runs[mode].append(_child("--child", "start", str(cache), plan, mode, "--weights", str(weights)))
+            failed |= _report(plan, runs)
+    sys.exit(1 if failed else 0)
+
+
+def _report(plan: str, runs: dict[str, list[dict]]) -> bool:
+    median = {
+        mode: {key: statistics.median(run[key] for run in results) for key in results[0]}
+        for mode, results in runs.items()
+    }
+    none = median["none"]["start"]
+    failed = False
+    for mode in MODES:
+        figures = median[mode]
+        line = f"  {mode:6s} start {figures['start']:.2f} s (weights {figures['weights']:.2f} s"
+        if mode != "none":
+            line += (
+                f", waited {figures['waited']:.2f} s; {figures['loaded']:.0f} loaded + {figures['in_memory']:.0f} "
+                f"already in memory in {figures['preload_seconds']:.2f} s): {figures['start'] - none:+.2f} s "
+                f"on none, {figures['start'] / none:.2f}x"
+            )
+        else:
+            line += ")"
+        if "first_ms" in figures:
+            goal = 2 * figures["steady_ms"] + 5
+            line += f"; first step {figures['first_ms']:.2f} ms (steady {figures['steady_ms']:.3f} ms"
+            line += f", goal {goal:.2f} ms)" if mode != "none" else ")"
+            line += f"; slowest first kernel launch {figures['kernel_first_ms']:.2f} ms"
+            line += f" ({figures['kernel_over_goal_ms']:+.2f} ms on its 2x steady + 5 ms)"
+            failed |= mode != "none" and figures["kernel_over_goal_ms"] > 0
+        line += f"; compiles {figures['compiles']:.0f}"
+        failed |= figures["compiles"] > 0
+        print(line, flush=True)
+    return failed
+
+
+if __name__ == "__main__":
+    main()
