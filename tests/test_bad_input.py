@@ -428,6 +428,13 @@ CASES = [
         "kprecompile: KPRECOMPILE_LOCK_TIMEOUT: got 'nan', expected a positive number of seconds",
     ),
     (
+        "trace-workers",
+        "deepseek-r1",
+        [],
+        {"KPRECOMPILE_TRACE_WORKERS": "0"},
+        "kprecompile: KPRECOMPILE_TRACE_WORKERS: got '0', expected a positive whole number",
+    ),
+    (
         "strict-mode",
         "deepseek-r1",
         [],

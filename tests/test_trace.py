@@ -1,5 +1,9 @@
 import importlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,6 +12,7 @@ from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, launc
 from kprecompile.errors import TracingError
 from kprecompile.tracing.trace import trace_calls
 
+HERE = Path(__file__).parent
 FAMILY = FP8_BMM.name
 FP8_BMM_MODULES = FP8_BMM.traced_modules
 
@@ -112,3 +117,25 @@ def test_a_failing_library_call_names_the_call(sm90):
 
     with pytest.raises(TracingError, match=r"tracing sample failed at broken call: RuntimeError: shape"):
         trace_calls([("broken call", broken)], sm90, "sample")
+
+
+def test_a_trace_split_over_forked_processes_finds_what_one_process_finds():
+    """192 FP8 BMM steps in 3 processes (forked after the first step): the same jobs in the same
+    order as in one. Control: the split really happened. A step that breaks in a forked process
+    is run again here and fails the trace with its own cause, naming the step."""
+    result = subprocess.run(
+        [sys.executable, str(HERE / "forked_trace.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(HERE))))},
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    one, three = document["one"], document["three"]
+    assert (one["processes"], three["processes"]) == (1, 3)
+    assert one["calls"] == three["calls"] == 192 and len(one["jobs"]) > 1
+    assert three["jobs"] == one["jobs"]
+    failure = document["failure"]
+    assert failure["cause"] == "RuntimeError" and failure["error"].startswith("tracing sample failed at broken call:")

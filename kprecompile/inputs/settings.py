@@ -52,6 +52,13 @@ def _positive_seconds(raw: str) -> float:
     return value
 
 
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise ValueError(raw)
+    return value
+
+
 def _strict_mode(raw: str) -> StrictMode:
     mode = raw.strip().lower()
     if mode not in STRICT_MODES:
@@ -140,6 +147,13 @@ WORKER_START = Setting(
     lambda: "forkserver",
     "how compile workers start: forked from one process that imported torch and Triton, or each spawned",
 )
+TRACE_WORKERS = Setting(
+    "KPRECOMPILE_TRACE_WORKERS",
+    "a positive whole number",
+    _positive_int,
+    lambda: len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1),
+    "processes a family's trace is split over once its modules are imported (1: traced in one)",
+)
 SIGNING_KEY = Setting(
     "KPRECOMPILE_SIGNING_KEY",
     "a private key file path",
@@ -162,6 +176,7 @@ SETTINGS: tuple[Setting, ...] = (
     LOCK_TIMEOUT,
     SIGNING_KEY,
     STRICT,
+    TRACE_WORKERS,
     TRUSTED_KEYS,
     VLLM_HOOK,
     WORKER_START,

@@ -40,6 +40,8 @@ class TraceResult:
     calls: int
     jobs: tuple[CompileJob, ...]
     seconds: float
+    # How many processes the steps were split over (`forked.py`).
+    processes: int = 1
 
 
 Call = tuple[str, Callable[[], object]]
@@ -59,19 +61,41 @@ def trace_calls(
     config tables, autotuner results, kernels' per-device caches) never leaks between targets.
     `triton_key` is Triton's `triton_key()` when the caller has it remembered.
     """
+    from .forked import processes_for, run_split
+
     started = time.perf_counter()
-    count = 0
-    with capturing(target, fresh_modules, triton_key) as capture:
-        for label, call in calls:
+    calls = list(calls)
+
+    def run(steps: Iterable[int]) -> None:
+        for step in steps:
+            label, call = calls[step]
+            capture.step = step
             try:
                 call()
             except Exception as error:
                 raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
-            count += 1
+
+    processes = 1
+    with capturing(target, fresh_modules, triton_key) as capture:
+        run(range(min(1, len(calls))))  # the first step imports what the others need
+        rest = range(1, len(calls))
+        processes = processes_for(len(rest))
+        if processes > 1:
+            capture.add_found(run_split(rest, processes, run, capture.captured_in))
+        else:
+            run(rest)
     jobs = capture.jobs(family)
     seconds = time.perf_counter() - started
-    logger.info("traced %s on %s: %d calls, %d kernels in %.2f s", family, target.name, count, len(jobs), seconds)
-    return TraceResult(family, target.name, count, jobs, seconds)
+    logger.info(
+        "traced %s on %s: %d calls, %d kernels in %.2f s (%d processes)",
+        family,
+        target.name,
+        len(calls),
+        len(jobs),
+        seconds,
+        processes,
+    )
+    return TraceResult(family, target.name, len(calls), jobs, seconds, processes)
 
 
 class Capture:
@@ -83,6 +107,11 @@ class Capture:
         self.options = _OptionsParser(target)
         # Specialization data -> (JITFunction, Triton cache key), in the order first seen.
         self.captured: dict[str, tuple[Any, str]] = {}
+        # The step of a trace running now, and the one each specialization was first seen in.
+        self.step = 0
+        self.first_step: dict[str, int] = {}
+        # What forked processes captured (`forked.py`): (step, order, data, kernel path, key).
+        self.found: list[tuple[int, int, str, str, str]] = []
         self.last: tuple[str, str] | None = None
         # What a family's step does once per capture (a merge's widening to every token count):
         # every later step finds its kernels captured already.
@@ -93,6 +122,7 @@ class Capture:
         if data not in self.captured:
             jit_function = fn.jit_function
             self.captured[data] = (jit_function, _cache_key(jit_function, compile, data, self.options, self.triton_key))
+            self.first_step[data] = self.step
         self.last = (data, self.captured[data][1])
         return True  # nothing compiles, nothing launches
 
@@ -113,10 +143,28 @@ class Capture:
             raise TracingError("recorded", kernel.fn.__qualname__, "preloading it did not reach Triton's compile hook")
         return self.last
 
+    def captured_in(self, steps: Iterable[int]) -> list[tuple[int, int, str, str, str]]:
+        """What was first captured in `steps`, as `found` holds it."""
+        wanted = set(steps)
+        return [
+            (self.first_step[data], order, data, _import_path(jit_function), key)
+            for order, (data, (jit_function, key)) in enumerate(self.captured.items())
+            if self.first_step[data] in wanted
+        ]
+
+    def add_found(self, found: Iterable[tuple[int, int, str, str, str]]) -> None:
+        self.found.extend(found)
+
     def jobs(self, family: str) -> tuple[CompileJob, ...]:
+        """One job per cache key, in the order of the steps that first launched them (the order
+        of a trace in one process, however many it was split over)."""
+        seen = [
+            (self.first_step.get(data, 0), order, data, _import_path(jit_function), key)
+            for order, (data, (jit_function, key)) in enumerate(self.captured.items())
+        ]
         jobs: dict[str, CompileJob] = {}
-        for data, (jit_function, key) in self.captured.items():
-            jobs.setdefault(key, CompileJob(family, self.target.name, _import_path(jit_function), key, data))
+        for _, _, data, path, key in sorted([*seen, *self.found], key=lambda entry: entry[:2]):
+            jobs.setdefault(key, CompileJob(family, self.target.name, path, key, data))
         return tuple(jobs.values())
 
 

@@ -26,6 +26,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from importlib import metadata
@@ -117,13 +118,39 @@ def vllm_layers(
             remembered = _parse(json.loads(memo.read_text()))
             logger.debug("vLLM's layers, remembered at %s", memo)
             return remembered
-    answer = _ask(question, model.name)
+    with _importing_beside(target):
+        answer = _ask(question, model.name)
     if answer is not None and memo is not None:
         try:
             write_atomic(memo, json.dumps(answer).encode())
         except OSError as error:  # a read-only cache still works, only slower
             logger.debug("cannot remember vLLM's layers at %s: %s", memo, error)
     return None if answer is None else _parse(answer)
+
+
+@contextlib.contextmanager
+def _importing_beside(target: Target) -> Iterator[None]:
+    """While vLLM builds the model in a process of its own, this one imports what tracing vLLM's
+    kernels needs next (torch, Triton, vLLM's engine arguments, under the target's platform as a
+    trace imports them): the two imports overlap instead of following each other. Joined before
+    the block ends: a trace may fork, which only a process with one thread does."""
+
+    def import_for_tracing() -> None:
+        from ..platforms.triton_driver import active_target
+        from ..tracing.libraries import import_library_module
+
+        try:
+            with active_target(target):
+                import_library_module("vllm.engine.arg_utils")
+        except Exception as error:  # the trace imports them again and says what fails
+            logger.debug("importing vLLM beside its model build failed: %s", error)
+
+    thread = threading.Thread(target=import_for_tracing, name="kprecompile-import", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def _parse(answer: dict[str, Any]) -> BuiltLayers:

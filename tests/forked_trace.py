@@ -1,0 +1,47 @@
+"""A trace split over forked processes against the same trace in one, in a process of its own
+(a fork copies only the calling thread, so the trace forks only where no other thread runs: a
+fresh interpreter, not the test session).
+
+Prints one JSON line: for DeepSeek-R1 TP8's FP8 BMM at m = 1..96 on gfx942 (192 steps), the
+jobs traced in 1 and in 3 processes, and how many processes each used; then what a trace of
+the tests' add kernel over 70 steps raises when the step that breaks falls to a forked process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from helpers import fp8_bmm_calls, fp8_bmm_shapes, sample_call
+
+from kprecompile.errors import TracingError
+from kprecompile.inputs.targets import TARGETS
+from kprecompile.shapes.fp8_bmm import FAMILY as FP8_BMM
+from kprecompile.tracing.trace import trace_calls
+
+
+def traced(processes: int):
+    os.environ["KPRECOMPILE_TRACE_WORKERS"] = str(processes)
+    gfx942 = TARGETS["gfx942"]
+    calls = fp8_bmm_calls(fp8_bmm_shapes(range(1, 97)), gfx942)
+    result = trace_calls(calls, gfx942, FP8_BMM.name, FP8_BMM.traced_modules)
+    return {"processes": result.processes, "calls": result.calls, "jobs": [job.as_dict() for job in result.jobs]}
+
+
+def broken() -> None:
+    torch.empty(3, device="meta").view(2, 2)
+
+
+def failure() -> dict:
+    os.environ["KPRECOMPILE_TRACE_WORKERS"] = "2"
+    calls = [sample_call("launch_add", n, 64) for n in range(1000, 1070)]
+    calls[2] = ("broken call", broken)  # the rest's second step: the forked process's share
+    try:
+        trace_calls(calls, TARGETS["sm90"], "sample", ("sample_kernels",))
+    except TracingError as error:
+        return {"error": str(error), "cause": type(error.__cause__).__name__}
+    return {"error": None, "cause": None}
+
+
+print(json.dumps({"one": traced(1), "three": traced(3), "failure": failure()}))
