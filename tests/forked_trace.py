@@ -4,7 +4,8 @@ fresh interpreter, not the test session).
 
 Prints one JSON line: for DeepSeek-R1 TP8's FP8 BMM at m = 1..96 on gfx942 (192 steps), the
 jobs traced in 1 and in 3 processes, and how many processes each used; then what a trace of
-the tests' add kernel over 70 steps raises when the step that breaks falls to a forked process.
+the tests' add kernel over 70 steps raises when the step that breaks falls to the forked process
+or to this one, and whether a forked process was left behind.
 """
 
 from __future__ import annotations
@@ -33,15 +34,24 @@ def broken() -> None:
     torch.empty(3, device="meta").view(2, 2)
 
 
-def failure() -> dict:
+def failure(step: int) -> dict:
+    """The 70-step trace with step `step` broken: 2 falls to the forked process, 1 to this one."""
     os.environ["KPRECOMPILE_TRACE_WORKERS"] = "2"
     calls = [sample_call("launch_add", n, 64) for n in range(1000, 1070)]
-    calls[2] = ("broken call", broken)  # the rest's second step: the forked process's share
+    calls[step] = ("broken call", broken)
     try:
         trace_calls(calls, TARGETS["sm90"], "sample", ("sample_kernels",))
     except TracingError as error:
-        return {"error": str(error), "cause": type(error.__cause__).__name__}
-    return {"error": None, "cause": None}
+        return {"error": str(error), "cause": type(error.__cause__).__name__, "children_left": _children_left()}
+    return {"error": None, "cause": None, "children_left": _children_left()}
 
 
-print(json.dumps({"one": traced(1), "three": traced(3), "failure": failure()}))
+def _children_left() -> bool:
+    try:
+        os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return True
+
+
+print(json.dumps({"one": traced(1), "three": traced(3), "failures": [failure(2), failure(1)]}))

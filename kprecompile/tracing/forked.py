@@ -45,23 +45,30 @@ def run_split(
     ones captured; shares whose process failed are run here again."""
     shares = [list(steps[index::processes]) for index in range(processes)]
     children = [_fork(share, run, captured_since) for share in shares[1:]]
-    run(shares[0])
-    found, failed = [], []
-    for share, (pid, read) in zip(shares[1:], children, strict=True):
-        with os.fdopen(read, "rb") as stream:
-            payload = stream.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            result = pickle.loads(payload) if status == 0 else None
-        except Exception:
-            result = None
+    try:
+        run(shares[0])
+    finally:  # each forked process is waited for, whatever this one's share did
+        results = [_collected(pid, read) for pid, read in children]
+    found = []
+    for share, result in zip(shares[1:], results, strict=True):
         if result is None:
-            failed.append(share)
+            run(share)  # its error, with its cause, as a trace in one process raises it
         else:
             found.extend(result)
-    for share in failed:
-        run(share)  # its error, with its cause, as a trace in one process raises it
     return found
+
+
+def _collected(pid: int, read: int) -> list | None:
+    """What a forked process sent, once it has exited; None where it failed."""
+    with os.fdopen(read, "rb") as stream:
+        payload = stream.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        return None
+    try:
+        return pickle.loads(payload)
+    except Exception:
+        return None
 
 
 def _fork(share: list[int], run, captured_since) -> tuple[int, int]:
