@@ -45,7 +45,7 @@ CACHE_VARIABLES = {
 }
 # Variables a test may have set in the test process, unset for each test: `activate()` names its
 # layers and manager (a process would serve someone else's cache), and tracing vLLM's kernels quiets
-# vLLM's logging (`_quiet_logging`: a server started by a later test would log nowhere it reads).
+# vLLM's logging (`quiet_vllm_logging`: a server started by a later test would log nowhere it reads).
 UNSET_VARIABLES = ("KPRECOMPILE_CACHE_LAYERS", "TRITON_CACHE_MANAGER", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_LEVEL")
 
 

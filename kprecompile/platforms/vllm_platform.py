@@ -181,7 +181,7 @@ def use_target_platform(target: Target) -> None:
     next (tracing and compile workers, which import them per target): they read its FP8 type and
     range and its arch checks at import. Also makes sure vLLM's `triton_utils` hold the real
     Triton (see `_real_triton`). Does nothing when it already is."""
-    _quiet_logging()
+    quiet_vllm_logging()
     _vllm_package()
     _real_triton(target)
     import vllm.platforms as platforms
@@ -192,7 +192,7 @@ def use_target_platform(target: Target) -> None:
         setattr(platform, _TARGET_MARK, target.name)
 
 
-def _quiet_logging() -> None:
+def quiet_vllm_logging() -> None:
     """kprecompile's stdout carries its data (`--json`); vLLM logs to stdout, and on a builder
     without a GPU it warns about every GPU extension it cannot load. Before vLLM configures its
     logging in a kprecompile process: to stderr, critical messages only, unless the user chose otherwise

@@ -9,9 +9,12 @@ tensor parallelism, and reads every registered attention layer: its KV-cache spe
 soft-cap and sinks, the backend chosen. About 0.1 to 1 s past vLLM's import on this builder.
 
 It runs in a subprocess per (model, serving, target platform, flags): vLLM binds its platform and
-registers its operators at import, and the build imports every module of the model. The answer
-is remembered in the cache's toolchain bucket, keyed by the question and vLLM's installed files,
-like the selector's (`vllm/selector.py`). Where vLLM cannot build the model here, one WARNING, and
+registers its operators at import, and the build imports every module of the model. Where nothing
+of vLLM's is imported yet (a first `plan` on a builder), it runs in the command's own process
+instead, under the environment the subprocess would have, so that the trace that follows finds
+vLLM imported (the imports are most of a first plan). The answer is remembered in the cache's
+toolchain bucket, keyed by the question and vLLM's installed files, like the selector's
+(`vllm/selector.py`). Where vLLM cannot build the model here, one WARNING, and
 the config's reading decides (`inputs/layers.py`).
 
     python -m kprecompile.vllm.model_layers < question.json
@@ -118,14 +121,47 @@ def vllm_layers(
             remembered = _parse(json.loads(memo.read_text()))
             logger.debug("vLLM's layers, remembered at %s", memo)
             return remembered
-    with _importing_beside(target):
-        answer = _ask(question, model.name)
+    answer = _built_here(question)
+    if answer is None:
+        with _importing_beside(target):
+            answer = _ask(question, model.name)
     if answer is not None and memo is not None:
         try:
             write_atomic(memo, json.dumps(answer).encode())
         except OSError as error:  # a read-only cache still works, only slower
             logger.debug("cannot remember vLLM's layers at %s: %s", memo, error)
     return None if answer is None else _parse(answer)
+
+
+def _built_here(question: Question) -> dict[str, Any] | None:
+    """The answer built in this process, under the environment the subprocess would have, where
+    nothing of vLLM's is imported yet and no GPU is visible (a first `plan` or `warm`): what it
+    traces next then imports vLLM once, not once here and once in a child. None (a process of its
+    own answers, as where this does not hold) where the build fails here."""
+    if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules) or _gpu_visible():
+        return None
+    from ..platforms.vllm_platform import quiet_vllm_logging
+
+    quiet_vllm_logging()  # before vLLM's first import here: this process's stdout carries `--json`
+    saved = dict(os.environ)
+    try:
+        os.environ.clear()
+        os.environ.update(build_environment(question))
+        quiet_vllm_logging()  # and under the build's environment, which has only some of vLLM's variables
+        return build(question)
+    except Exception as error:
+        logger.debug("vLLM did not build the layers in this process (%s: %s)", type(error).__name__, error)
+        return None
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _gpu_visible() -> bool:
+    """Whether this process may see a GPU (then torch may hold it before the build could hide it)."""
+    if any(os.environ.get(name) == "" for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")):
+        return False
+    return any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd"))
 
 
 @contextlib.contextmanager

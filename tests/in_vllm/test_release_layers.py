@@ -206,3 +206,51 @@ def test_the_plugin_reads_the_layers_of_the_model_vllm_built_as_the_cli_does(rel
     cli_parts = json.loads(json.dumps(cli_parts, default=str))
     assert plugin["parts"]["serving"] == cli_parts["serving"]
     assert plugin["parts"] == cli_parts
+
+
+BUILT_HERE = """
+import json, sys
+from kprecompile.vllm import model_layers
+question = model_layers.Question(**json.loads(sys.stdin.read()))
+answer = model_layers._built_here(question)
+built = "vllm.model_executor.model_loader.utils" in sys.modules
+# vLLM is imported now: a second question goes to a process of its own.
+print(json.dumps({"answer": answer, "built": built, "again": model_layers._built_here(question)}))
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.vllm_process("layers")
+@pytest.mark.parametrize("spec, target", [(GEMMA2, "gfx942"), (GPT_OSS, "sm90")])
+def test_a_first_plan_builds_the_layers_in_its_own_process_as_the_subprocess_does(release, spec, target):
+    """Where nothing of vLLM's is imported yet (a first plan), the layers are built in the
+    command's own process, so its trace does not import vLLM a second time: the same answer as the
+    process of its own gives. Control: once vLLM is imported there, nothing more is built there
+    (the subprocess answers)."""
+    import os
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from kprecompile.vllm import model_layers
+
+    model = load_model(spec)
+    question = model_layers.Question.of(
+        model, ServingParams(**SERVING), resolve_target(target), release, None, registered_values({}, "vllm")
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", BUILT_HERE],
+        input=json.dumps(asdict(question)),
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""},
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    here = json.loads(result.stdout.strip().splitlines()[-1])
+    assert here["built"] and here["answer"] is not None, result.stderr[-3000:]
+    assert here["answer"] == model_layers._ask(question, model.name)
+    assert len(here["answer"]["layers"]) == 2  # windowed and full layers: really read
+    assert here["again"] is None
