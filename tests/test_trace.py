@@ -141,3 +141,35 @@ def test_a_trace_split_over_forked_processes_finds_what_one_process_finds():
     for failure in document["failures"]:  # in the forked share, then in this process's own
         assert failure["error"].startswith("tracing sample failed at broken call:")
         assert failure["cause"] == "RuntimeError" and not failure["children_left"]
+
+
+def test_the_modules_a_trace_swaps_are_read_while_another_thread_imports():
+    """`warm` traces while its compile pool starts from a thread of its own, which imports: reading
+    `sys.modules` must not fail because another thread changed it (it did, in vLLM 0.33.0's CLI
+    warm: "dictionary changed size during iteration"). Another thread adds and removes modules
+    throughout; the trace's reading of the matching ones never fails."""
+    import threading
+    import types
+
+    from kprecompile.tracing.trace import _matching
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for index in range(50):
+                sys.modules[f"kprecompile_churn_{index}"] = types.ModuleType("churn")
+            for index in range(50):
+                sys.modules.pop(f"kprecompile_churn_{index}", None)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    other = threading.Thread(target=churn)
+    other.start()
+    try:
+        for _ in range(300):
+            assert "kprecompile.tracing.trace" in _matching(("kprecompile.",))
+    finally:
+        stop.set()
+        other.join()
+        sys.setswitchinterval(interval)

@@ -217,7 +217,8 @@ def _real_triton(target: Target) -> None:
         return
     from triton.backends import backends
 
-    for name in [name for name in sys.modules if name == "vllm.triton_utils" or name.startswith("vllm.triton_utils.")]:
+    utils = [name for name in list(sys.modules) if name == "vllm.triton_utils" or name.startswith("vllm.triton_utils.")]
+    for name in utils:
         del sys.modules[name]
     wanted = "amd" if target.is_rocm else "nvidia"
     saved = {name: backend.driver.__dict__["is_active"] for name, backend in backends.items() if backend.driver}

@@ -235,7 +235,7 @@ def _cache_key(
 
 
 def _matching(prefixes: tuple[str, ...]) -> dict[str, Any]:
-    return {name: module for name, module in sys.modules.items() if name.startswith(prefixes)}
+    return {name: module for name, module in list(sys.modules.items()) if name.startswith(prefixes)}
 
 
 def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dict[str, Any]:

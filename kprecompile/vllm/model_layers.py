@@ -138,7 +138,7 @@ def _built_here(question: Question) -> dict[str, Any] | None:
     nothing of vLLM's is imported yet and no GPU is visible (a first `plan` or `warm`): what it
     traces next then imports vLLM once, not once here and once in a child. None (a process of its
     own answers, as where this does not hold) where the build fails here."""
-    if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules) or _gpu_visible():
+    if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)) or _gpu_visible():
         return None
     from ..platforms.vllm_platform import quiet_vllm_logging
 
