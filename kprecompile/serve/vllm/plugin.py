@@ -128,7 +128,7 @@ class LoaderHook:
         _wrap(GPUModelRunner, "profile_run", after=self._profiled)
         _wrap(GPUModelRunner, "capture_model", before=self._before_capture)
 
-    # The three moments of a load.
+    # The moments of a load.
 
     def _model_built(self, result: Any, args: tuple, kwargs: dict) -> None:
         if self.request is not None:
@@ -243,8 +243,7 @@ class LoaderHook:
         try:
             step()
         except Exception as error:  # the server must start regardless
-            self.background = None
-            self.preloading = None
+            self.background = None  # a loading thread is kept: it is still joined before graph capture
             self.events.append(f"skipped {what}: {error}")
             logger.warning(
                 "kprecompile: %s skipped (%s: %s); kernels compile on first use", what, type(error).__name__, error
