@@ -54,4 +54,27 @@ def _children_left() -> bool:
     return True
 
 
-print(json.dumps({"one": traced(1), "three": traced(3), "failures": [failure(2), failure(1)]}))
+def fork_refused() -> dict:
+    """Three processes asked for, the system refusing the second fork (EAGAIN: a process limit,
+    memory): the shares not forked run here, nothing is lost and no process is left."""
+    real_fork, forks = os.fork, []
+
+    def fork() -> int:
+        forks.append(1)
+        if len(forks) > 1:
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real_fork()
+
+    os.fork = fork
+    try:
+        result = traced(3)
+    finally:
+        os.fork = real_fork
+    return {**result, "forks": len(forks), "children_left": _children_left()}
+
+
+print(
+    json.dumps(
+        {"one": traced(1), "three": traced(3), "failures": [failure(2), failure(1)], "fork_refused": fork_refused()}
+    )
+)

@@ -123,7 +123,8 @@ def test_a_trace_split_over_forked_processes_finds_what_one_process_finds():
     """192 FP8 BMM steps in 3 processes (forked after the first step): the same jobs in the same
     order as in one. Control: the split really happened. A step that breaks in a forked process
     is run again here and fails the trace with its own cause, naming the step; one that breaks
-    here fails it after the forked process is waited for."""
+    here fails it after the forked process is waited for; a fork the system refuses leaves its
+    share to this process."""
     result = subprocess.run(
         [sys.executable, str(HERE / "forked_trace.py")],
         capture_output=True,
@@ -141,6 +142,8 @@ def test_a_trace_split_over_forked_processes_finds_what_one_process_finds():
     for failure in document["failures"]:  # in the forked share, then in this process's own
         assert failure["error"].startswith("tracing sample failed at broken call:")
         assert failure["cause"] == "RuntimeError" and not failure["children_left"]
+    refused = document["fork_refused"]  # the second fork refused: its share and the third run here
+    assert refused["forks"] == 2 and refused["jobs"] == one["jobs"] and not refused["children_left"]
 
 
 def test_the_modules_a_trace_swaps_are_read_while_another_thread_imports():

@@ -44,13 +44,20 @@ def run_split(
     forked one another share, returning `captured_since(its share)`. Returns what the forked
     ones captured; shares whose process failed are run here again."""
     shares = [list(steps[index::processes]) for index in range(processes)]
-    children = [_fork(share, run, captured_since) for share in shares[1:]]
+    children: list[tuple[int, int]] = []
     try:
-        run(shares[0])
-    finally:  # each forked process is waited for, whatever this one's share did
+        for share in shares[1:]:
+            children.append(_fork(share, run, captured_since))
+    except OSError:  # no more processes (memory, a limit): the shares left run here
+        pass
+    forked = shares[1 : 1 + len(children)]
+    try:
+        for share in [shares[0], *shares[1 + len(children) :]]:
+            run(share)
+    finally:  # each forked process is waited for, whatever this one's shares did
         results = [_collected(pid, read) for pid, read in children]
     found = []
-    for share, result in zip(shares[1:], results, strict=True):
+    for share, result in zip(forked, results, strict=True):
         if result is None:
             run(share)  # its error, with its cause, as a trace in one process raises it
         else:
@@ -73,7 +80,12 @@ def _collected(pid: int, read: int) -> list | None:
 
 def _fork(share: list[int], run, captured_since) -> tuple[int, int]:
     read, write = os.pipe()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read)
+        os.close(write)
+        raise
     if pid:
         os.close(write)
         return pid, read

@@ -158,10 +158,14 @@ def _built_here(question: Question) -> dict[str, Any] | None:
 
 
 def _gpu_visible() -> bool:
-    """Whether this process may see a GPU (then torch may hold it before the build could hide it)."""
-    if any(os.environ.get(name) == "" for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")):
-        return False
-    return any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd"))
+    """Whether this process may see a GPU (then torch may hold it before the build could hide it),
+    each vendor's by its own variables."""
+    nvidia = os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
+    amd = os.path.exists("/dev/kfd") and "" not in (
+        os.environ.get("HIP_VISIBLE_DEVICES"),
+        os.environ.get("ROCR_VISIBLE_DEVICES"),
+    )
+    return nvidia or amd
 
 
 @contextlib.contextmanager

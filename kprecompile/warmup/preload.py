@@ -6,11 +6,12 @@ with the host compiler, so the engine's first real call costs about what its hun
 `warm` on a GPU host preloads once so that the launchers are built and cached.
 
 A serving process loads them beside its own start (`start_preload`): in a thread of its own,
-from when the model is built to the end of the engine's profiling step, joined before the
-engine captures CUDA graphs (a module loaded by another thread during a capture invalidates it).
-The kernels the engine runs while loading (the FP8 BMM loop over batch sizes) load first; a
-kernel the engine reaches before the thread does is loaded by the engine's own call from the
-checked cache, and the thread then finds it in memory and skips it.
+from when the model is built, beside the weights, joined before the engine launches its first
+Triton kernel. Not later: Triton publishes a compiled kernel in the JITFunction's cache before
+loading its module and launcher (`CompiledKernel._init_handles` sets the launcher first and
+releases the GIL while loading), so an engine thread launching that kernel in between would
+launch it without a function. The FP8 BMM's kernels load first (vLLM's MLA layers run them over
+every batch size right after the weights); a kernel already in Triton's memory is not loaded again.
 """
 
 from __future__ import annotations
@@ -76,9 +77,9 @@ def start_preload(
 ) -> BackgroundPreload:
     """`preload` in a thread of its own; returns at once (a cache that is not warm raises here).
 
-    For a serving process's start: the caller goes on (weights, profiling) and joins before it
-    captures CUDA graphs. For a `target` that is not this process's GPU, the cross-compile
-    driver it loads under is process-wide: nothing else may use Triton until the join.
+    For a serving process's start: the caller goes on (its weights) and joins before it launches
+    any Triton kernel (module doc). For a `target` that is not this process's GPU, the
+    cross-compile driver it loads under is process-wide: nothing else may use Triton until the join.
     """
     return BackgroundPreload(_Loading.of(request, layout, target, launchers))
 

@@ -91,7 +91,6 @@ def server(model_dir: str, hook, backend: str | None) -> dict[str, object]:
     started = hook.background is not None
     hook._before_weights_processed((), {})
     hook._model_loaded(None, (), {})
-    hook._profiled(None, (), {})
     lookup = request and find_manifest(request, SM90, hook.layout, remember=False)
     manifest = lookup.manifest if lookup else None
     return {

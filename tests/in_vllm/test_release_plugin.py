@@ -83,9 +83,7 @@ def test_the_plugin_acts_before_any_model_code(probes):
     assert document["hook"] and document["monitor"]
     assert document["triton_cache_dir"] == document["triton_knob"] == str(cache / "triton-v1")
     assert document["aiter_jit_dir"] == str(cache / "aiter-jit-v1")
-    assert document["hooked"] == dict.fromkeys(
-        ("initialize_model", "process_weights_after_loading", "load_model", "profile_run", "capture_model"), True
-    )
+    assert document["hooked"] == {"initialize_model": True, "process_weights_after_loading": True, "load_model": True}
     # AITER reads AITER_JIT_DIR at import: nothing imported it before the plugin ran.
     assert document["aiter_before_plugins"] == []
 
@@ -144,29 +142,31 @@ def test_a_cold_cache_is_warmed_beside_the_load_and_the_bmm_loop_compiles_nothin
     assert joined.startswith(f"background warm: {kernels} kernels ({kernels} compiled, 0 cached) in ")
     # The load-time loop's calls (W_K and W_V products, m = 1) found their kernels: no compile.
     assert load["loop"] == "reached launch,reached launch" and load["loop_compiles"] == 0
-    # After profile_run every kernel of the configuration is in the process, the loop's two loaded
+    # After load_model every kernel of the configuration is in the process, the loop's two loaded
     # by the loop's own calls (not again); none compiled in it.
     assert loaded.startswith(f"{kernels} kernels of the configuration in the process ({kernels - 2} loaded from the")
-    assert "beside the start, 2 already in memory; the start waited " in loaded
+    assert re.search(r"loaded from the cache in [0-9.]+ s, 2 already in memory\)", loaded), loaded
     assert loaded.endswith("; 0 kernels compiled in this process since it started")
     # Operators see the events through vLLM's logging, at WARNING.
     lines = [line for line in output.splitlines() if f"kprecompile: {joined}" in line]
     assert len(lines) == 1 and re.search(r"\bWARNING\b.*\bkprecompile: ", lines[0]), output[-2000:]
 
 
-def test_a_warm_cache_loads_beside_the_weights_and_is_joined_before_capture(probes, release):
-    """The next start warms the batch the last one recorded, loading its kernels after the weights;
-    the one after finds the configuration warm, and its kernels load in a thread beside the
-    weights (one loading, not a second at load_model's end), joined before graph capture."""
+def test_a_warm_cache_loads_beside_the_weights_joined_before_they_are_processed(probes, release):
+    """The next start warms the batch the last one recorded, and loads its kernels after load_model;
+    the one after finds the configuration warm: its kernels load in a thread beside the weights,
+    joined before vLLM processes them (its first Triton launch), not loaded again after load_model."""
     cache, document, _ = probes
     line = release_line(release)
     merges = merges_per_launch(release, PROBE_TOKENS) if line.mla_merge == "triton" else 0
     kernels = 2 + line.aiter_mla_triton_reduce + merges + 2  # and the two recorded BMMs of 40
     rewarm, warm = document["warm_load"]["rewarm"], document["warm_load"]["warm"]
-    assert not rewarm["started_at_build"] and rewarm["loading"], rewarm["events"]
+    assert not rewarm["started_at_build"], rewarm["events"]
+    _, joined, loaded = rewarm["events"]
     # The batch of 40 compiled while the first server served, into the cache: recorded, not compiled again.
-    assert rewarm["events"][1].startswith(f"background warm: {kernels} kernels (0 compiled, {kernels} cached)")
-    assert warm["started_at_build"] and warm["loading"], warm["events"]
+    assert joined.startswith(f"background warm: {kernels} kernels (0 compiled, {kernels} cached)")
+    assert loaded.startswith(f"{kernels} kernels of the configuration in the process (0 loaded from the cache in ")
+    assert warm["started_at_build"] and warm["joined"], warm["events"]
     said, loaded = warm["events"]
     assert said.endswith(f"is warm in {cache} ({kernels} kernels): loading them beside the weights")
     # In this one process the earlier starts' kernels are in Triton's memory already: none is read
@@ -174,8 +174,8 @@ def test_a_warm_cache_loads_beside_the_weights_and_is_joined_before_capture(prob
     # batch of 40.
     assert re.fullmatch(
         rf"{kernels} kernels of the configuration in the process \(0 loaded from the cache in [0-9.]+ s beside "
-        rf"the start, {kernels} already in memory; the start waited [0-9.]+ s for "
-        r"them\); 2 kernels compiled in this process since it started",
+        rf"the weights, which waited [0-9.]+ s for them, {kernels} already in memory\); 2 kernels compiled in "
+        r"this process since it started",
         loaded,
     ), loaded
 
@@ -219,8 +219,6 @@ def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> dict:
             "initialize_model": getattr(base_loader.initialize_model, _MARK, False),
             "process_weights_after_loading": getattr(base_loader.process_weights_after_loading, _MARK, False),
             "load_model": getattr(GPUModelRunner.load_model, _MARK, False),
-            "profile_run": getattr(GPUModelRunner.profile_run, _MARK, False),
-            "capture_model": getattr(GPUModelRunner.capture_model, _MARK, False),
         },
     }
     from vllm.engine.arg_utils import EngineArgs
@@ -465,8 +463,7 @@ def load_sequence(config, hook, base_loader) -> dict:
     compiles_before = len(hook.monitor.compiles)
     loop = fp8_bmm_loop_call(m=1)
     loop_compiles = len(hook.monitor.compiles) - compiles_before
-    hook._model_loaded(None, (), {})  # after the runner's load_model: the kernels start loading
-    hook._profiled(None, (), {})  # after the runner's profile_run: they are in the process
+    hook._model_loaded(None, (), {})  # after the runner's load_model: the configuration's kernels are loaded
     # Serving: a batch of 40 through the same entry point, beyond the plan's one sequence. The
     # plugin's monitor records it in the configuration's journal.
     from kprecompile.cache.journal import read_records
@@ -494,7 +491,7 @@ def warm_load_sequence(config, hook) -> dict:
     """The next two servers' starts on the cache the first one warmed. The first warms what the
     last one recorded while serving (its journal: the batch of 40); the second finds the
     configuration warm, so its kernels load in a thread from when the model is built, joined
-    before CUDA graphs are captured."""
+    before vLLM processes the weights (before the engine's first Triton launch)."""
     starts = []
     for _ in range(2):
         hook.request, hook.background, hook.events = None, None, []
@@ -503,10 +500,9 @@ def warm_load_sequence(config, hook) -> dict:
         hook._model_built(model, (), {"vllm_config": config})
         started = hook.preloading is not None
         hook._before_weights_processed((), {})
+        joined = hook.preloading is None
         hook._model_loaded(None, (), {})
-        loading = hook.preloading
-        hook._before_capture((), {})  # the engine skipped its profiling step: joined here
-        starts.append({"started_at_build": started, "loading": loading is not None, "events": list(hook.events)})
+        starts.append({"started_at_build": started, "joined": joined, "events": list(hook.events)})
     return {"rewarm": starts[0], "warm": starts[1]}
 
 

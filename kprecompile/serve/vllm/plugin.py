@@ -15,12 +15,16 @@ vLLM calls `register` in every process it starts, before it builds a model. In t
    (`start_preload`), beside the weights. Where no family compiles on the GPU (FLASH_ATTN on
    NVIDIA), one line says why.
 3. Before `process_weights_after_loading` (where vLLM's MLA layers run their FP8 BMM loop,
-   m = 1..1024): join the warm, so that the loop finds every kernel in the cache.
-4. After the runner's `load_model`: start loading the kernels if the warm was needed.
-5. After the runner's `profile_run` (inside vLLM's memory profiling, so the modules' memory is
-   counted before the KV cache is sized), and in any case before `capture_model` (a module
-   loaded by another thread during a CUDA graph capture invalidates it): join the loading and
-   say how long the start waited for it and how many kernels compiled while loading.
+   m = 1..1024): join the warm, so that the loop finds every kernel in the cache; or join the
+   loading thread, before the engine launches its first Triton kernel: Triton publishes a
+   kernel in its cache before its module and launcher are loaded, and an engine thread launching
+   it in between would launch a kernel without a function.
+4. After the runner's `load_model`: the kernels of a configuration warmed beside the load are
+   loaded (in this thread), a loading thread still running is joined (a loader that does not
+   call `process_weights_after_loading`), and one line says how many compiled while loading.
+   vLLM's V2 model runner (0.24 on) loads through the same loader functions but is not hooked
+   here: under it, a warm configuration's kernels load beside the weights (steps 2 and 3), a
+   configuration warmed beside the load is not preloaded.
 
 Operators see one line per event at WARNING through vLLM's own logging, from the first local
 rank only. Nothing here ever stops the server: a failure is one WARNING line, and the kernels
@@ -96,8 +100,10 @@ class LoaderHook:
     hf_config: dict[str, Any] | None = None
     was_warm: bool | None = None
     background: Any = None
-    # The configuration's kernels loading into this process beside the start (`start_preload`).
+    # The configuration's kernels loading into this process beside the weights (`start_preload`),
+    # and whether they are loaded.
     preloading: Any = None
+    loaded: bool = False
     events: list[str] = field(default_factory=list)
 
     @classmethod
@@ -117,16 +123,13 @@ class LoaderHook:
         return hook
 
     def _patch_vllm(self) -> None:
-        """Wrap vLLM's model construction, weight post-processing and the runner's load_model,
-        profile_run and capture_model."""
+        """Wrap vLLM's model construction, weight post-processing and the runner's load_model."""
         from vllm.model_executor.model_loader import base_loader
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         _wrap(base_loader, "initialize_model", after=self._model_built)
         _wrap(base_loader, "process_weights_after_loading", before=self._before_weights_processed)
         _wrap(GPUModelRunner, "load_model", after=self._model_loaded)
-        _wrap(GPUModelRunner, "profile_run", after=self._profiled)
-        _wrap(GPUModelRunner, "capture_model", before=self._before_capture)
 
     # The moments of a load.
 
@@ -139,15 +142,12 @@ class LoaderHook:
     def _before_weights_processed(self, args: tuple, kwargs: dict) -> None:
         if self.background is not None:
             self._guarded("waiting for the background warm", self._join)
+        self._guarded("loading kernels", self._join_preload)
 
     def _model_loaded(self, result: Any, args: tuple, kwargs: dict) -> None:
-        self._guarded("loading kernels", self._start_preload)
-
-    def _profiled(self, result: Any, args: tuple, kwargs: dict) -> None:
         self._guarded("loading kernels", self._join_preload)
-
-    def _before_capture(self, args: tuple, kwargs: dict) -> None:
-        self._guarded("loading kernels", self._join_preload)
+        if not self.loaded:
+            self._guarded("loading kernels", self._preload)
 
     # What happens at each.
 
@@ -158,6 +158,7 @@ class LoaderHook:
         from . import background
         from .request import from_vllm_config, hf_config_dict
 
+        self.loaded = False  # a new model: its kernels are not loaded yet
         # The local GPU decides the families (vLLM's CUDA or ROCm rules), the model's layers the backend.
         request = from_vllm_config(vllm_config, model, self.target or detect_local_target)
         self.request, self.hf_config = request, hf_config_dict(vllm_config)
@@ -211,26 +212,33 @@ class LoaderHook:
     def _start_preload(self) -> None:
         from ...warmup.preload import start_preload
 
-        if self.preloading is not None:
-            return  # started when the model was built, the configuration warm
-        if self.request is None:
-            raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")
-        if _nothing_to_compile(self.request) is not None:
-            self._say(f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started")
-            return
         self.preloading = start_preload(self.request, self.layout, target=self.request.targets[0])
 
     def _join_preload(self) -> None:
         if self.preloading is None:
             return
         preloading, self.preloading = self.preloading, None
-        report = preloading.join()
+        self._report_loaded(preloading.join())
+
+    def _preload(self) -> None:
+        from ...warmup.preload import preload
+
+        if self.request is None:
+            raise KprecompileError("vLLM built the model without the hooked loader; nothing was planned")
+        if _nothing_to_compile(self.request) is not None:
+            self.loaded = True
+            self._say(f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started")
+            return
+        self._report_loaded(preload(self.request, self.layout, target=self.request.targets[0]))
+
+    def _report_loaded(self, report: Any) -> None:
+        self.loaded = True
         failed = f" ({len(report.failures)} could not be loaded: {report.failures[0]})" if report.failures else ""
         in_memory = f", {report.in_memory} already in memory" if report.in_memory else ""
+        beside = "" if report.waited is None else f" beside the weights, which waited {report.waited:.1f} s for them"
         self._say(
             f"{plural(report.kernels - len(report.failures), 'kernel')} of the configuration in the process "
-            f"({report.loaded} loaded from the cache in {report.seconds:.1f} s beside the start{in_memory}; the start "
-            f"waited {report.waited:.1f} s for them){failed}; "
+            f"({report.loaded} loaded from the cache in {report.seconds:.1f} s{beside}{in_memory}){failed}; "
             f"{plural(len(self.monitor.compiles), 'kernel')} compiled in this process since it started"
         )
 
