@@ -24,7 +24,6 @@ impl, as `vllm_e2e.py --serve` runs it) against its steady state (goal: at most 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -39,9 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_e2e import (  # noqa: E402 - the script's own directory
     BATCHED_TOKENS,
     GQA_MODEL,
+    MAX_NUM_SEQS,
     MLA_MODEL,
     MODEL_LEN,
-    SCALE_MODELS,
+    scale_configurations,
     selection_for,
     vllm_platform,
 )
@@ -60,22 +60,12 @@ def configurations(plan: str):
         model, backend = SINGLE[plan]
         yield (
             load_model(model),
-            ServingParams(max_num_seqs=64, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN),
+            ServingParams(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BATCHED_TOKENS, max_model_len=MODEL_LEN),
             backend,
         )
         return
-    for preset, tp, kv, block, seqs in itertools.product(
-        SCALE_MODELS, (1, 2, 4, 8), ("auto", "fp8"), (16, 32), (64, 256)
-    ):
-        serving = ServingParams(
-            max_num_seqs=seqs,
-            max_num_batched_tokens=BATCHED_TOKENS,
-            max_model_len=MODEL_LEN,
-            tensor_parallel_size=tp,
-            kv_cache_dtype=kv,
-            block_size=block,
-        )
-        yield load_model(preset), serving, "TRITON_ATTN"
+    for model, serving in scale_configurations(sequences=(64, 256)):
+        yield model, serving, "TRITON_ATTN"
 
 
 def bake(cache: Path, plan: str, target_name: str) -> dict:

@@ -970,13 +970,17 @@ class LayerKindCase(TimedCase):
         return worst
 
 
-def scale_configurations():
+def scale_configurations(sequences: tuple[int, ...] = (MAX_NUM_SEQS,)):
+    """(model, serving) of each configuration at scale: four GQA models, tensor-parallel sizes 1 to
+    8, KV caches in the model dtype and FP8, blocks of 16 and 32 tokens, each of `sequences`."""
     from kprecompile.inputs.models import load_model
     from kprecompile.inputs.serving import ServingParams
 
-    for preset, tp, kv_cache_dtype, block in itertools.product(SCALE_MODELS, (1, 2, 4, 8), ("auto", "fp8"), (16, 32)):
+    for preset, tp, kv_cache_dtype, block, seqs in itertools.product(
+        SCALE_MODELS, (1, 2, 4, 8), ("auto", "fp8"), (16, 32), sequences
+    ):
         serving = ServingParams(
-            max_num_seqs=MAX_NUM_SEQS,
+            max_num_seqs=seqs,
             max_num_batched_tokens=BATCHED_TOKENS,
             max_model_len=MODEL_LEN,
             tensor_parallel_size=tp,
