@@ -344,3 +344,32 @@ def test_another_configurations_manifest_does_not_vouch_for_this_ones_entries(wa
     binary.write_bytes(genuine)
     assert ServedFiles().problem(entry.name, files, [warm_copy.manifests_dir]) is None
     assert served.problem(entry.name, files, [warm_copy.manifests_dir]) is None
+
+
+def test_a_gpu_is_hidden_by_its_own_vendors_variables_only(tmp_path, monkeypatch):
+    """An empty HIP_VISIBLE_DEVICES hides no NVIDIA GPU (it took the local GPU for absent, and so
+    built no launchers and ran vLLM's layer build where torch could hold the GPU); CUDA's variable
+    hides both (HIP honors it). Control: without the driver's device node nothing is visible."""
+    from kprecompile.inputs import targets
+
+    nodes = {"cuda": tmp_path / "nvidiactl", "hip": tmp_path / "kfd"}
+    for node in nodes.values():
+        node.touch()
+    monkeypatch.setattr(targets, "_DEVICE_NODES", {backend: str(node) for backend, node in nodes.items()})
+    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(variable, raising=False)
+
+    def visible() -> tuple[bool, bool]:
+        return targets.gpu_may_be_visible("cuda"), targets.gpu_may_be_visible("hip")
+
+    assert visible() == (True, True)
+    for variable, expected in (
+        ("HIP_VISIBLE_DEVICES", (True, False)),
+        ("ROCR_VISIBLE_DEVICES", (True, False)),
+        ("CUDA_VISIBLE_DEVICES", (False, False)),
+    ):
+        with monkeypatch.context() as hidden:
+            hidden.setenv(variable, "")
+            assert visible() == expected, variable
+    nodes["cuda"].unlink()
+    assert visible() == (False, True)

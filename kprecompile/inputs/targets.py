@@ -6,6 +6,7 @@ needs from it, such as which FP8 format the hardware uses. Cross-compiling needs
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -97,6 +98,24 @@ def resolve_target(name: str, field: str = "--target") -> Target:
         return TARGETS[key]
     except KeyError:
         raise InputError(field, name, _expected_targets()) from None
+
+
+# Device nodes a GPU driver creates, and the variables that hide its GPUs when set empty (HIP
+# honors CUDA's too; CUDA ignores HIP's).
+_DEVICE_NODES = {"cuda": "/dev/nvidiactl", "hip": "/dev/kfd"}
+_HIDING = {
+    "cuda": ("CUDA_VISIBLE_DEVICES",),
+    "hip": ("HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+}
+
+
+def gpu_may_be_visible(backend: str) -> bool:
+    """Whether this process may see a GPU of `backend`'s kind ("cuda" or "hip"): its driver's
+    device node exists and no variable of that vendor's hides it. Asks nothing of torch, so that
+    a CPU builder never pays for importing it to learn "no"."""
+    if any(os.environ.get(variable) == "" for variable in _HIDING[backend]):
+        return False
+    return os.path.exists(_DEVICE_NODES[backend])
 
 
 def detect_local_target(field: str = "--target") -> Target:

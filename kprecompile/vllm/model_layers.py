@@ -43,7 +43,7 @@ from ..errors import InputError
 from ..inputs.layers import AttentionLayer, distinct
 from ..inputs.models import ModelConfig
 from ..inputs.serving import ServingParams
-from ..inputs.targets import TARGETS, Target
+from ..inputs.targets import TARGETS, Target, gpu_may_be_visible
 from ..inputs.toolchain import aiter_version, stat_digest
 from .releases import release_line
 from .selector import installed_vllm_dir
@@ -138,7 +138,10 @@ def _built_here(question: Question) -> dict[str, Any] | None:
     nothing of vLLM's is imported yet and no GPU is visible (a first `plan` or `warm`): what it
     traces next then imports vLLM once, not once here and once in a child. None (a process of its
     own answers, as where this does not hold) where the build fails here."""
-    if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)) or _gpu_visible():
+    # A GPU this process may see: torch may hold it before the build could hide it.
+    if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)) or any(
+        gpu_may_be_visible(backend) for backend in ("cuda", "hip")
+    ):
         return None
     from ..platforms.vllm_platform import quiet_vllm_logging
 
@@ -155,17 +158,6 @@ def _built_here(question: Question) -> dict[str, Any] | None:
     finally:
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _gpu_visible() -> bool:
-    """Whether this process may see a GPU (then torch may hold it before the build could hide it),
-    each vendor's by its own variables."""
-    nvidia = os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES") != ""
-    amd = os.path.exists("/dev/kfd") and "" not in (
-        os.environ.get("HIP_VISIBLE_DEVICES"),
-        os.environ.get("ROCR_VISIBLE_DEVICES"),
-    )
-    return nvidia or amd
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -251,20 +250,15 @@ def _initialize_specializer() -> None:
     native_specialize_impl(BaseBackend, 0, False, True, True)
 
 
-# Device nodes a GPU driver creates; without one there is no GPU to ask torch about.
-_DEVICE_NODES = {"cuda": "/dev/nvidiactl", "hip": "/dev/kfd"}
-
-
 def is_local_gpu(target: Target) -> bool:
     """Whether this process sees a GPU of `target`'s kind (launchers can be built for it).
 
     Answers from the environment and the driver's device node first, so that a CPU builder
     (or a warm that finds everything cached) never pays for importing torch to learn "no".
     """
-    for variable in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
-        if os.environ.get(variable) == "":
-            return False
-    if not os.path.exists(_DEVICE_NODES[target.backend]):
+    from ..inputs.targets import gpu_may_be_visible
+
+    if not gpu_may_be_visible(target.backend):
         return False
     import torch
 
