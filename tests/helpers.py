@@ -214,24 +214,30 @@ def pack(
     return path
 
 
-def serving_process(cache_dir, *arguments, strict: str = "warn") -> tuple[dict, str]:
-    """Run tests/serving_process.py (a fresh serving process over `cache_dir`): its report and stderr."""
+def run_test_script(script: str, *arguments, environment=None, timeout: int = 300) -> tuple[dict, str]:
+    """Run one of the tests' scripts (tests/<script>) in a fresh interpreter: the JSON of its last
+    line of output, and its stderr."""
     here = Path(__file__).parent
     result = subprocess.run(
-        [sys.executable, str(here / "serving_process.py"), str(cache_dir), *map(str, arguments)],
+        [sys.executable, str(here / script), *map(str, arguments)],
         capture_output=True,
         text=True,
         # The tests' directory on the path after what the run has there (tests/test_tritons.py's Triton).
         env={
             **os.environ,
-            "KPRECOMPILE_STRICT": strict,
+            **(environment or {}),
             "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(here)))),
         },
-        timeout=300,
+        timeout=timeout,
         check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1]), result.stderr
+
+
+def serving_process(cache_dir, *arguments, strict: str = "warn") -> tuple[dict, str]:
+    """Run tests/serving_process.py (a fresh serving process over `cache_dir`): its report and stderr."""
+    return run_test_script("serving_process.py", cache_dir, *arguments, environment={"KPRECOMPILE_STRICT": strict})
 
 
 def parse_command_line(command, name: str, words: list[str]):

@@ -1,18 +1,22 @@
 import importlib
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import FP8_BMM, SAMPLE_MODULE, fp8_bmm_calls, fp8_bmm_shapes, launch_path_keys, sample_call
+from helpers import (
+    FP8_BMM,
+    SAMPLE_MODULE,
+    fp8_bmm_calls,
+    fp8_bmm_shapes,
+    launch_path_keys,
+    run_test_script,
+    sample_call,
+)
 
 from kprecompile.errors import TracingError
 from kprecompile.tracing.trace import trace_calls
 
-HERE = Path(__file__).parent
 FAMILY = FP8_BMM.name
 FP8_BMM_MODULES = FP8_BMM.traced_modules
 
@@ -125,16 +129,7 @@ def test_a_trace_split_over_forked_processes_finds_what_one_process_finds():
     is run again here and fails the trace with its own cause, naming the step; one that breaks
     here fails it after the forked process is waited for; a fork the system refuses leaves its
     share to this process."""
-    result = subprocess.run(
-        [sys.executable, str(HERE / "forked_trace.py")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), str(HERE))))},
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    document = json.loads(result.stdout.strip().splitlines()[-1])
+    document, _ = run_test_script("forked_trace.py", timeout=600)
     one, three = document["one"], document["three"]
     assert (one["processes"], three["processes"]) == (1, 3)
     assert one["calls"] == three["calls"] == 192 and len(one["jobs"]) > 1
