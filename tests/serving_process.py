@@ -34,6 +34,9 @@ def main() -> None:
     m_values = [int(m) for m in arguments if not m.startswith("add=")]
     add = [int(m.removeprefix("add=")) for m in arguments if m.startswith("add=")]
     layout = activate(cache_dir)
+    from triton.runtime import cache as triton_cache
+
+    triton_key = triton_cache.triton_key
     monitor = JitMonitor().install()
     model, target, serving = load_model("deepseek-v2-lite"), TARGETS["gfx942"], ServingParams(max_num_seqs=3)
     request = Request(model, serving, select(model))
@@ -71,6 +74,10 @@ def main() -> None:
         json.dumps(
             {
                 "preload": report.as_dict(),
+                # Whether preload handed Triton its key from the cache's memo, and whether that is
+                # the key Triton computes.
+                "triton_key_handed": triton_cache.triton_key is not triton_key,
+                "triton_key_equal": triton_cache.triton_key() == triton_key(),
                 "compiles_during_preload": after_preload,
                 "compiles": [event.kernel for event in monitor.compiles],
                 "outcomes": outcomes,

@@ -65,6 +65,8 @@ def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_
     assert result["preload"]["kernels"] == result["preload"]["loaded"] == kernels
     assert (result["preload"]["waited"] is not None) == background
     assert result["preload"]["compiled"] == 0 and result["compiles_during_preload"] == 0
+    # Triton did not hash libtriton for its key: preload handed it the cache's memo, its own key.
+    assert result["triton_key_handed"] and result["triton_key_equal"]
     # The engine's own calls find the preloaded kernels in memory: straight to launch.
     assert result["outcomes"][:6] == ["reached launch"] * 6 and result["compiles_per_call"][:6] == [0] * 6
     # m = 40 is beyond the planned 3 sequences: its compile is named and raised in the launching call.
@@ -73,6 +75,18 @@ def test_preload_in_a_fresh_process_compiles_nothing_and_strict_mode_stops_what_
     for outcome in unplanned:
         assert outcome.startswith("strict: ") and "batched_gemm" in outcome and "KPRECOMPILE_STRICT=error" in outcome
     assert "kprecompile: 2 kernels compiled while serving" in stderr
+
+
+def test_without_the_caches_memo_of_the_triton_key_triton_computes_its_own(cache_copy):
+    """The control of the memo handed to Triton: a cache without it (a layer's, a fresh writable
+    one) leaves Triton's key to Triton."""
+    cache_dir, kernels = cache_copy
+    for memo in CacheLayout.of(cache_dir).toolchain_dir.glob("*.json"):
+        if "triton_key_text" in json.loads(memo.read_text()):
+            memo.unlink()
+    result, _ = serving_process(cache_dir, 1)
+    assert result["preload"]["loaded"] == kernels and result["preload"]["compiled"] == 0
+    assert not result["triton_key_handed"] and result["triton_key_equal"]
 
 
 def _binary_of_first_job(cache_dir):

@@ -134,7 +134,19 @@ def triton_version() -> str:
 def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) -> str:
     """Triton's `triton_key()` (its version and the hashes of its files), remembered in the
     cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s. With the memo,
-    Triton is not even imported."""
+    Triton is not even imported. Asked once per process and cache: a server preloading 128
+    configurations read Triton's files for each (0.45 s on the H200 host)."""
+    place = (triton_dir(), layout, remember)
+    text = _IN_THIS_PROCESS.get(place)
+    if text is None:
+        text = _IN_THIS_PROCESS[place] = _triton_key_text(layout, remember)
+    return text
+
+
+_IN_THIS_PROCESS: dict[tuple[Path, CacheLayout | None, bool], str] = {}
+
+
+def _triton_key_text(layout: CacheLayout | None, remember: bool) -> str:
     memo = None
     if layout is not None:
         inputs = _triton_key_inputs(triton_dir())
@@ -155,6 +167,28 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
         except OSError as error:  # a read-only cache still works, only slower
             logger.debug("cannot remember the Triton key at %s: %s", memo, error)
     return text
+
+
+def hand_triton_its_key(layout: CacheLayout) -> bool:
+    """Give this process's Triton its key from the cache's memo (checked as `triton_key_text`
+    checks it) where Triton has not computed it yet: Triton computes it on its first cache lookup
+    by hashing libtriton, 0.37 s of a server's first preload on the H200 host, for a text the
+    memo already holds. Triton 3.9 hands its own preload workers their key the same way
+    (`triton.runtime.cache.triton_key` replaced, `_compile_warmup_pool.py`). Returns whether it did."""
+    from triton.runtime import cache
+
+    asked = getattr(cache.triton_key, "cache_info", None)
+    if asked is None or asked().currsize:  # handed already, or computed
+        return False
+    text = triton_key_text(layout, remember=False)
+    if asked().currsize:  # no memo: computed just now, by Triton itself
+        return False
+
+    def remembered_triton_key() -> str:
+        return text
+
+    cache.triton_key = remembered_triton_key
+    return True
 
 
 def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:

@@ -163,8 +163,11 @@ class _Loading:
         from ..platforms.triton_driver import active_target
         from ..tracing.libraries import resolve_kernel
 
+        from ..inputs.toolchain import hand_triton_its_key
+
         counter = _ListenerCounter(threading.get_ident())
         failures, in_memory = [], 0
+        hand_triton_its_key(self.layout)
         context = contextlib.nullcontext() if self.on_gpu else active_target(self.target)
         with using_if_possible(self.layout), context, _listening(counter):
             for job in self.jobs:
