@@ -12,13 +12,21 @@ copies them to the GPU), and the kernels
 - `none`: not loaded ahead (each loads from the cache on its first call, as without preload),
 - `after`: loaded after the weights, in the start's own thread (the plugin until 2026-12-04),
 - `beside`: loaded in a thread from when the model is built (`start_preload`), joined after the
-  weights (the plugin joins later still: after vLLM's profiling step).
+  weights (the plugin joins before vLLM processes them),
+- `triton` (with `--triton`): the same kernels loaded after the weights by Triton alone
+  (`JITFunction.preload` and the module and launcher load, Triton's own cache manager, nothing
+  checked): the floor kprecompile's `after` is measured against.
 
-Prints per plan and mode the start's median seconds, what each adds to `none`, the wait at the
-join, and for the two single configurations the first engine step after the start (vLLM's own
-impl, as `vllm_e2e.py --serve` runs it) against its steady state (goal: at most 2x + 5 ms).
+With `--profile DIR`, each plan's first `after` start loads under cProfile and writes what it
+spent to `DIR/<plan>-after.txt`.
+
+Prints the first start after the bake (where Triton builds its launchers), then per plan and
+mode the start's median seconds, what each adds to `none`, the wait at the join, and for the two
+single configurations the first engine step after the start (vLLM's own impl, as `vllm_e2e.py
+--serve` runs it) against its steady state (goal: at most 2x + 5 ms).
 
     python scripts/bench_preload_start.py [--weights-gb 8] [--runs 3] [--plans llama,v2-lite,scale]
+        [--triton] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -91,11 +99,12 @@ def bake(cache: Path, plan: str, target_name: str) -> dict:
     return {"configurations": len(requests), "kernels": len(jobs), "entries": entries, "failed": len(failed)}
 
 
-def start(cache: Path, plan: str, mode: str, weights: Path) -> dict:
+def start(cache: Path, plan: str, mode: str, weights: Path, profile: Path | None = None) -> dict:
     """One server start in this process (GPU visible); its figures as a dict."""
     import torch
 
     vllm_platform()
+    from kprecompile.cache.layout import CacheLayout
     from kprecompile.inputs.targets import detect_local_target
     from kprecompile.selection.request import Request
     from kprecompile.serve.monitor import JitMonitor
@@ -103,9 +112,24 @@ def start(cache: Path, plan: str, mode: str, weights: Path) -> dict:
     from kprecompile.warmup.preload import preload, start_preload
 
     target = detect_local_target()
-    layout = activate(cache)
-    monitor = JitMonitor("warn").install()
     requests = [Request(m, s, selection_for(m, b, target), (target,)) for m, s, b in configurations(plan)]
+    if mode == "triton":
+        layout = CacheLayout.of(cache)
+        jobs = _manifest_jobs(requests, layout, target)
+        os.environ["TRITON_CACHE_DIR"] = str(layout.triton_dir)
+        from triton import knobs
+
+        knobs.cache.dir = str(layout.triton_dir)
+    else:
+        layout = activate(cache)
+    monitor = JitMonitor("warn").install()
+
+    def load_after() -> list:
+        return [preload(request, layout, target=target) for request in requests]
+
+    if profile is not None:
+        load_after = _profiled(load_after, profile)
+    modules = _host_modules(layout)
     torch.cuda.init()
     started = time.perf_counter()
     if mode == "beside":
@@ -118,7 +142,9 @@ def start(cache: Path, plan: str, mode: str, weights: Path) -> dict:
     weights_done = time.perf_counter()
     reports = []
     if mode == "after":
-        reports = [preload(request, layout, target=target) for request in requests]
+        reports = load_after()
+    elif mode == "triton":
+        reports = [_triton_alone(jobs)]
     elif mode == "beside":
         reports = background.join() if len(requests) > 1 else [background.join()]
     ready = time.perf_counter()
@@ -145,8 +171,56 @@ def start(cache: Path, plan: str, mode: str, weights: Path) -> dict:
             times[0] - (2 * statistics.median(times[1:]) + 5) for times in launches.values()
         )
     figures["compiles"] = len(monitor.compiles)
+    figures["modules_built"] = len(_host_modules(layout) - modules)
     del parameters
     return figures
+
+
+def _host_modules(layout) -> set[Path]:
+    """The launcher and driver modules Triton built with the host's C compiler into the cache."""
+    return set(layout.triton_dir.glob("*/*.so"))
+
+
+def _manifest_jobs(requests, layout, target) -> list:
+    """Each kernel of the configurations' manifests once, in preload's order."""
+    from kprecompile.warmup.manifest_key import find_manifest
+    from kprecompile.warmup.preload import load_order
+
+    jobs = [job for request in requests for job in find_manifest(request, target, layout, remember=False).manifest.jobs]
+    return load_order(jobs)
+
+
+def _triton_alone(jobs):
+    """The kernels loaded as Triton loads a cached kernel, nothing of kprecompile's around it."""
+    from types import SimpleNamespace
+
+    from kprecompile.tracing.libraries import resolve_kernel
+
+    started = time.perf_counter()
+    for job in jobs:
+        resolve_kernel(job.kernel).preload(job.specialization)._init_handles()
+    return SimpleNamespace(loaded=len(jobs), in_memory=0, seconds=time.perf_counter() - started)
+
+
+def _profiled(function, path: Path):
+    """`function` run under cProfile, what it spent written to `path` (top functions by own and by
+    cumulative time)."""
+    import cProfile
+    import io
+    import pstats
+
+    def profiled(*args, **kwargs):
+        profiler = cProfile.Profile()
+        try:
+            return profiler.runcall(function, *args, **kwargs)
+        finally:
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("tottime").print_stats(40)
+            stats.sort_stats("cumulative").print_stats(60)
+            path.write_text(text.getvalue())
+
+    return profiled
 
 
 class _launch_times:
@@ -242,16 +316,24 @@ def main() -> None:
     parser.add_argument(
         "--child", nargs=4, metavar=("WHAT", "CACHE", "PLAN", "MODE_OR_WEIGHTS"), help=argparse.SUPPRESS
     )
+    parser.add_argument("--triton", action="store_true", help="also load the kernels by Triton alone")
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="profile each plan's first `after` load into DIR")
     parser.add_argument("--weights", type=Path, help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.child:
         what, cache, plan, mode = arguments.child
-        result = bake(Path(cache), plan, mode) if what == "bake" else start(Path(cache), plan, mode, arguments.weights)
+        result = (
+            bake(Path(cache), plan, mode)
+            if what == "bake"
+            else start(Path(cache), plan, mode, arguments.weights, arguments.profile)
+        )
         print(json.dumps(result))
         return
     from kprecompile.inputs.targets import detect_local_target
 
     target = detect_local_target().name
+    if arguments.profile:
+        arguments.profile.mkdir(parents=True, exist_ok=True)
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench-preload-start-") as scratch:
         weights = Path(scratch) / "weights.bin"
@@ -267,10 +349,26 @@ def main() -> None:
                 f"{time.perf_counter() - started:.1f} s",
                 flush=True,
             )
-            runs = {mode: [] for mode in MODES}
-            for _ in range(arguments.runs):
-                for mode in MODES:
-                    runs[mode].append(_child("--child", "start", str(cache), plan, mode, "--weights", str(weights)))
+            # The first start on a host builds Triton's launchers and driver module (a CPU bake
+            # cannot): reported on its own, the runs after it find them.
+            first = _child("--child", "start", str(cache), plan, "after", "--weights", str(weights))
+            print(
+                f"  first start after the bake: {first['start']:.2f} s, {first['modules_built']} launcher and driver "
+                f"modules built with the C compiler, kernels loaded in {first['preload_seconds']:.2f} s",
+                flush=True,
+            )
+            modes = MODES + (("triton",) if arguments.triton else ())
+            runs = {mode: [] for mode in modes}
+            for run in range(arguments.runs):
+                for mode in modes:
+                    profile = (
+                        ["--profile", str(arguments.profile / f"{plan}-after.txt")]
+                        if arguments.profile and mode == "after" and run == 0
+                        else []
+                    )
+                    runs[mode].append(
+                        _child("--child", "start", str(cache), plan, mode, "--weights", str(weights), *profile)
+                    )
             failed |= _report(plan, runs)
     sys.exit(1 if failed else 0)
 
@@ -282,7 +380,7 @@ def _report(plan: str, runs: dict[str, list[dict]]) -> bool:
     }
     none = median["none"]["start"]
     failed = False
-    for mode in MODES:
+    for mode in runs:
         figures = median[mode]
         line = f"  {mode:6s} start {figures['start']:.2f} s (weights {figures['weights']:.2f} s"
         if mode != "none":
