@@ -165,3 +165,18 @@ def test_a_plan_hands_each_familys_new_jobs_over_as_it_is_traced(gfx942):
     whole = plan(request)
     assert len(handed) == sum(family.kernels > 0 for family in streamed.families) >= 2
     assert [job for jobs in handed for job in jobs] == list(streamed.jobs) == list(whole.jobs)
+
+
+def test_workers_take_the_parents_triton_key_instead_of_hashing_libtriton(cache_layout, monkeypatch, sm90):
+    """Each worker hashed libtriton for Triton's key (0.35 s of CPU per worker, beside the trace):
+    the pool hands them the parent's. Shown by handing a wrong one: the job then compiles under
+    another key, which the worker reports; the control, the pool as it is, compiles it."""
+    from kprecompile.warmup import pool
+
+    jobs = trace_calls([sample_call("launch_add", 100, 32)], sm90, "sample", (SAMPLE_MODULE,)).jobs
+    with monkeypatch.context() as patch:
+        patch.setattr(pool, "_triton_key_for_workers", lambda layout: "not Triton's key")
+        [handed] = compile_jobs(jobs, CacheLayout.of(cache_layout.root / "wrong"), max_workers=1)
+    assert handed.status == "failed" and "compiled under Triton key" in handed.error
+    [control] = compile_jobs(jobs, cache_layout, max_workers=1)
+    assert control.status == "compiled" and is_compiled(cache_layout, jobs[0].key)

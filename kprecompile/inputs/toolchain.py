@@ -183,12 +183,19 @@ def hand_triton_its_key(layout: CacheLayout) -> bool:
     text = triton_key_text(layout, remember=False)
     if asked().currsize:  # no memo: computed just now, by Triton itself
         return False
+    give_triton_its_key(text)
+    return True
+
+
+def give_triton_its_key(text: str) -> None:
+    """Make `text` this process's Triton key (`triton_key()`), which Triton would otherwise compute
+    by hashing libtriton: for a process whose parent or cache already knows it."""
+    from triton.runtime import cache
 
     def remembered_triton_key() -> str:
         return text
 
     cache.triton_key = remembered_triton_key
-    return True
 
 
 def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:

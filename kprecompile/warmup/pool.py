@@ -28,6 +28,7 @@ from ..cache.entries import is_compiled
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..inputs.settings import WorkerStart
+from ..inputs.toolchain import give_triton_its_key, triton_key_text
 from ..progress import NoProgress, Progress
 from ..tracing.libraries import VLLM_PACKAGE, import_library_module
 from .compile import JobOutcome, compile_job
@@ -48,9 +49,10 @@ def default_worker_count() -> int:
         return os.cpu_count() or 1
 
 
-def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str]) -> None:
+def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str], triton_key: str | None = None) -> None:
     """Pool initializer: take the parent's environment as it is now (a fork server keeps the one
-    it started with), and pay imports and Triton's toolchain hash before the first job arrives.
+    it started with) and its Triton key (else Triton hashes libtriton in every worker: 0.35 s of
+    CPU each beside the trace), and pay imports before the first job arrives.
 
     Workers start while the parent is still tracing, so this overlaps with the trace. It
     never raises: a worker whose initializer failed would be restarted forever; a job that
@@ -59,15 +61,28 @@ def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str]) -> No
     os.environ.clear()
     os.environ.update(environment)
     try:
-        from triton.runtime.cache import triton_key
+        if triton_key is None:
+            from triton.runtime.cache import triton_key as compute
 
-        triton_key()
+            compute()
+        else:
+            give_triton_its_key(triton_key)
         for name in modules:
             # vLLM's modules read their platform at import: the jobs import them per target.
             if not name.startswith(VLLM_PACKAGE + "."):
                 import_library_module(name)
     except Exception as error:  # reported by the jobs that need it
         logger.debug("worker preparation failed: %s", error)
+
+
+def _triton_key_for_workers(layout: CacheLayout) -> str | None:
+    """This process's Triton key (from the cache's memo where it holds it), for the workers; None
+    (each computes its own) where it cannot be had."""
+    try:
+        return triton_key_text(layout)
+    except Exception as error:  # the workers compute it, and say what fails
+        logger.debug("no Triton key for the workers: %s", error)
+        return None
 
 
 def _worker_ready() -> int:
@@ -155,6 +170,7 @@ class CompilePool:
         from pebble import ProcessPool
 
         try:
+            initargs = (*initargs, _triton_key_for_workers(self.layout))
             pool = ProcessPool(max_workers=workers, context=context, initializer=_prepare_worker, initargs=initargs)
             # Scheduling creates the workers, here; its result says a worker could start at all.
             ready = pool.schedule(_worker_ready)
