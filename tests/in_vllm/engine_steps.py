@@ -382,6 +382,7 @@ class MlaLayerDriver(LayerDriver):
     def __init__(self, model: ModelConfig, serving: ServingParams, target: Target, backend: str):
         import torch
 
+        from kprecompile.vllm.engine_config import cutlass_answered
         from kprecompile.vllm.model_layers import Question, build_model
 
         self.target, self.serving, self.requested = target, serving, backend
@@ -393,7 +394,13 @@ class MlaLayerDriver(LayerDriver):
         layers = self.config.compilation_config.static_forward_context
         self.name, self.layer = next((name, layer) for name, layer in layers.items() if hasattr(layer, "kv_lora_rank"))
         self.dtype = self.config.model_config.dtype
-        with import_library_module("vllm.config").set_current_vllm_config(self.config), torch.device("meta"):
+        with (
+            import_library_module("vllm.config").set_current_vllm_config(self.config),
+            torch.device("meta"),
+            # 0.32's weight processing imports a module that asks the CUDA build's CUTLASS support
+            # when it defines a class (`quantization/online/fp8.py`): answered as on the target.
+            cutlass_answered(target),
+        ):
             # W_UK_T and W_UV from the layer's kv_b_proj, as the model loader makes them.
             self.layer.process_weights_after_loading(self.dtype)
             self.spec = self.layer.get_kv_cache_spec(self.config)
