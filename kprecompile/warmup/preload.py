@@ -160,10 +160,9 @@ class _Loading:
         return torch.cuda.current_device()
 
     def load(self) -> PreloadReport:
+        from ..inputs.toolchain import hand_triton_its_key
         from ..platforms.triton_driver import active_target
         from ..tracing.libraries import resolve_kernel
-
-        from ..inputs.toolchain import hand_triton_its_key
 
         counter = _ListenerCounter(threading.get_ident())
         failures, in_memory = [], 0
