@@ -45,8 +45,18 @@ HEAVY = (
 )  # fmt: skip
 
 
+# Pure-Python packages a pattern above names that vLLM's modules import at import: 0.22's
+# `quantization/humming.py` imports `humming` (humming-kernels), which imports `cuda.bindings.driver`
+# (cuda-bindings, 31 MB with cuda-pathfinder) and `pynvml` (nvidia-ml-py); neither loads a driver
+# until called. Without them, 0.22's `get_quantization_config` fails for every quantized model
+# (its block-FP8 linear plan on NVIDIA).
+LIGHT_DESPITE_THE_NAME = ("humming-kernels", "cuda-bindings", "cuda-pathfinder", "nvidia-ml-py")
+
+
 def heavy(name: str) -> bool:
     canonical = canonicalize_name(name)
+    if canonical in LIGHT_DESPITE_THE_NAME:
+        return False
     return any(fnmatch.fnmatchcase(canonical, pattern) for pattern in HEAVY)
 
 
