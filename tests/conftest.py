@@ -118,6 +118,20 @@ def isolated_cache(tmp_path, monkeypatch) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def tritons_own_key():
+    """A preload in the test's process hands Triton its key for the rest of the process
+    (`toolchain.give_triton_its_key`): the next test gets Triton's own function back."""
+    yield
+    import sys
+
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        handed = namespace.get("triton_key") if isinstance(namespace, dict) else None
+        if hasattr(handed, "computing"):
+            namespace["triton_key"] = handed.computing
+
+
 @pytest.fixture
 def cache_layout(isolated_cache) -> CacheLayout:
     """A private cache, the one the environment points at."""

@@ -155,6 +155,22 @@ def test_triton_key_is_asked_once_per_process_and_cache(cache_layout, monkeypatc
     assert toolchain.triton_key_text(other) == triton_key() and len(read) == 2
 
 
+def test_a_handed_key_reaches_the_modules_that_bound_tritons_function_at_import():
+    """Triton's autotuner and torch inductor's `triton_compat` (which vLLM's torch.compile asks)
+    bind `triton_key` at their import: handed only to `triton.runtime.cache`, they would hash
+    libtriton all the same. Another function of that name (inductor's `codecache.triton_key`, a
+    wrapper) is left alone. In a fresh process: the handed key lasts for the process."""
+    script = (
+        "import torch._inductor.codecache as codecache, torch._inductor.runtime.triton_compat as compat; "
+        "import triton.runtime.autotuner as autotuner, triton.runtime.cache as cache; "
+        "wrapper = codecache.triton_key; "
+        "from kprecompile.inputs.toolchain import give_triton_its_key; give_triton_its_key('handed'); "
+        "print([cache.triton_key(), autotuner.triton_key(), compat.triton_key(), codecache.triton_key is wrapper])"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "['handed', 'handed', 'handed', True]"
+
+
 # Spellings of a value as a user may set it: libtriton reports booleans in one spelling.
 SPELLINGS = ("1", "0", "ON", "off", "True", "FALSE", "yes", "x y")
 

@@ -136,6 +136,9 @@ def triton_key_text(layout: CacheLayout | None = None, remember: bool = True) ->
     cache by the stat of its inputs: computing it hashes libtriton, about 0.35 s. With the memo,
     Triton is not even imported. Asked once per process and cache: a server preloading 128
     configurations read Triton's files for each (0.45 s on the H200 host)."""
+    # `remember` too: an answer found without writing the memo must not keep a later call from
+    # writing it. Not checked again in the process: after a reinstall in place a process keeps the
+    # key of the Triton it imported, as Triton's own `triton_key` does.
     place = (triton_dir(), layout, remember)
     text = _IN_THIS_PROCESS.get(place)
     if text is None:
@@ -189,13 +192,21 @@ def hand_triton_its_key(layout: CacheLayout) -> bool:
 
 def give_triton_its_key(text: str) -> None:
     """Make `text` this process's Triton key (`triton_key()`), which Triton would otherwise compute
-    by hashing libtriton: for a process whose parent or cache already knows it."""
+    by hashing libtriton: for a process whose parent or cache already knows it. Also where another
+    module bound Triton's function at its import (Triton's autotuner, torch inductor's
+    `triton_compat`, which vLLM's `torch.compile` asks): left there, it hashes libtriton all the same."""
     from triton.runtime import cache
+
+    computing = cache.triton_key
 
     def remembered_triton_key() -> str:
         return text
 
-    cache.triton_key = remembered_triton_key
+    remembered_triton_key.computing = computing  # Triton's own, for whoever must put it back (the tests)
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and namespace.get("triton_key") is computing:
+            namespace["triton_key"] = remembered_triton_key
 
 
 def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:
