@@ -171,12 +171,25 @@ def test_workers_take_the_parents_triton_key_instead_of_hashing_libtriton(cache_
     """Each worker hashed libtriton for Triton's key (0.35 s of CPU per worker, beside the trace):
     the pool hands them the parent's. Shown by handing a wrong one: the job then compiles under
     another key, which the worker reports; the control, the pool as it is, compiles it."""
+    from kprecompile.inputs.toolchain import triton_dir
     from kprecompile.warmup import pool
 
     jobs = trace_calls([sample_call("launch_add", 100, 32)], sm90, "sample", (SAMPLE_MODULE,)).jobs
     with monkeypatch.context() as patch:
-        patch.setattr(pool, "_triton_key_for_workers", lambda layout: "not Triton's key")
+        patch.setattr(pool, "_triton_key_for_workers", lambda layout: (str(triton_dir()), "not Triton's key"))
         [handed] = compile_jobs(jobs, CacheLayout.of(cache_layout.root / "wrong"), max_workers=1)
     assert handed.status == "failed" and "compiled under Triton key" in handed.error
     [control] = compile_jobs(jobs, cache_layout, max_workers=1)
     assert control.status == "compiled" and is_compiled(cache_layout, jobs[0].key)
+
+
+def test_a_worker_whose_triton_is_not_the_parents_computes_its_own_key(cache_layout, monkeypatch, sm90):
+    """The parent's key is taken only by a worker importing the parent's Triton: one whose path
+    leads elsewhere would file its compiles under the parent's key. Here a key said to be of
+    another Triton's directory, and wrong: the worker computes its own and the job compiles."""
+    from kprecompile.warmup import pool
+
+    jobs = trace_calls([sample_call("launch_add", 100, 32)], sm90, "sample", (SAMPLE_MODULE,)).jobs
+    monkeypatch.setattr(pool, "_triton_key_for_workers", lambda layout: ("/another/triton", "not Triton's key"))
+    [outcome] = compile_jobs(jobs, cache_layout, max_workers=1)
+    assert outcome.status == "compiled" and is_compiled(cache_layout, jobs[0].key)

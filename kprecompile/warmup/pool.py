@@ -28,7 +28,7 @@ from ..cache.entries import is_compiled
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..inputs.settings import WorkerStart
-from ..inputs.toolchain import give_triton_its_key, triton_key_text
+from ..inputs.toolchain import give_triton_its_key, triton_dir, triton_key_text
 from ..progress import NoProgress, Progress
 from ..tracing.libraries import VLLM_PACKAGE, import_library_module
 from .compile import JobOutcome, compile_job
@@ -49,10 +49,13 @@ def default_worker_count() -> int:
         return os.cpu_count() or 1
 
 
-def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str], triton_key: str | None = None) -> None:
+def _prepare_worker(
+    modules: tuple[str, ...], environment: dict[str, str], triton_key: tuple[str, str] | None = None
+) -> None:
     """Pool initializer: take the parent's environment as it is now (a fork server keeps the one
-    it started with) and its Triton key (else Triton hashes libtriton in every worker: 0.35 s of
-    CPU each beside the trace), and pay imports before the first job arrives.
+    it started with) and, where its Triton is the parent's, the parent's Triton key (`triton_key`:
+    Triton's directory and key; a spawned worker would hash libtriton, 0.35 s of CPU each beside
+    the trace; a fork server's workers inherit its own), and pay imports before the first job.
 
     Workers start while the parent is still tracing, so this overlaps with the trace. It
     never raises: a worker whose initializer failed would be restarted forever; a job that
@@ -61,12 +64,12 @@ def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str], trito
     os.environ.clear()
     os.environ.update(environment)
     try:
-        if triton_key is None:
-            from triton.runtime.cache import triton_key as compute
+        if triton_key is not None and triton_key[0] == str(triton_dir()):
+            give_triton_its_key(triton_key[1])
+        else:  # another Triton than the parent's (its path changed): its own key, or compiles land
+            from triton.runtime.cache import triton_key as compute  # under the parent's
 
             compute()
-        else:
-            give_triton_its_key(triton_key)
         for name in modules:
             # vLLM's modules read their platform at import: the jobs import them per target.
             if not name.startswith(VLLM_PACKAGE + "."):
@@ -75,11 +78,11 @@ def _prepare_worker(modules: tuple[str, ...], environment: dict[str, str], trito
         logger.debug("worker preparation failed: %s", error)
 
 
-def _triton_key_for_workers(layout: CacheLayout) -> str | None:
-    """This process's Triton key (from the cache's memo where it holds it), for the workers; None
-    (each computes its own) where it cannot be had."""
+def _triton_key_for_workers(layout: CacheLayout) -> tuple[str, str] | None:
+    """This process's Triton's directory and key (from the cache's memo where it holds it), for
+    the workers; None (each computes its own) where it cannot be had."""
     try:
-        return triton_key_text(layout)
+        return str(triton_dir()), triton_key_text(layout)
     except Exception as error:  # the workers compute it, and say what fails
         logger.debug("no Triton key for the workers: %s", error)
         return None
