@@ -15,10 +15,11 @@ copies them to the GPU), and the kernels
   weights (the plugin joins before vLLM processes them),
 - `triton` (with `--triton`): the same kernels loaded after the weights by Triton alone
   (`JITFunction.preload` and the module and launcher load, Triton's own cache manager, nothing
-  checked): the floor kprecompile's `after` is measured against.
+  checked, Triton's key hashed as Triton does in a fresh process): what Triton itself pays,
+  which kprecompile's `after` is measured against (reported, never a failure).
 
-With `--profile DIR`, each plan's first `after` start loads under cProfile and writes what it
-spent to `DIR/<plan>-after.txt`.
+With `--profile DIR`, one more `after` start per plan, after the runs and outside their medians,
+loads under cProfile and writes what it spent to `DIR/<plan>-after.txt`.
 
 Prints the first start after the bake (where Triton builds its launchers), then per plan and
 mode the start's median seconds, what each adds to `none`, the wait at the join, and for the two
@@ -359,16 +360,12 @@ def main() -> None:
             )
             modes = MODES + (("triton",) if arguments.triton else ())
             runs = {mode: [] for mode in modes}
-            for run in range(arguments.runs):
+            for _ in range(arguments.runs):
                 for mode in modes:
-                    profile = (
-                        ["--profile", str(arguments.profile / f"{plan}-after.txt")]
-                        if arguments.profile and mode == "after" and run == 0
-                        else []
-                    )
-                    runs[mode].append(
-                        _child("--child", "start", str(cache), plan, mode, "--weights", str(weights), *profile)
-                    )
+                    runs[mode].append(_child("--child", "start", str(cache), plan, mode, "--weights", str(weights)))
+            if arguments.profile:
+                profile = str(arguments.profile / f"{plan}-after.txt")
+                _child("--child", "start", str(cache), plan, "after", "--weights", str(weights), "--profile", profile)
             failed |= _report(plan, runs)
     sys.exit(1 if failed else 0)
 
@@ -397,7 +394,7 @@ def _report(plan: str, runs: dict[str, list[dict]]) -> bool:
             line += f", goal {goal:.2f} ms)" if mode != "none" else ")"
             line += f"; slowest first kernel launch {figures['kernel_first_ms']:.2f} ms"
             line += f" ({figures['kernel_over_goal_ms']:+.2f} ms on its 2x steady + 5 ms)"
-            failed |= mode != "none" and figures["kernel_over_goal_ms"] > 0
+            failed |= mode in ("after", "beside") and figures["kernel_over_goal_ms"] > 0
         line += f"; compiles {figures['compiles']:.0f}"
         failed |= figures["compiles"] > 0
         print(line, flush=True)
