@@ -125,11 +125,11 @@ def tritons_own_key():
     yield
     import sys
 
-    for module in list(sys.modules.values()):
-        namespace = getattr(module, "__dict__", None)
-        handed = namespace.get("triton_key") if isinstance(namespace, dict) else None
-        if hasattr(handed, "computing"):
-            namespace["triton_key"] = handed.computing
+    from kprecompile.inputs.toolchain import rebind_triton_key
+
+    handed = getattr(sys.modules.get("triton.runtime.cache"), "triton_key", None)
+    if hasattr(handed, "computing"):
+        rebind_triton_key(handed, handed.computing)
 
 
 @pytest.fixture

@@ -197,16 +197,23 @@ def give_triton_its_key(text: str) -> None:
     `triton_compat`, which vLLM's `torch.compile` asks): left there, it hashes libtriton all the same."""
     from triton.runtime import cache
 
-    computing = cache.triton_key
+    current = cache.triton_key
 
     def remembered_triton_key() -> str:
         return text
 
-    remembered_triton_key.computing = computing  # Triton's own, for whoever must put it back (the tests)
+    # Triton's own, for whoever must put it back (the tests).
+    remembered_triton_key.computing = getattr(current, "computing", current)
+    rebind_triton_key(current, remembered_triton_key)
+
+
+def rebind_triton_key(current: object, replacement: object) -> None:
+    """`replacement` wherever a module holds `current` as its `triton_key`: Triton's cache module,
+    and the modules that bound it at their import."""
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict) and namespace.get("triton_key") is computing:
-            namespace["triton_key"] = remembered_triton_key
+        if isinstance(namespace, dict) and namespace.get("triton_key") is current:
+            namespace["triton_key"] = replacement
 
 
 def _is_triton_key(text: object, version: str, inputs: list[Path]) -> bool:
