@@ -269,7 +269,7 @@ def _other_toolchain(member, data):
             f"triton-v1/{'A' * 52}/extra.bin",
             "expected a file listed in bundle.json",
         ),
-        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v7, triton-v1"),
+        ("outside", _extra("elsewhere.txt"), "elsewhere.txt", "expected a path under manifests-v8, triton-v1"),
         ("checksum", _altered_hsaco, ".hsaco", "expected the sha256 bundle.json lists"),
         (
             "toolchain",

@@ -260,3 +260,47 @@ def test_the_toolchain_of_a_cuda_target_names_its_ptxas(cache_layout, gfx942, sm
     """Triton's CUDA backend hashes the ptxas version into every key: so does the manifest."""
     assert current_toolchain(cache_layout, sm90).ptxas.startswith("Cuda compilation tools, release ")
     assert current_toolchain(cache_layout, gfx942).ptxas is None
+
+
+LAYER_MEMO = """
+import json, sys
+from kprecompile.cache.layout import CacheLayout
+from kprecompile.inputs.toolchain import triton_key_text
+from triton.runtime.cache import triton_key
+layout = CacheLayout.of(sys.argv[1], layers=(sys.argv[2],))
+text = triton_key_text(layout, remember=sys.argv[3] == "remember")
+print(json.dumps({"computed": triton_key.cache_info().currsize, "equal": text == triton_key()}))
+"""
+
+
+@pytest.mark.parametrize(
+    "layer_memo, remember, computed",
+    [("this Triton's", True, 0), ("this Triton's", False, 0), (None, True, 1), ("others can write", True, 1)],
+    ids=["layer-memo", "layer-memo-not-remembering", "control-no-memo", "control-others-can-write"],
+)
+def test_a_new_writable_cache_takes_triton_key_from_a_baked_layers_memo(tmp_path, layer_memo, remember, computed):
+    """An image's first container: its writable cache is new, the baked layer beside it holds the
+    memo of the same Triton (same paths, sizes, times): Triton's key comes from it, libtriton not
+    hashed, and is not copied into the writable cache (which may outlive the layer). Controls: a
+    layer without the memo, or whose memo others can write, leaves it to Triton (remembered then)."""
+    import subprocess
+    import sys
+
+    layer = CacheLayout.of(tmp_path / "layer")
+    layer.root.mkdir()
+    if layer_memo is not None:
+        triton_key_digest(layer)  # the bake's warm writes it
+        [memo] = layer.toolchain_dir.glob("*.json")
+        if layer_memo == "others can write":
+            memo.chmod(0o666)
+    writable = tmp_path / "writable"
+    done = subprocess.run(
+        [sys.executable, "-c", LAYER_MEMO, str(writable), str(layer.root), "remember" if remember else "no"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["equal"] and result["computed"] == computed
+    remembered = list(CacheLayout.of(writable).toolchain_dir.glob("*.json"))
+    assert len(remembered) == (1 if computed and remember else 0)

@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ from kprecompile.cli import main
 from kprecompile.warmup.bundling import import_archive
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
-MANIFESTS = "manifests-v7"
+MANIFESTS = "manifests-v8"
 JIT = "aiter-jit-v1"
 
 
@@ -132,6 +133,22 @@ def other_recorded_checksum(index, files):
     files[name] = json.dumps(document).encode()
 
 
+MODULE = sysconfig.get_config_var("EXT_SUFFIX")
+
+
+def recorded_module(data: bytes):
+    """A manifest, consistent with itself, recording a driver module the bundle lacks."""
+
+    def edit(index, files):
+        name, document = a_manifest(files)
+        record = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        document["launchers"] = {"0" * 64: {f"__triton_launcher{MODULE}": record}}
+        document["checksum"] = document_checksum(document)
+        files[name] = json.dumps(document).encode()
+
+    return edit
+
+
 def swap_job_keys(index, files):
     """Two jobs' keys swapped: every field well-formed, the document no longer its checksum's."""
     name, document = a_manifest(files)
@@ -178,7 +195,7 @@ REFUSED = [
         "index-entry-a-string",
         None,
         {"index_files": "not a record"},
-        "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v7/",
+        "archive member: got 'bundle.json', expected a valid bundle index (files['manifests-v8/",
     ),
     (
         "index-toolchains-a-list",
@@ -255,65 +272,94 @@ REFUSED = [
         "manifest-garbage",
         lambda index, files: files.update({a_manifest(files)[0]: b"garbage"}),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (Expecting value",
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (Expecting value",
     ),
     (
         "manifest-non-hex-job-key",
         edit_manifest(lambda d: d["jobs"][0].update(key="../" + "z" * 61)),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (job 0's key is not a Triton cache "
         "key",
     ),
     (
         "manifest-jobs-an-object",
         edit_manifest(set_key(("jobs",), {})),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (jobs is not a list)",
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (jobs is not a list)",
     ),
     (
         "manifest-artifacts-a-list",
         edit_manifest(lambda d: d["jobs"][0].update(artifacts=[])),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (job 0's artifacts is not an object)",
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (job 0's artifacts is not an object)",
     ),
     (
         "manifest-parts-changed",
         edit_manifest(lambda d: d["parts"].update(target="gfx90a")),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its parts do not hash to its key)",
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (its parts do not hash to its key)",
     ),
     (
         "manifest-a-string",
         lambda index, files: files.update({a_manifest(files)[0]: b'"x"'}),
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (a JSON str, not an object)",
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (a JSON str, not an object)",
     ),
     (
         "manifest-records-other-content",
         other_recorded_checksum,
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected files in the bundle as it records them",
+        "archive member: got 'manifests-v8/{manifest}', expected files in the bundle as it records them",
+    ),
+    # Triton's driver modules: only those a manifest records, as it records them
+    (
+        "planted-driver-module",
+        lambda index, files: files.update({f"{ENTRY}/__triton_launcher{MODULE}": b"\x7fELF planted"}),
+        {},
+        f"archive member: got '{ENTRY}/', expected a kernel entry with its group file, or a driver module a "
+        "manifest of the bundle records",
+    ),
+    (
+        "driver-module-beside-a-kernel",
+        lambda index, files: files.update({f"{first(files, '.hsaco').rpartition('/')[0]}/hip_utils{MODULE}": b"x"}),
+        {},
+        "archive member: got '{group}', expected a Triton group file: an object whose child_paths names every other "
+        "file of its entry",
+    ),
+    (
+        "manifest-driver-module-named-by-a-path",
+        edit_manifest(lambda d: d.update(launchers={"0" * 64: {"../x.so": {"sha256": "0" * 64, "size": 1}}})),
+        {},
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (launchers is not Triton keys with "
+        "the plain names, sizes and sha256 of their files)",
+    ),
+    (
+        "manifest-records-a-driver-module-not-in-the-bundle",
+        recorded_module(b"\x7fELF recorded"),
+        {},
+        "archive member: got 'manifests-v8/{manifest}', expected Triton's driver modules in the bundle as it "
+        "records them",
     ),
     (
         "manifest-job-keys-swapped",
         swap_job_keys,
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected a valid manifest (its content does not match its "
+        "archive member: got 'manifests-v8/{manifest}', expected a valid manifest (its content does not match its "
         "checksum)",
     ),
     (
         "manifest-without-its-entries",
         drop_an_entry,
         {},
-        "archive member: got 'manifests-v7/{manifest}', expected kernel entries in the bundle for its jobs",
+        "archive member: got 'manifests-v8/{manifest}', expected kernel entries in the bundle for its jobs",
     ),
     # Triton group files (item 7)
     (
         "group-not-json",
         edit_group(b"{not json"),
         {},
-        "archive member: got '{group}', expected a Triton group file: an object whose child_paths names files of its "
-        "entry",
+        "archive member: got '{group}', expected a Triton group file: an object whose child_paths names every other "
+        "file of its entry",
     ),
     (
         "group-child-paths-a-list",
@@ -370,7 +416,7 @@ REFUSED = [
         "manifest-name-not-a-key",
         extra((member(f"{MANIFESTS}/x.json"), b"x")),
         {},
-        "archive member: got 'manifests-v7/x.json', expected a path shaped like a bundle's files",
+        "archive member: got 'manifests-v8/x.json', expected a path shaped like a bundle's files",
     ),
     (
         "unlisted-member",
@@ -744,6 +790,7 @@ def test_a_failure_while_installing_undoes_every_step(baked, tmp_path):
 # so that the imports overlap.
 AT_ONCE = """
 import sys
+import sysconfig
 from kprecompile.cli import main
 import kprecompile.warmup.bundling, kprecompile.cache.archive_install
 import kprecompile.inputs.toolchain, kprecompile.inputs.targets

@@ -225,7 +225,7 @@ def verify_tells_the_truth(runs: Runs, root: Path, seqs: int) -> bool:
 
 
 def manifests(root: Path) -> list[Path]:
-    return sorted((root / "manifests-v7").glob("*.json"))
+    return sorted((root / "manifests-v8").glob("*.json"))
 
 
 def nothing_partial(root: Path) -> None:
@@ -233,7 +233,7 @@ def nothing_partial(root: Path) -> None:
     `.NAME.XXXX.tmp`, Triton's `NAME.tmp.pid_...`), no entry whose group file names a file that is
     not there."""
     assert not list(root.glob(".import-*"))
-    for bucket in ("triton-v1", "manifests-v7"):
+    for bucket in ("triton-v1", "manifests-v8"):
         for path in (root / bucket).rglob("*"):
             assert not path.name.endswith(".tmp") and ".tmp.pid_" not in path.name, path
     for group in (root / "triton-v1").glob("*/__grp__*.json"):
@@ -363,7 +363,7 @@ def test_four_overlapping_warms_beside_prune_max_size(cache):
     done.set()
     pruning.join()
     runs.check_clean()
-    assert not (cache / "manifests-v7" / few.name).exists(), "FEW, the least recently served, stayed"
+    assert not (cache / "manifests-v8" / few.name).exists(), "FEW, the least recently served, stayed"
     left = {path.stem for path in manifests(cache)}
     for path in manifests(cache):
         assert manifest_problems(cache, path) == [], f"{path.name} is left, not as it records"

@@ -26,7 +26,7 @@ from kprecompile.cache.signing import generate_key
 from kprecompile.cli import main
 
 SELECTION = ["--model", "deepseek-v2-lite", "--tp", "1", "--max-num-seqs", "3"]
-MANIFESTS = "manifests-v7"
+MANIFESTS = "manifests-v8"
 REFUSAL = (
     "kprecompile: archive: got '{archive}', expected an archive signed by a trusted key: {problem} (trust its "
     "signer's public key with --trusted-key or KPRECOMPILE_TRUSTED_KEYS, or import it anyway with --allow-unsigned)\n"

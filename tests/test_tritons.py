@@ -1,8 +1,8 @@
 """The fast suite's Triton-facing tests under each supported Triton beside the test extra's (3.6.0):
-tracing, keys, compiling, preload, the layered cache manager, the JIT monitor and recording are
-Triton's internals, and they moved between 3.5 and 3.9. Each Triton is installed alone
-(scripts/install_vllm.py, `.tritons/`) and put first on PYTHONPATH of a pytest run of the fast tests
-of TRITON_MODULES."""
+tracing, keys, compiling, preload, the layered cache manager, Triton's driver modules, the JIT
+monitor and recording are Triton's internals, and they moved between 3.5 and 3.9. Each Triton is
+installed alone (scripts/install_vllm.py, `.tritons/`) and put first on PYTHONPATH of a pytest run
+of the fast tests of TRITON_MODULES."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ TRITON_MODULES = (
     "test_runtime",
     "test_recording",
     "test_bundle",
+    "test_driver_modules",
     "test_cli",
     # A newcomer's `.[builder]` install resolves the newest Triton: the documented example runs on each.
     "test_python_example",

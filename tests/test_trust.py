@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from helpers import kprecompile_cli
 
 from kprecompile.cli import main
 
@@ -21,8 +22,8 @@ def group_writable_root(root, other):
 
 
 def world_writable_bucket(root, other):
-    (root / "manifests-v7").mkdir()
-    (root / "manifests-v7").chmod(0o777)
+    (root / "manifests-v8").mkdir()
+    (root / "manifests-v8").chmod(0o777)
 
 
 def bucket_is_a_link(root, other):
@@ -48,7 +49,7 @@ CASES = [
     (
         "world-writable-bucket",
         world_writable_bucket,
-        "kprecompile: cache root bucket: got '{root}/manifests-v7', "
+        "kprecompile: cache root bucket: got '{root}/manifests-v8', "
         "expected a directory only its owner can write, not mode 0o777",
     ),
     (
@@ -124,7 +125,7 @@ def test_an_os_error_is_one_line_naming_the_path_and_the_fix(tmp_path, capsys):
     )
     assert "Traceback" not in captured.err
     # No temporary file; beside the manifest, only the memo of its first warm's check.
-    assert sorted(path.name for path in (root / "manifests-v7").iterdir()) == [
+    assert sorted(path.name for path in (root / "manifests-v8").iterdir()) == [
         os.path.basename(manifest).replace(".json", ".checked"),
         os.path.basename(manifest),
     ]
@@ -150,3 +151,35 @@ def test_a_cache_inside_a_parent_everyone_can_write_without_the_sticky_bit_is_re
     with pytest.raises(SystemExit) as exited:
         main(["verify", *SELECTION, "--cache-dir", str(root)])
     assert exited.value.code == 1 and "not warm" in capsys.readouterr().out
+
+
+@pytest.fixture
+def group_umask():
+    """umask 002, a user's own group: the default for users on Fedora and RHEL."""
+    previous = os.umask(0o002)
+    yield
+    os.umask(previous)
+
+
+@pytest.mark.compiles
+def test_a_cache_made_under_umask_002_is_accepted_by_the_next_command(tmp_path, group_umask):
+    """kprecompile made its root and buckets group-writable under umask 002 (and Triton its
+    bucket), then refused them in the next command. Now each directory warm, bake and import (or
+    the processes they point at the cache) make is writable by its owner alone, and verify takes
+    each cache."""
+    cache, out, imported = tmp_path / "cache", tmp_path / "new" / ".." / "bundle", tmp_path / "imported"
+    selection = ["--model", "deepseek-v2-lite", "--max-num-seqs", "3", "--target", "gfx942"]
+    assert kprecompile_cli("warm", *selection, "--cache-dir", cache).returncode == 0
+    # bake and import too; a `..` in a path changes nothing that already exists (tmp_path itself).
+    tmp_path.chmod(0o775)
+    archive = tmp_path / "bundle.tgz"
+    baked = kprecompile_cli("bake", *selection, "--out", out, "--archive", archive)
+    assert baked.returncode == 0, baked.stderr
+    assert kprecompile_cli("import", archive, "--cache-dir", imported).returncode == 0
+    assert tmp_path.stat().st_mode & 0o777 == 0o775
+    for root in (cache, tmp_path / "bundle", imported):
+        directories = [root, *(path for path in root.iterdir() if path.is_dir())]
+        assert {"triton-v1", "manifests-v8"} <= {path.name for path in directories}, root
+        assert not [path for path in directories if path.stat().st_mode & 0o022], root
+        done = kprecompile_cli("verify", *selection, "--cache-dir", root)
+        assert done.returncode == 0, done.stderr

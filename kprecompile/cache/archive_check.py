@@ -2,7 +2,7 @@
 
 Each member is checked as its header is read: a relative path inside the destination, named
 once after normalizing (`E/./x` is `E/x`), shaped as its bucket's files are
-(`manifests-v7/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`,
+(`manifests-v8/<key>.json`, `triton-v1/<entry>/<file>`, `aiter-jit-v1/<path>`,
 `journals-v1/<key>.jsonl`), a regular file (no link, device or sparse file), within the size
 bounds (per member, in total, for `bundle.json`), then its content is hashed. Then `bundle.json`
 (every field's type), each manifest (as `read_manifest` checks it), each Triton group file, the
@@ -12,8 +12,6 @@ ends early says so. `archive_install.py` writes what passed.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import dataclasses
 import errno
@@ -37,7 +35,7 @@ from ..errors import BundleError, InputError
 from . import journal as journals
 from .bundle import BUNDLE_FILE, BUNDLE_TOP_LEVEL, check_index
 from .files import sha256_file
-from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
+from .layout import GROUP_PREFIX, Bucket, CacheLayout, entry_key, triton_entry_name
 from .manifest import FILE_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .signing import MAX_SIGNATURE_BYTES, SIGNATURE_FILE, signature_problem
 
@@ -78,9 +76,6 @@ class ArchiveTrust:
 
     keys: dict[str, Any] = field(default_factory=dict)
     allow_unsigned: bool = False
-
-
-_ENTRY_NAME = re.compile(r"[A-Z2-7]{52}")
 
 
 _JIT_PART = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+\-]{0,254}")
@@ -244,17 +239,6 @@ def _is_bundle_path(name: str) -> bool:
     return 1 < len(parts) <= _JIT_DEPTH + 1 and all(_JIT_PART.fullmatch(part) for part in parts[1:])
 
 
-def entry_key(entry_name: str) -> str | None:
-    """The Triton key (hex) an entry directory is named for, or None if it is not such a name."""
-    if not _ENTRY_NAME.fullmatch(entry_name):
-        return None
-    try:
-        key = base64.b32decode(entry_name + "====").hex()
-    except binascii.Error:
-        return None
-    return key if len(key) == 64 and triton_entry_name(key) == entry_name else None
-
-
 def _kept_bytes(name: str, limits: ImportLimits) -> int | None:
     """The size up to which a member is kept in memory to be parsed; None for one only hashed."""
     if name == BUNDLE_FILE:
@@ -359,7 +343,8 @@ def _check_signature(bundle: CheckedArchive, trust: ArchiveTrust, archive: Path)
 
 
 def _check_entries(bundle: CheckedArchive) -> None:
-    """Group the Triton files by entry; each group file must name files of its own entry."""
+    """Group the Triton files by entry; each group file must name the other files of its entry,
+    and only those (nothing rides along in a kernel's entry: a module there would be loaded)."""
     for name in bundle.members:
         parts = name.split("/")
         if parts[0] == Bucket.TRITON.value:
@@ -373,8 +358,10 @@ def _check_entries(bundle: CheckedArchive) -> None:
         if groups:
             member = files[groups[0]]
             children = _group_children(bundle.documents[member])
-            if children is None or not children or not children <= set(files) - {groups[0]}:
-                raise BundleError(member, "a Triton group file: an object whose child_paths names files of its entry")
+            if children is None or not children or children != set(files) - {groups[0]}:
+                raise BundleError(
+                    member, "a Triton group file: an object whose child_paths names every other file of its entry"
+                )
             bundle.groups[entry] = (groups[0], children)
 
 
@@ -396,9 +383,11 @@ def _group_children(data: bytes) -> frozenset[str] | None:
 
 
 def _check_manifests(bundle: CheckedArchive) -> None:
-    """Each manifest as `read_manifest` checks it, its kernels' entries in the bundle with the
-    files it records; each configuration of the index names one of them."""
+    """Each manifest as `read_manifest` checks it, its kernels' entries and driver modules in the
+    bundle with the files it records, no other entry without a group file; each configuration of
+    the index names one of them."""
     files = bundle.index["files"]
+    modules: set[str] = set()
     for name, data in bundle.documents.items():
         if not name.startswith(Bucket.MANIFESTS.value + "/"):
             continue
@@ -424,7 +413,33 @@ def _check_manifests(bundle: CheckedArchive) -> None:
                         name,
                         f"files in the bundle as it records them ({Bucket.TRITON.value}/{entry}/{file_name} differs)",
                     )
+        for launcher_key, recorded in manifest.launchers.items():
+            entry = triton_entry_name(launcher_key)
+            if set(bundle.entries.get(entry, {})) != set(recorded) or entry in bundle.groups:
+                raise BundleError(
+                    name, f"Triton's driver modules in the bundle as it records them ({Bucket.TRITON.value}/{entry}/)"
+                )
+            for file_name, record in recorded.items():
+                if files.get(f"{Bucket.TRITON.value}/{entry}/{file_name}") != record:
+                    raise BundleError(
+                        name,
+                        f"files in the bundle as it records them ({Bucket.TRITON.value}/{entry}/{file_name} differs)",
+                    )
+            modules.add(entry)
+        if manifest.launchers and bundle.signing_key is None:
+            raise BundleError(
+                name,
+                "Triton's driver modules (host code a server loads) only in an archive signed by a trusted key: "
+                "not imported with --allow-unsigned",
+            )
         bundle.manifests[key] = manifest
+    # An entry without a group file is a driver module Triton would load: only one a manifest records.
+    for entry in bundle.entries:
+        if entry not in bundle.groups and entry not in modules:
+            raise BundleError(
+                f"{Bucket.TRITON.value}/{entry}/",
+                "a kernel entry with its group file, or a driver module a manifest of the bundle records",
+            )
     for number, configuration in enumerate(bundle.index["configurations"]):
         if configuration["manifest"] not in bundle.manifests:
             raise BundleError(

@@ -36,7 +36,6 @@ from .archive_check import (
     ImportLimits,
     check_free_space,
     check_jit_files,
-    entry_key,
     member_blocks,
     read_archive,
     reading,
@@ -44,8 +43,8 @@ from .archive_check import (
 )
 from .bundle import BUNDLE_FILE
 from .entries import group_children
-from .files import FILE_MODE, write_atomic
-from .layout import Bucket, CacheLayout
+from .files import FILE_MODE, make_directories, write_atomic
+from .layout import Bucket, CacheLayout, entry_key
 from .locks import hold_lock
 from .manifest import MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .signing import SIGNATURE_FILE
@@ -168,7 +167,7 @@ def _install(
 ) -> ImportReport:
     counts = _Counts()
     journal = UndoLog()
-    layout.root.mkdir(parents=True, exist_ok=True)
+    make_directories(layout.root)  # what it installs is made owner-only as it goes
     remove_stale_staging(layout)
     with staging_directory(layout) as staging:
         try:
@@ -210,7 +209,7 @@ def _extract(tar: tarfile.TarFile, bundle: CheckedArchive, staging: Path) -> Non
         if name in (BUNDLE_FILE, SIGNATURE_FILE):
             continue
         target = staging / name
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(target.parent)
         digest = hashlib.sha256()
         descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         with os.fdopen(descriptor, "wb") as output:
@@ -260,14 +259,19 @@ def _install_entry(
         counts.entries_present += 1
         return
     displaced = None
-    if state == "damaged":
+    if state == "damaged" and entry not in bundle.groups:
+        # A driver module this host's Triton built itself (its own bytes): the bundle's, recorded
+        # by its manifest, takes its place.
+        logger.info("replacing Triton's driver module %s with the bundle's: %s", final, reason)
+    elif state == "damaged":
         logger.warning("replacing damaged kernel entry %s: %s", final, reason)
+    if state == "damaged":
         displaced = staging / "displaced" / Bucket.TRITON.value / entry
-        displaced.parent.mkdir(parents=True, exist_ok=True)
+        make_directories(displaced.parent)
         os.rename(final, displaced)
     if entry in bundle.groups:
         _point_group_at(staged / bundle.groups[entry][0], final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(final.parent)
     try:
         os.rename(staged, final)
     except OSError as error:
@@ -305,7 +309,7 @@ def _install_jit_file(
     record = bundle.index["files"][name]
     final = layout.root / name
     for directory in _missing_directories(final.parent):
-        directory.mkdir()
+        os.mkdir(directory, 0o755)  # owner-only whatever the umask (`files.make_directories`)
         journal.add("directory", directory)
     try:
         os.link(staging / name, final)
@@ -333,7 +337,7 @@ def _merge_journal(
     the journal's lock) waits in staging until the import succeeded."""
     final = journals.journal_path(layout, key)
     for directory in _missing_directories(final.parent):
-        directory.mkdir()
+        os.mkdir(directory, 0o755)  # owner-only whatever the umask (`files.make_directories`)
         journal.add("directory", directory)
     backup = staging / "displaced" / Bucket.JOURNALS.value / final.name
     journals.merge(layout, key, records.values(), backup=backup)
@@ -365,7 +369,7 @@ def _install_manifest(
     What is replaced waits in staging until the import succeeded."""
     staged = staging / Bucket.MANIFESTS.value / f"{key}.json"
     final = layout.manifest_path(key)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(final.parent)
     state, reason, present = _manifest_state(final, key)
     if state == "absent":
         try:
@@ -386,7 +390,7 @@ def _install_manifest(
     else:
         logger.warning("replacing damaged manifest %s: %s", final, reason)
     displaced = staging / "displaced" / Bucket.MANIFESTS.value / final.name
-    displaced.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(displaced.parent)
     os.rename(final, displaced)
     os.rename(staged, final)
     journal.add("file", final, displaced)

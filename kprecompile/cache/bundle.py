@@ -21,10 +21,10 @@ from typing import Any
 
 from ..errors import BundleError, InputError
 from .checked import CHECKED_SUFFIX
-from .entries import compiled_files, group_file
+from .entries import compiled_files, driver_module_path, group_file
 from .files import atomic_file, sha256_file, write_atomic
 from .layout import Bucket, CacheLayout
-from .manifest import HEX64, is_file_record, locate_manifest
+from .manifest import HEX64, Manifest, is_file_record, locate_manifest
 from .signing import FINGERPRINT, SIGNATURE_FILE, SigningKey, sign
 
 BUNDLE_FILE = "bundle.json"
@@ -145,13 +145,24 @@ def check_bake_directory(out: Path) -> None:
             )
 
 
-def copy_configurations(layout: CacheLayout, manifests: dict[str, list[str]], out: Path) -> None:
-    """Copy each manifest (by key) and the kernel entries it lists (by Triton key) into `out`."""
-    for key, job_keys in sorted(manifests.items()):
+def copy_configurations(layout: CacheLayout, manifests: dict[str, Manifest], out: Path) -> None:
+    """Copy each manifest (by key), the kernel entries it lists and the driver modules it records
+    into `out` (each checked first: `driver_module_problem`)."""
+    for key, manifest in sorted(manifests.items()):
         source = locate_manifest(layout, key)
         if source is None:
             raise BundleError(f"{Bucket.MANIFESTS.value}/{key}.json", "a manifest in the cache: warm it first")
-        for job_key in job_keys:
+        for module_key, recorded in manifest.launchers.items():
+            for name in recorded:
+                path = driver_module_path(layout, module_key, name)
+                if path is None:
+                    raise BundleError(
+                        f"{Bucket.TRITON.value}/{module_key}", f"Triton's driver module {name} in the cache"
+                    )
+                entry = out / Bucket.TRITON.value / path.parent.name
+                entry.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, entry / name)
+        for job_key in (job.key for job in manifest.jobs):
             files = compiled_files(layout, job_key)
             if files is None:
                 raise BundleError(job_key, "a kernel entry in the cache: warm the configuration first")

@@ -161,6 +161,25 @@ def entry_problem(
     return None
 
 
+def driver_module_path(layout: CacheLayout, key: str, name: str) -> Path | None:
+    """The first root's file `name` of the driver module entry for `key`, or None."""
+    return next((entry / name for entry in layout.triton_entries(key) if (entry / name).is_file()), None)
+
+
+def driver_module_problem(
+    layout: CacheLayout, key: str, recorded: dict[str, dict[str, object]]
+) -> tuple[str, str] | None:
+    """(file name, why) where one of Triton's driver modules a manifest records is not in any
+    root as recorded, or None (its files hashed)."""
+    for name, expected in recorded.items():
+        path = driver_module_path(layout, key, name)
+        if path is None:
+            return name, "missing"
+        if path.is_symlink() or path.stat().st_size != expected["size"] or sha256_file(path) != expected["sha256"]:
+            return name, "does not match its record"
+    return None
+
+
 def remove_unfinished_entry(layout: CacheLayout, key: str) -> bool:
     """Delete the writable root's entry for `key` when it has a group file yet is not complete
     (a child missing, or a name mapped to another file): Triton's own cache manager would load

@@ -8,6 +8,7 @@ crash leaves at most a temporary file that no reader looks at.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import tempfile
@@ -20,10 +21,27 @@ _BLOCK_BYTES = 1 << 20
 FILE_MODE = 0o644
 
 
+def make_directories(path: Path) -> None:
+    """`path` and its missing parents, each made writable by its owner alone whatever the umask:
+    a cache refuses directories others can write (`trust.py`), so under umask 002 (a user's own
+    group, the default on Fedora and RHEL) one it made itself was refused by the next command.
+    Made 0755 (a umask only removes bits); nothing that exists is changed."""
+    missing = []
+    current = Path(path)
+    while not current.exists() and current != current.parent:
+        missing.append(current)
+        current = current.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o755)
+    if not os.path.isdir(path):  # a file in the way: as `Path.mkdir(exist_ok=True)` says it
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(path))
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A binary file to write `path` through; it replaces `path` only if the block succeeds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         # mkstemp makes the file 0600: servers running as another user (a baked image) must read it.

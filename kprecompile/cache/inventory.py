@@ -5,6 +5,7 @@ and whether every kernel is there (`verify`'s quick check)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,9 @@ class Configuration:
     complete: bool
     # When a serving process last loaded it (`usage.mark_used`); None: never.
     last_served: float | None = None
+    # Triton's driver modules it records, likewise: counted in its size, never removed with it
+    # (shared with every configuration of the same Triton, recorded or not; `prune` keeps them).
+    modules: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def model_name(self) -> str:
@@ -42,7 +46,7 @@ class Configuration:
 
     @property
     def size(self) -> int:
-        return sum(self.entries.values())
+        return sum(self.entries.values()) + sum(self.modules.values())
 
     def as_dict(self, current_toolchain: bool | None) -> dict[str, Any]:
         parts = self.manifest.parts
@@ -80,17 +84,19 @@ def configurations(layout: CacheLayout) -> list[Configuration]:
                 manifest = parse_manifest(path.read_bytes(), path.stem)
             except (OSError, ValueError):
                 continue  # `verify` names a bad manifest; `prune` removes it
-            entries = {
-                triton_entry_name(job_key): sum(int(file["size"]) for file in files.values())
-                for job_key, files in manifest.artifacts.items()
-            }
+            entries, modules = (
+                {triton_entry_name(key): sum(int(file["size"]) for file in files.values()) for key, files in records}
+                for records in (manifest.artifacts.items(), manifest.launchers.items())
+            )
             complete = not any(
                 entry_problem(layout, job_key, files, deep=False) for job_key, files in manifest.artifacts.items()
             )
             served = last_served(path)
             used = max(info.st_mtime, served or 0.0)
             writable = root == layout.root
-            found.append(Configuration(manifest.key, path, writable, manifest, entries, used, complete, served))
+            found.append(
+                Configuration(manifest.key, path, writable, manifest, entries, used, complete, served, modules)
+            )
     return found
 
 
@@ -112,3 +118,29 @@ def directory_size(path: Path) -> int:
             except OSError:
                 continue
     return total
+
+
+def recorded_driver_modules(root: Path) -> dict[tuple[str, str], set[str]]:
+    """{(Triton key, file name): the sha256s manifests of the cache at `root` record for that
+    driver module} (manifests only, no entry checked: a bake asks this once per manifest it
+    writes). Each manifest file is parsed once per process while unchanged."""
+    found: dict[tuple[str, str], set[str]] = {}
+    for path in _manifest_files(root / Bucket.MANIFESTS.value):
+        try:
+            info = os.lstat(path)
+            identity = (info.st_ino, info.st_size, info.st_mtime_ns)
+            cached = _MODULE_RECORDS.get(path)
+            if cached is None or cached[0] != identity:
+                if info.st_size > MAX_MANIFEST_BYTES:
+                    continue
+                launchers = parse_manifest(path.read_bytes(), path.stem).launchers
+                cached = _MODULE_RECORDS[path] = (identity, launchers)
+        except (OSError, ValueError):
+            continue
+        for key, files in cached[1].items():
+            for name, record in files.items():
+                found.setdefault((key, name), set()).add(str(record["sha256"]))
+    return found
+
+
+_MODULE_RECORDS: dict[Path, tuple[tuple[int, int, int], dict[str, dict[str, dict[str, Any]]]]] = {}

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from .files import FILE_MODE, write_atomic
+from .files import FILE_MODE, make_directories, write_atomic
 from .jobs import describe_specialization_data
 from .layout import CacheLayout
 from .locks import hold_briefly
@@ -342,7 +342,7 @@ def append(layout: CacheLayout, key: str, records: Iterable[Record], lock_timeou
     if not data:
         return
     path = journal_path(layout, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     with _journal_lock(layout, key, lock_timeout_seconds):
         size = _regular_size(path)
         if size + len(data) > MAX_JOURNAL_BYTES:
@@ -369,10 +369,10 @@ def merge(
     root, compacted; per host the larger count (see the module's doc). `backup`: where to copy
     the journal as it was, under the same lock (an import's undo)."""
     path = journal_path(layout, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     with _journal_lock(layout, key, lock_timeout_seconds):
         if _regular_size(path) and backup is not None:
-            backup.parent.mkdir(parents=True, exist_ok=True)
+            make_directories(backup.parent)
             shutil.copy2(path, backup)
         _compact(path, merge_records({}, records, imported=True), imported=True)
 

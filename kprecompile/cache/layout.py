@@ -2,14 +2,16 @@
 
     <root>/                        --cache-dir, $KPRECOMPILE_CACHE_DIR, or the user cache dir
       triton-v1/                   TRITON_CACHE_DIR: Triton's own layout, one entry per key
-        <base32(key)>/             written by Triton: binary, IRs, metadata, __grp__*.json
+        <base32(key)>/             written by Triton: binary, IRs, metadata, __grp__*.json; or one of
+                                   its driver modules (utilities, launchers: a .so, no group file)
       locks-v1/
         <key>.lock                 held while one process compiles (or imports) that key
         import-<id>.lock           held by the import that owns .import-<id>/
-      manifests-v7/
+      manifests-v8/
         <manifest key>.json        one per (model, serving, engine, target, toolchain, environment):
-                                   the jobs that configuration needs, file checksums, and the
-                                   checksum of the whole document; written last
+                                   the jobs that configuration needs, file checksums (its
+                                   kernels' and Triton's driver modules'), and the checksum of the
+                                   whole document; written last
         <manifest key>.served      touched when a server preloads it (cache/usage.py)
         <manifest key>.checked     the stats of the last whole check (cache/checked.py)
       journals-v1/
@@ -32,8 +34,10 @@ manifest schema is its bucket's version.
 from __future__ import annotations
 
 import base64
+import binascii
 import enum
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +47,7 @@ class Bucket(enum.Enum):
 
     TRITON = "triton-v1"
     LOCKS = "locks-v1"
-    MANIFESTS = "manifests-v7"
+    MANIFESTS = "manifests-v8"
     JOURNALS = "journals-v1"
     AITER_JIT = "aiter-jit-v1"
     TOOLCHAIN = "toolchain-v1"
@@ -57,11 +61,24 @@ class Bucket(enum.Enum):
 MANIFEST_SCHEMA = Bucket.MANIFESTS.version
 # Triton writes an entry's files first and this group file last, naming all of them.
 GROUP_PREFIX = "__grp__"
+# An entry's directory: the base32 of its 32-byte key, unpadded.
+_ENTRY_NAME = re.compile(r"[A-Z2-7]{52}")
 
 
 def triton_entry_name(key: str) -> str:
     """The directory Triton's FileCacheManager uses for a hex cache key."""
     return base64.b32encode(bytes.fromhex(key)).decode("ascii").rstrip("=")
+
+
+def entry_key(entry_name: str) -> str | None:
+    """The Triton key (hex) an entry directory is named for, or None if it is not such a name."""
+    if not _ENTRY_NAME.fullmatch(entry_name):
+        return None
+    try:
+        key = base64.b32decode(entry_name + "====").hex()
+    except binascii.Error:
+        return None
+    return key if len(key) == 64 and triton_entry_name(key) == entry_name else None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import LockTimeoutError
+from .files import make_directories
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def _holding(
 
 
 def _wait(path: Path, timeout_seconds: float, on_first_wait: Callable[[], None]) -> int | None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     descriptor = try_lock(path)
     if descriptor is not None:
         return descriptor

@@ -2,11 +2,11 @@
 
 A manifest is named by the hash of its parts, a named dict of everything that decides which
 kernels a configuration compiles and what their binaries are (the recipe is
-`kprecompile.warmup.manifest_key`'s; storage only checks that the parts hash to the name). It lists
-each job with its Triton key and the size and sha256 of each of its files, and the plan's
-family rows; its `checksum` (sha256 of the rest of the document, canonical JSON) covers all of
-it, so a changed job list or record reads as a damaged manifest. "No valid manifest" means
-"not warm".
+`kprecompile.warmup.manifest_key`'s; storage only checks that the parts hash to the name). It
+lists each job with its Triton key and the size and sha256 of each of its files, the same of
+Triton's driver modules a server of it loads (`warmup/driver_modules.py`), and the plan's family
+rows; its `checksum` (sha256 of the rest of the document, canonical JSON) covers all of it, so a
+changed job list or record reads as a damaged manifest. "No valid manifest" means "not warm".
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class Manifest:
     # The journal records this warm considered, by Triton key: "replayed", "planned" (the plan
     # has the kernel), or why it was not compiled. A warm replays only records not listed here.
     recorded: dict[str, str] = field(default_factory=dict)
+    # Triton's driver modules built for it (utilities, launchers), by their Triton cache key:
+    # {file name: {"sha256", "size"}}, as `artifacts` records a kernel's files.
+    launchers: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         document = {
@@ -55,6 +58,7 @@ class Manifest:
             "families": list(self.families),
             "jobs": [{**job.as_dict(), "artifacts": self.artifacts.get(job.key, {})} for job in self.jobs],
             "recorded": dict(sorted(self.recorded.items())),
+            "launchers": dict(sorted(self.launchers.items())),
         }
         return json.dumps({**document, "checksum": document_checksum(document)}, indent=1).encode()
 
@@ -119,6 +123,7 @@ def parse_manifest(data: bytes, key: str, checked: bool = False) -> Manifest:
         artifacts={job["key"]: job["artifacts"] for job in document["jobs"]},
         model=dict(document["model"]),
         recorded=dict(document["recorded"]),
+        launchers={key: dict(files) for key, files in document["launchers"].items()},
     )
 
 
@@ -126,6 +131,7 @@ def parse_manifest(data: bytes, key: str, checked: bool = False) -> Manifest:
 MAX_MANIFEST_BYTES = 256 << 20
 HEX64 = re.compile(r"[0-9a-f]{64}")
 _JOB_FIELDS = {field.name for field in dataclasses.fields(CompileJob)}
+_FIELDS = {"schema", "key", "parts", "model", "families", "jobs", "recorded", "launchers", "checksum"}
 # A model's name or source (a preset, a path, a Hugging Face id) is far shorter.
 MAX_MODEL_TEXT = 4096
 # Names of an entry's files as Triton writes them: plain names, no path.
@@ -145,8 +151,8 @@ def _check_document(document: Any, key: str) -> None:
         raise ValueError("families is not a list of objects")
     if not isinstance(jobs, list):
         raise ValueError("jobs is not a list")
-    if set(document) != {"schema", "key", "parts", "model", "families", "jobs", "recorded", "checksum"}:
-        raise ValueError("its fields are not schema, key, parts, model, families, jobs, recorded and checksum")
+    if set(document) != _FIELDS:
+        raise ValueError(f"its fields are not {', '.join(sorted(_FIELDS))}")
     recorded = document["recorded"]
     if not isinstance(recorded, dict) or not all(
         HEX64.fullmatch(key) and isinstance(outcome, str) and len(outcome) <= MAX_MODEL_TEXT
@@ -175,6 +181,18 @@ def _check_document(document: Any, key: str) -> None:
                 raise ValueError(f"job {index} names a file {name[:80]!r} that is not a plain file name")
             if not is_file_record(record):
                 raise ValueError(f"job {index}'s record of {name!r} is not a size and a sha256")
+    launchers = document["launchers"]
+    if not isinstance(launchers, dict) or not all(
+        HEX64.fullmatch(key) and _is_files_record(files) for key, files in launchers.items()
+    ):
+        raise ValueError("launchers is not Triton keys with the plain names, sizes and sha256 of their files")
+
+
+def _is_files_record(files: Any) -> bool:
+    return isinstance(files, dict) and all(
+        isinstance(name, str) and FILE_NAME.fullmatch(name) and ".." not in name and is_file_record(record)
+        for name, record in files.items()
+    )
 
 
 def is_file_record(record: Any) -> bool:

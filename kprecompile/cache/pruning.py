@@ -12,8 +12,8 @@ Only the writable root is ever touched; layers are read-only. The whole plan is 
 executed under the root's exclusive usage lock (`usage.py`), so no warm, import or preload
 runs meanwhile (and no compile lock is taken). Manifests go first (a configuration without its
 manifest is simply not warm; an entry without its manifest would be unreferenced).
-Triton's own entries without a group file (launcher and driver modules built on a GPU host)
-are not kernels of any configuration and are left alone.
+Triton's own entries without a group file (driver modules: a server's own, or a bake's that
+manifests record, shared by every configuration of a Triton) are not kernels and are left alone.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Which cache files a serving process loads: those a manifest records, checked, and its own.
 
+The same holds for Triton's driver modules (utilities, launchers) a manifest records: in a
+read-only layer one is served only as recorded.
+
 A cache entry is executable code. Before kprecompile's Triton cache manager hands Triton an
 entry's files, they are checked against what a manifest of the cache recorded when the entry
 was compiled (the same file names, each a regular file of the recorded size and sha256);
@@ -53,7 +56,7 @@ class ServedFiles:
         configuration this process serves (`own`) is then the only one that vouches for its
         entries: another configuration's manifest (an imported one) never covers them."""
         with self._lock:
-            for job_key, files in manifest.artifacts.items():
+            for job_key, files in [*manifest.artifacts.items(), *manifest.launchers.items()]:
                 record = {name: (int(file["size"]), str(file["sha256"])) for name, file in files.items()}
                 for table in (self._records, self._own) if own else (self._records,):
                     records = table.setdefault(triton_entry_name(job_key), [])

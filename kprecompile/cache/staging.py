@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from .files import make_directories
 from .layout import CacheLayout
 
 logger = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ def staging_directory(layout: CacheLayout) -> Iterator[Path]:
     """A fresh staging directory in the writable root, removed when the block ends."""
     staging_id = uuid.uuid4().hex
     lock = _owner_lock(layout, staging_id)
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(lock.parent)
     descriptor = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)

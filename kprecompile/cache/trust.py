@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import InputError
+from .files import make_directories
 from .layout import Bucket, CacheLayout
 
 
@@ -86,12 +87,19 @@ def others_can_write(path: str | os.PathLike[str]) -> str | None:
     return None
 
 
+def make_writable_root(layout: CacheLayout) -> None:
+    """The writable root and the buckets Triton and AITER would make with the umask's mode
+    (group-writable under umask 002, which `check_layout` then refuses), made owner-only first."""
+    for directory in (layout.root, layout.triton_dir, layout.aiter_jit_dir):
+        make_directories(directory)
+
+
 def check_writable(layout: CacheLayout, field: str = "--cache-dir") -> None:
     """The writable root is a directory this user can write, made if missing: found out once,
     up front (after the other inputs are checked), instead of once per kernel when the first
     write fails."""
     try:
-        layout.root.mkdir(parents=True, exist_ok=True)
+        make_writable_root(layout)
         with tempfile.TemporaryFile(dir=layout.root, prefix=".kprecompile-probe-"):
             pass
     except OSError as error:

@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Iterator
 
-from .files import write_atomic
+from .files import make_directories, write_atomic
 from .layout import CacheLayout
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ _TAG = (
 def using(layout: CacheLayout, exclusive: bool = False) -> Iterator[None]:
     """Hold the writable root's usage lock for the block: shared to use it, exclusive to delete."""
     path = layout.locks_dir / USAGE_LOCK
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_directories(path.parent)
     descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH

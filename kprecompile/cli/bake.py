@@ -9,7 +9,7 @@ from ..warmup.bundling import bake
 from . import options
 from .examples import epilog
 from .output import ExitStatus, Output, human_size, plural
-from .warm import show_failures, show_family_failures
+from .warm import show_driver_modules, show_failures, show_family_failures
 from .workers import check_worker_options, worker_options
 
 
@@ -52,6 +52,7 @@ def command(
         failed += [plural(len(report.family_failures), "family", "families")] if report.family_failures else []
         output.data(f"bundle {report.out} not written: {' and '.join(failed)} failed")
         raise SystemExit(ExitStatus.FAILURE)
+    show_driver_modules(output, report.driver_modules, report.driver_modules_not_built)
     for configuration in report.configurations:
         kernels = plural(configuration["kernels"], "kernel")
         output.data(

@@ -72,7 +72,11 @@ def cache_ls(cache_dir, json_output) -> None:
         {**configuration.as_dict(current.get(configuration.key)), "recorded": recorded[configuration.key]}
         for configuration in found
     ]
-    unique = {name: size for configuration in found for name, size in configuration.entries.items()}
+    unique = {
+        name: size
+        for configuration in found
+        for name, size in [*configuration.entries.items(), *configuration.modules.items()]
+    }
     root_bytes = directory_size(layout.root)
     output.document(
         {

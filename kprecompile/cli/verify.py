@@ -7,7 +7,7 @@ import shlex
 import click
 
 from ..inputs import settings
-from ..warmup.verification import verify
+from ..warmup.verification import DRIVER_MODULE, verify
 from . import options
 from .examples import epilog
 from .output import ExitStatus, Output, plural
@@ -34,10 +34,11 @@ def command(json_output, cache_dir, deep, **chosen) -> None:
                 f"{report.model} on {verdict.target}: warm ({plural(verdict.kernels, 'kernel')}, {verdict.manifest})"
             )
         elif verdict.status == "incomplete":
-            output.data(
-                f"{report.model} on {verdict.target}: not warm: {len(verdict.problems)} of "
-                f"{plural(verdict.kernels, 'kernel')} missing or damaged"
-            )
+            modules = sum(problem.kernel == DRIVER_MODULE for problem in verdict.problems)
+            kernels = len(verdict.problems) - modules
+            counts = [f"{kernels} of {plural(verdict.kernels, 'kernel')}"] if kernels else []
+            counts += [f"{modules} of Triton's driver modules"] if modules else []
+            output.data(f"{report.model} on {verdict.target}: not warm: {' and '.join(counts)} missing or damaged")
             for problem in verdict.problems:
                 output.data(f"  {problem.kernel} [{problem.specialization}] {problem.key}: {problem.problem}")
         elif verdict.status == "recorded":

@@ -69,7 +69,16 @@ def command(json_output, max_workers, cache_dir, job_timeout_seconds, no_recorde
         f"{plural(report.kernels, 'kernel')}: {report.compiled} compiled, {report.cached} already cached, "
         f"{report.failed} failed in {report.seconds:.1f} s"
     )
+    show_driver_modules(output, report.driver_modules, report.driver_modules_not_built)
     output.data(f"cache: {report.cache_dir}")
     show_family_failures(report.family_failures)
     if not report.ok:
         raise SystemExit(ExitStatus.FAILURE)
+
+
+def show_driver_modules(output: Output, built: int, not_built: tuple[str, ...]) -> None:
+    """Triton's driver modules a server will not build (or why it will)."""
+    if built:
+        output.data(f"Triton's driver modules: {built} built for the server (it runs no C compiler for them)")
+    for line in not_built:
+        output.data(f"Triton's driver modules not built for {line}; a server builds them on its first start")

@@ -23,7 +23,8 @@ from importlib import metadata
 from pathlib import Path
 
 from ..cache.files import write_atomic
-from ..cache.layout import CacheLayout
+from ..cache.layout import Bucket, CacheLayout
+from ..cache.trust import others_can_write
 from .targets import Target
 
 logger = logging.getLogger(__name__)
@@ -153,14 +154,15 @@ def _triton_key_text(layout: CacheLayout | None, remember: bool) -> str:
     memo = None
     if layout is not None:
         inputs = _triton_key_inputs(triton_dir())
-        memo = layout.toolchain_dir / f"{stat_digest(inputs)}.json"
-        try:
-            text = json.loads(memo.read_text())["triton_key_text"]
-            if _is_triton_key(text, triton_version(), inputs):
+        name = f"{stat_digest(inputs)}.json"
+        memo = layout.toolchain_dir / name
+        # A baked layer's memo too (the same image: the same paths, sizes and times of Triton's
+        # files): a container whose writable cache is new then hashes libtriton neither. Read
+        # there each time, never copied: the writable cache does not outlive the layer with it.
+        for path in [memo, *(layer / Bucket.TOOLCHAIN.value / name for layer in layout.layers)]:
+            text = _remembered(path, inputs)
+            if text is not None:
                 return text
-            logger.warning("ignoring a remembered Triton key that is not this Triton's (%s): computing it again", memo)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
     from triton.runtime.cache import triton_key
 
     text = triton_key()
@@ -170,6 +172,25 @@ def _triton_key_text(layout: CacheLayout | None, remember: bool) -> str:
         except OSError as error:  # a read-only cache still works, only slower
             logger.debug("cannot remember the Triton key at %s: %s", memo, error)
     return text
+
+
+def _remembered(path: Path, inputs: list[Path]) -> str | None:
+    """The Triton key a memo holds, when it is this Triton's; None where there is none (a memo
+    that is not this Triton's key is named in a warning)."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        problem = others_can_write(path.parent) or others_can_write(path)
+        if problem:
+            logger.debug("not reading the Triton key memo %s: %s", path, problem)
+            return None
+        text = json.loads(path.read_text())["triton_key_text"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if _is_triton_key(text, triton_version(), inputs):
+        return text
+    logger.warning("ignoring a remembered Triton key that is not this Triton's (%s): computing it again", path)
+    return None
 
 
 def hand_triton_its_key(layout: CacheLayout) -> bool:

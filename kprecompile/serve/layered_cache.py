@@ -5,12 +5,12 @@ Every process `kprecompile.activate` points at the cache uses it
 (`TRITON_CACHE_MANAGER=kprecompile.serve.layered_cache:LayeredCacheManager`). Reads look in the
 writable cache (`TRITON_CACHE_DIR`) first, then in each layer's Triton bucket
 ($KPRECOMPILE_CACHE_LAYERS), and serve an entry only when its files are the ones a manifest
-recorded, or ones this process wrote (`cache/served.py`); writes (misses compiled while serving,
-launchers built on first use) go to the writable cache only, all-or-nothing, so a layer can sit
-on a read-only image layer. Triton's group files name an entry's files by their absolute path
-at write time; here they are found by name in the entry's own directory, in the writable cache
-as in layers, so `verify` and Triton always read the same files and a copied or moved cache
-serves from itself.
+recorded, or ones this process wrote (`cache/served.py`); Triton's driver modules likewise.
+Writes (misses compiled while serving, driver modules built on first use) go to the writable
+cache only, all-or-nothing, so a layer can sit on a read-only image layer. Triton's group files
+name an entry's files by their absolute path at write time; here they are found by name in the
+entry's own directory, in the writable cache as in layers, so `verify` and Triton always read
+the same files and a copied or moved cache serves from itself.
 """
 
 from __future__ import annotations
@@ -48,12 +48,25 @@ class LayeredCacheManager(CacheManager):
         self._manifest_dirs = [layout.bucket(Bucket.MANIFESTS, root) for root in layout.roots]
 
     def get_file(self, filename: str) -> str | None:
-        """A single file: the launcher modules Triton builds on the GPU host, which no manifest
-        records: served from the writable cache only (never through a link), not from layers."""
+        """A single file: one of Triton's driver modules (utilities, launchers). From the
+        writable cache, where this host's Triton builds them (never through a link); from a
+        layer, only as a manifest recorded it (a bake built it: `warmup/driver_modules.py`)."""
         if self._delegate:
             return self._delegate.get_file(filename)
         path = os.path.join(self.cache_dir, filename)
-        return path if os.path.isfile(path) and not os.path.islink(path) else None
+        if os.path.isfile(path) and not os.path.islink(path):
+            # Never a file beside a kernel's group file: Triton writes its modules alone.
+            return None if _holds_group(self.cache_dir) else path
+        for directory in self._dirs[1:]:
+            path = os.path.join(directory, filename)
+            if not os.path.lexists(path):
+                continue
+            problem = others_can_write(directory) or others_can_write(path)
+            problem = problem or SERVED.problem(self.key, {filename: path}, self._manifest_dirs)
+            if problem is None:
+                return path
+            SERVED.warn_once(directory, problem)
+        return None
 
     def get_group(self, filename: str) -> dict[str, str] | None:
         """A kernel's files, from the first root whose entry is what a manifest recorded (or
@@ -85,3 +98,10 @@ class LayeredCacheManager(CacheManager):
         write_atomic(path, data if isinstance(data, bytes) else str(data).encode())
         SERVED.wrote(path)
         return str(path)
+
+
+def _holds_group(directory: str) -> bool:
+    try:
+        return any(name.startswith(GROUP_PREFIX) for name in os.listdir(directory))
+    except OSError:
+        return False

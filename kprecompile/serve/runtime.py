@@ -8,10 +8,12 @@ monitor that watches what still compiles afterwards is `monitor.py`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
 from ..cache.layout import CacheLayout
+from ..cache.trust import make_writable_root
 from ..inputs import settings
 from ..inputs.targets import Target
 from ..selection.request import Request
@@ -50,6 +52,8 @@ def activate(
             " and ".join(replaced),
             layout.root,
         )
+    with contextlib.suppress(OSError):  # a server that cannot write there still serves its layers
+        make_writable_root(layout)
     os.environ["TRITON_CACHE_DIR"] = triton_dir
     knobs.cache.dir = triton_dir
     os.environ[settings.CACHE_LAYERS.name] = os.pathsep.join(str(layer) for layer in layout.layers)

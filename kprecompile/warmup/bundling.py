@@ -30,13 +30,13 @@ from ..cache.bundle import (
     write_archive,
 )
 from ..cache.bundle import write_index as write_bundle_index
-from ..cache.entries import group_file
+from ..cache.entries import driver_module_problem, group_file
 from ..cache.journal import journal_path, read_records
 from ..cache.journal import merge as merge_journal
 from ..cache.layout import CacheLayout
-from ..cache.manifest import job_problems, read_manifest
+from ..cache.manifest import Manifest, job_problems, read_manifest
 from ..cache.signing import SigningKey, load_signing_key, load_trusted_keys
-from ..cache.trust import check_layout
+from ..cache.trust import check_layout, make_writable_root
 from ..errors import BundleError, DamagedCacheError, InputError
 from ..inputs import settings
 from ..inputs.targets import TARGETS
@@ -67,6 +67,10 @@ class BakeReport:
     family_failures: tuple[FamilyFailure, ...] = ()
     # The fingerprint of the key that signed bundle.json (and the archive), or None.
     signing_key: str | None = None
+    # Triton's driver modules the bundle carries, and per target where none could be built, why
+    # (`WarmReport`'s fields of the same names).
+    driver_modules: int = 0
+    driver_modules_not_built: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,8 +127,9 @@ def check_archive_path(archive: str | Path) -> Path:
 
 def baked_files(layout: CacheLayout, manifest_keys: Sequence[str]) -> list[str]:
     """What a bake wrote into its bundle: the manifests, each of their kernel entries' files and
-    group file, the journals of their configurations, and AITER's JIT files (checked before the
-    bake by `check_bake_directory`); nothing else that lies in the directory."""
+    group file, the driver modules they record, the journals of their configurations, and
+    AITER's JIT files (checked before the bake by `check_bake_directory`); nothing else that
+    lies in the directory."""
     root = layout.root
     names = [path.relative_to(root).as_posix() for path in sorted(layout.aiter_jit_dir.rglob("*")) if path.is_file()]
     for key in sorted(set(manifest_keys)):
@@ -138,6 +143,8 @@ def baked_files(layout: CacheLayout, manifest_keys: Sequence[str]) -> list[str]:
             group = group_file(entry)
             files = [*manifest.artifacts.get(job.key, {}), *([group.name] if group is not None else [])]
             names += [(entry / name).relative_to(root).as_posix() for name in files]
+        for key, files in manifest.launchers.items():
+            names += [(layout.triton_entry(key) / name).relative_to(root).as_posix() for name in files]
     return names
 
 
@@ -194,12 +201,13 @@ def bake(
     layout = CacheLayout.of(out)
     check_layout(layout)
     check_bake_directory(layout.root)
-    layout.root.mkdir(parents=True, exist_ok=True)
+    make_writable_root(layout)
     (layout.root / BAKE_MARKER).touch()
     keys: list[str] = []
     failures: list[KernelFailure] = []
     family_failures: list[FamilyFailure] = []
-    totals = {"kernels": 0, "compiled": 0, "cached": 0}
+    totals = {"kernels": 0, "compiled": 0, "cached": 0, "driver_modules": 0}
+    not_built: list[str] = []
     for request in requests:
         if recorded_from is not None:
             carry_journals(recorded_from, layout, request)
@@ -214,10 +222,15 @@ def bake(
         keys += [Path(path).stem for path in report.manifests]
         failures += report.failures
         family_failures += report.family_failures
+        not_built += [line for line in report.driver_modules_not_built if line not in not_built]
         for name in totals:
             totals[name] += getattr(report, name)
     index, archive_bytes = None, None
     if not failures and not family_failures:
+        for manifest_key in keys:
+            manifest = read_manifest(layout, manifest_key)
+            if manifest is not None:
+                _check_driver_modules(layout, manifest, f"{manifest.model['name']} ({manifest_key[:12]})")
         index = write_index(layout, keys, key, baked_files(layout, keys))
         if archive_path is not None:
             write_archive(layout.root, archive_path)
@@ -234,6 +247,7 @@ def bake(
         seconds=time.perf_counter() - started,
         family_failures=tuple(family_failures),
         signing_key=index.signing_key if index else None,
+        driver_modules_not_built=tuple(not_built),
         **totals,
     )
 
@@ -245,7 +259,7 @@ def export(
     signed with the key at `signing_key_path` (else $KPRECOMPILE_SIGNING_KEY)."""
     archive_path = check_archive_path(archive)
     key = signing_key(signing_key_path)
-    manifests: dict[str, list[str]] = {}
+    manifests: dict[str, Manifest] = {}
     for target in request.targets:
         lookup = find_manifest(request, target, layout, remember=False)
         if lookup.manifest is None:
@@ -264,7 +278,8 @@ def export(
                 len(problems),
                 f"{job.kernel_name} [{job.key[:12]}]: {problem.message}",
             )
-        manifests[lookup.key] = [job.key for job in lookup.manifest.jobs]
+        _check_driver_modules(layout, lookup.manifest, f"{request.model.name} on {target.name}")
+        manifests[lookup.key] = lookup.manifest
     with tempfile.TemporaryDirectory(prefix="kprecompile-export-") as scratch:
         bundle = CacheLayout.of(scratch)
         copy_configurations(layout, manifests, bundle.root)
@@ -279,6 +294,16 @@ def export(
         archive_path.stat().st_size,
         index.signing_key,
     )
+
+
+def _check_driver_modules(layout: CacheLayout, manifest: Manifest, configuration: str) -> None:
+    """The driver modules the manifest records, each as recorded (an index or archive lists and
+    signs what it finds: a damaged module would leave as a good one); DamagedCacheError if not."""
+    for key, files in manifest.launchers.items():
+        problem = driver_module_problem(layout, key, files)
+        if problem is not None:
+            name, why = problem
+            raise DamagedCacheError(configuration, 1, f"Triton's driver module {name} [{key[:12]}]: {why}")
 
 
 def carry_journals(source: CacheLayout, destination: CacheLayout, request: Request) -> int:

@@ -9,6 +9,7 @@ AITER; the exact versions kprecompile is tested with are checked here, at run ti
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from dataclasses import asdict, dataclass
@@ -55,6 +56,7 @@ def run_checks(layout: CacheLayout) -> list[Check]:
     checks.append(_triton())
     checks.append(_aiter())
     checks.append(_gpu())
+    checks.append(_driver_modules())
     checks.append(_vllm())
     checks.append(_cache(layout))
     return checks
@@ -107,13 +109,39 @@ def _gpu() -> Check:
         import torch
 
         if not torch.cuda.is_available():
-            return Check("gpu", "ok", "none visible", "warm cross-compiles; preload and launchers need the GPU")
+            return Check("gpu", "ok", "none visible", "warm cross-compiles; preload needs the GPU")
         name = torch.cuda.get_device_name(0)
         from ..inputs.targets import detect_local_target
 
         return Check("gpu", "ok", name, f"target {detect_local_target().name}")
     except Exception as error:  # a broken driver is a finding, not a crash
         return Check("gpu", "warn", "unknown", f"{type(error).__name__}: {error}")
+
+
+def _driver_modules() -> Check:
+    """Whether a bake here builds Triton's driver modules (`warmup/driver_modules.py`): Triton's
+    own lookups of the HIP runtime and of libcuda, and a C compiler to build with."""
+    import os
+    import shutil
+
+    found = []
+    lookups = (("ROCm", "amd", "_get_path_to_hip_runtime_dylib"), ("CUDA", "nvidia", "libcuda_dirs"))
+    for backend, package, name in lookups:
+        try:
+            getattr(importlib.import_module(f"triton.backends.{package}.driver"), name)()
+            found.append(backend)
+        except Exception:  # noqa: BLE001 - Triton's "not found" is a RuntimeError or an AssertionError
+            continue
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if found and compiler:
+        return Check("driver modules", "ok", ", ".join(found), "a bake here builds Triton's launchers for servers")
+    missing = "no C compiler (CC, gcc or clang)" if found else "Triton finds neither libamdhip64.so nor libcuda.so.1"
+    return Check(
+        "driver modules",
+        "warn",
+        "not built here",
+        f"{missing}: servers build Triton's launchers on their first start (bake in the serving image)",
+    )
 
 
 def _vllm() -> Check:

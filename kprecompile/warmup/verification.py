@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..cache.checked import checked_before
+from ..cache.entries import driver_module_problem
 from ..cache.layout import CacheLayout
 from ..cache.manifest import job_problems, read_all_manifest_parts
 from ..inputs.targets import Target
@@ -62,6 +63,11 @@ class VerifyReport:
         return asdict(self)
 
 
+# A problem's `kernel` where it is one of Triton's driver modules (its `specialization` is then
+# the module's file name).
+DRIVER_MODULE = "Triton's driver module"
+
+
 def verify(request: Request, layout: CacheLayout, *, deep: bool = False) -> VerifyReport:
     started = time.perf_counter()
     model = request.model
@@ -92,6 +98,12 @@ def _verify_target(layout: CacheLayout, lookup: ManifestLookup, target: Target, 
         problems = tuple(
             KernelProblem(job.kernel, job.describe_specialization(), job.key, problem.message)
             for job, problem in ([] if unchanged else job_problems(layout, manifest, deep))
+        )
+        # Triton's driver modules: a few small files, hashed every time.
+        problems += tuple(
+            KernelProblem(DRIVER_MODULE, problem[0], key, problem[1])
+            for key, files in manifest.launchers.items()
+            if (problem := driver_module_problem(layout, key, files)) is not None
         )
         status: Status = "incomplete" if problems else "warm"
         if not problems:

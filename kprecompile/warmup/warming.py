@@ -11,6 +11,7 @@ and every kernel compiled: a target whose plan failed is never recorded as warm.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cache.checked import checked_before, entries_digest, remember_checked
-from ..cache.entries import has_entries, remove_entry
+from ..cache.entries import driver_module_problem, has_entries, remove_entry
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
@@ -39,6 +40,7 @@ from .pool import DEFAULT_JOB_TIMEOUT_SECONDS, CompilePool, refuse_in_worker_sta
 from .replay import RECORDED_FAMILY, Replay, recorded_here, replay, shorten, unsettled
 
 if TYPE_CHECKING:
+    from .driver_modules import DriverModules
     from .planning import PlannedShapes
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,8 @@ class WarmReport:
     # Compile worker processes started (0 when everything was cached): as many as kernels were
     # missing, up to --jobs.
     workers: int
-    # Kernels whose launchers (and Triton's driver utilities) were built into the cache: only
-    # when warming for this machine's own GPU (docs/design.md, fact 7); 0 elsewhere.
+    # Kernels loaded with their launchers on this machine's own GPU when the configuration was
+    # already warm (docs/design.md, fact 7); 0 elsewhere. A new manifest's are `driver_modules`.
     launchers: int
     # Wall time of the whole warm, of its tracing, and of compiling once tracing ended (on a cold
     # cache the workers compile each family's kernels while the next one traces); 0 when the
@@ -92,6 +94,11 @@ class WarmReport:
     cache_dir: str
     # Families whose planning failed (the rest was warmed).
     family_failures: tuple[FamilyFailure, ...] = ()
+    # Triton's driver modules (utilities, launchers) the manifests written by this warm record,
+    # built here so that a server runs no C compiler (`driver_modules.py`); and per target where
+    # none could be, why ("<target>: what Triton said").
+    driver_modules: int = 0
+    driver_modules_not_built: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -124,6 +131,18 @@ def _build_launchers(request: Request, layout: CacheLayout, target: Target) -> i
     for failure in report.failures:
         logger.warning("launcher not built: %s", failure)
     return report.kernels - len(report.failures)
+
+
+def _driver_modules(manifest: Manifest, layout: CacheLayout, target: Target) -> DriverModules:
+    """Triton's driver modules for the manifest's server, built here; never a failed warm (a
+    server builds what is missing on its first start)."""
+    from .driver_modules import DriverModules, bake_driver_modules
+
+    try:
+        return bake_driver_modules(manifest, layout, target)
+    except Exception as error:  # noqa: BLE001 - an optimization of the server's start, never the warm's failure
+        logger.warning("Triton's driver modules for %s not built: %s: %s", target.name, type(error).__name__, error)
+        return DriverModules({}, f"{type(error).__name__}: {error}"[:300])
 
 
 def _recorded_row(target: Target, journal_key: str, replayed: Replay) -> FamilyPlan:
@@ -275,7 +294,8 @@ class _WarmRun:
         self.outcomes: list[JobOutcome] = []
         self.manifests: list[str] = []
         self.trace_seconds = self.compile_seconds = 0.0
-        self.replaced = self.launchers = self.workers = 0
+        self.replaced = self.launchers = self.workers = self.driver_modules = 0
+        self.driver_modules_not_built: list[str] = []
         self.worker_start = worker_start
 
     @property
@@ -315,10 +335,32 @@ class _WarmRun:
 
     def _already_warm(self, target: Target, lookup: ManifestLookup, manifest: Manifest) -> None:
         logger.info("%s on %s is warm: manifest %s", self.request.model.name, target.name, lookup.key)
+        if lookup.path.parent == self.layout.manifests_dir:
+            self._mend_driver_modules(target, manifest)
         self.families += [FamilyPlan(**row) for row in manifest.families]
         self.outcomes += [JobOutcome(job, "cached", 0.0) for job in manifest.jobs]
         self.manifests.append(str(lookup.path))
         self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _mend_driver_modules(self, target: Target, manifest: Manifest) -> None:
+        """Where a driver module the manifest records is not as recorded (a few small files, hashed
+        here): built again where missing or damaged, recorded as it is where another manifest of
+        the root records it so (another warm rebuilt it: Triton's builds are not reproducible)."""
+        try:
+            problems = [
+                problem
+                for key, files in manifest.launchers.items()
+                if (problem := driver_module_problem(self.layout, key, files)) is not None
+            ]
+            if problems:
+                # The bake finds each as it is where a manifest records these bytes (another warm
+                # rebuilt it), and builds anew one no manifest records so.
+                logger.warning("Triton's driver module %s %s: recording the configuration's again", *problems[0])
+                modules = _driver_modules(manifest, self.layout, target)
+                write_manifest(self.layout, dataclasses.replace(manifest, launchers=modules.records))
+                self._count_driver_modules(target, modules)
+        except OSError as error:  # never a failed warm: a server builds what is missing
+            logger.warning("Triton's driver modules of %s not mended: %s", target.name, error)
 
     def _planned(
         self, target: Target, manifest: Manifest | None, damaged: frozenset[str]
@@ -392,6 +434,9 @@ class _WarmRun:
             {"name": model.name, "source": model.source},
             replayed.outcomes if replayed else {},
         )
+        modules = _driver_modules(manifest, self.layout, target)
+        manifest = dataclasses.replace(manifest, launchers=modules.records)
+        self._count_driver_modules(target, modules)
         path = write_manifest(self.layout, manifest)
         self.manifests.append(path)
         if before == entries_digest(self.layout, keys):
@@ -399,7 +444,11 @@ class _WarmRun:
         logger.info(
             "manifest of %d kernels (every file hashed) written in %.2f s", len(jobs), time.perf_counter() - started
         )
-        self.launchers += _build_launchers(self.request, self.layout, target)
+
+    def _count_driver_modules(self, target: Target, modules: DriverModules) -> None:
+        self.driver_modules += sum(map(len, modules.records.values()))
+        if modules.missing:
+            self.driver_modules_not_built.append(f"{target.name}: {modules.missing}")
 
     def _new_pool(self, families: Sequence[FamilyName]) -> CompilePool:
         return CompilePool(
@@ -449,4 +498,6 @@ class _WarmRun:
             manifests=tuple(self.manifests),
             cache_dir=str(self.layout.root),
             family_failures=family_failures,
+            driver_modules=self.driver_modules,
+            driver_modules_not_built=tuple(self.driver_modules_not_built),
         )
