@@ -47,7 +47,7 @@ def test_plan_json_schema(capsys):
     assert (document["serving"]["max_model_len"], document["serving"]["dtype"]) == (163840, "bfloat16")
     assert document["serving"]["cudagraph_capture_sizes"][:3] == [1, 2, 4]
     families = {family["family"]: family for family in document["families"]}
-    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
+    assert list(families) == ["fp8_bmm", "fp4_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     # vLLM's merge around the prefill is traced from an installed vLLM (tests/test_vllm.py).
     assert families["mla_merge"]["skip_reason"].endswith(
         "kprecompile engine install vllm==0.12.0, then --vllm-version 0.12.0"
@@ -80,7 +80,7 @@ def test_plan_lists_every_mla_family_under_the_triton_mla_backend(capsys):
     )
     assert status == 0
     families = {family["family"]: family for family in json.loads(out)["families"]}
-    assert list(families) == ["fp8_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
+    assert list(families) == ["fp8_bmm", "fp4_bmm", "mla_decode", "mla_prefill", "mla_merge", "block_fp8_linear"]
     aiters = [families[name] for name in ("fp8_bmm", "mla_decode", "mla_prefill")]
     assert all(family["skip_reason"] is None and family["kernels"] > 0 for family in aiters)
 
@@ -434,7 +434,24 @@ def test_doctor_reports_each_part_and_what_works(capsys, tmp_path):
     document = json.loads(out)
     checks = {check["name"]: check for check in document["checks"]}
     assert status == 0 and document["ok"] is True
-    assert list(checks) == ["python", "torch", "triton", "amd-aiter", "gpu", "vllm", "cache"]
+    assert list(checks) == ["python", "torch", "triton", "amd-aiter", "gpu", "driver modules", "vllm", "cache"]
+    # A HIP runtime where TRITON_LIBHIP_PATH names one (a stand-in file: Triton only looks it up),
+    # none where it names nothing: what doctor says follows Triton's own lookup.
+    stand_in = tmp_path / "rocm" / "libamdhip64.so"
+    stand_in.parent.mkdir()
+    stand_in.touch()
+    for path, rocm in ((stand_in, True), (tmp_path / "none" / "libamdhip64.so", False)):
+        from triton.backends.amd.driver import _get_path_to_hip_runtime_dylib
+
+        _get_path_to_hip_runtime_dylib.cache_clear()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("TRITON_LIBHIP_PATH", str(path))
+            _, out, _ = run_cli(capsys, "doctor", "--cache-dir", str(tmp_path), "--json")
+        _get_path_to_hip_runtime_dylib.cache_clear()
+        modules = {check["name"]: check for check in json.loads(out)["checks"]}["driver modules"]
+        assert ("ROCm" in modules["value"]) == rocm, modules
+        # Without ROCm, ok only where Triton finds libcuda (a CUDA host).
+        assert modules["verdict"] == ("ok" if rocm or "CUDA" in modules["value"] else "warn"), modules
     import triton
 
     # Every supported Triton is a tested one (the suite runs on each: tests/test_packaging.py's list).

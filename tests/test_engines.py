@@ -70,8 +70,9 @@ def test_every_family_the_backend_runs_is_listed_with_a_reason_when_not_planned(
     [newer] = select(LLAMA, "vllm", "TRITON_ATTN", {}, vllm_release="0.33.0").choices
     assert newer.family == "triton_attn" and "kprecompile engine install vllm==0.33.0" in newer.skip_reason
     # TRITON_MLA's decode is vLLM's own kernel too.
-    [bmm, decode, _] = select(DEEPSEEK, "vllm", None, {}).choices
-    assert (bmm.family, decode.family, decode.backend) == ("fp8_bmm", "triton_mla", "TRITON_MLA")
+    [bmm, fp4_bmm, decode, _] = select(DEEPSEEK, "vllm", None, {}).choices
+    assert (bmm.family, fp4_bmm.family) == ("fp8_bmm", "fp4_bmm") and fp4_bmm.skip_reason
+    assert (decode.family, decode.backend) == ("triton_mla", "TRITON_MLA")
     assert "kprecompile engine install vllm==0.12.0" in decode.skip_reason
 
 
@@ -207,7 +208,7 @@ def test_selection_is_part_of_the_plan_document():
 
 
 def test_unknown_family_names_the_ones_available():
-    with pytest.raises(InputError, match="--family: got 'paged_decode', expected one of fp8_bmm, mla_decode"):
+    with pytest.raises(InputError, match="--family: got 'paged_decode', expected one of fp8_bmm, fp4_bmm, mla_decode"):
         select(DEEPSEEK, families=["paged_decode"], environ={})
 
 
@@ -251,7 +252,10 @@ def test_unknown_family_names_the_ones_available():
             ("prefix_prefill", "paged_decode"),
         ),
         # From 0.19 AITER's MLA decode reduces with a HIP kernel: no Triton stage 2 to plan.
-        ("0.33.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
+        ("0.32.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
+        # 0.33 turns AITER's FP8 BMM off by default (inputs/flag_defaults.json): torch.bmm.
+        ("0.33.0", DEEPSEEK, {}, None, "ROCM_AITER_MLA", ()),
+        ("0.33.0", DEEPSEEK, {"VLLM_ROCM_USE_AITER_FP8BMM": "1"}, None, "ROCM_AITER_MLA", ("fp8_bmm",)),
     ],
 )
 def test_each_release_line_selects_as_that_release_does(release, model, environ, requested, backend, families):

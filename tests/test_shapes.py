@@ -35,7 +35,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
     llama = ["aiter_fa_context", "prefix_prefill", "paged_decode", "pa_prefill", "rocm_attn", "triton_attn"]
     assert families(load_model("llama-3.1-8b-instruct")) == llama
     # DeepSeek-R1's weights are block FP8: its linear layers are a family of their own.
-    mla = ["block_fp8_linear", "fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
+    mla = ["block_fp8_linear", "fp4_bmm", "fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
     assert families(load_model("deepseek-r1")) == mla
     assert "block_fp8_linear" not in families(load_model("deepseek-v2-lite"))
     # An unseen model with MLA fields is planned as MLA, whatever its name and architecture.
@@ -52,7 +52,7 @@ def test_families_follow_the_attention_structure_not_the_model_name():
         name="unseen",
         source="test",
     )
-    assert families(unseen) == ["fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
+    assert families(unseen) == ["fp4_bmm", "fp8_bmm", "mla_decode", "mla_merge", "mla_prefill", "triton_mla"]
 
 
 def test_sliding_window_reaches_the_shapes_only_where_the_config_applies_it():

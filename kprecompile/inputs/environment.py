@@ -34,10 +34,11 @@ class Variable:
     default: str | None
     why: str
 
-    def canonical(self, raw: str | None) -> str | None:
-        """The value as its owner understands it, in one spelling."""
+    def canonical(self, raw: str | None, default: str | None = None) -> str | None:
+        """The value as its owner understands it, in one spelling; unset, `default` (the planned
+        release's own default, `inputs/flag_defaults.py`) or else kprecompile's."""
         if raw is None or (raw == "" and self.kind != "string"):
-            return self.default
+            return default if default is not None else self.default
         if self.kind == "bool":
             return "1" if raw.lower() in ("true", "1") else "0"
         if self.kind == "int_bool":
@@ -56,6 +57,9 @@ VARIABLES: tuple[Variable, ...] = (
     _vllm_bool("VLLM_ROCM_USE_AITER", False, "master switch for every AITER kernel path"),
     _vllm_bool("VLLM_ROCM_USE_AITER_MLA", True, "MLA attention through AITER (ROCM_AITER_MLA) instead of TRITON_MLA"),
     _vllm_bool("VLLM_ROCM_USE_AITER_FP8BMM", True, "MLA absorbed-weight BMM through AITER's Triton FP8 BMM"),
+    _vllm_bool(
+        "VLLM_ROCM_USE_AITER_FP4BMM", True, "MLA absorbed-weight BMM of bf16 weights through AITER's FP4 BMM (gfx950)"
+    ),
     _vllm_bool("VLLM_ROCM_USE_AITER_MHA", True, "GQA attention through AITER's CK/asm kernels (ROCM_AITER_FA)"),
     _vllm_bool(
         "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION", False, "GQA attention through AITER's Triton unified attention"
@@ -110,17 +114,25 @@ class Fingerprint:
         return hash_named_dict(self.as_dict())
 
 
-def registered_values(environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE) -> dict[str, str | None]:
-    """Every registered variable's effective value under `engine`'s defaults, canonical."""
+def registered_values(
+    environ: Mapping[str, str] | None = None, engine: str = DEFAULT_ENGINE, release: str | None = None
+) -> dict[str, str | None]:
+    """Every registered variable's effective value under `engine`'s defaults, canonical; a vLLM
+    flag left unset takes vLLM `release`'s own default (None: kprecompile's, as with no vLLM)."""
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
     environ = os.environ if environ is None else environ
+    release_defaults = {}
+    if release is not None and engine != "aiter":
+        from .flag_defaults import release_defaults as defaults_of
+
+        release_defaults = defaults_of(release)
     values = {}
     for variable in VARIABLES:
         raw = environ.get(variable.name)
         if not raw and variable.name in _ENGINE_DEFAULTS[engine]:
             raw = _ENGINE_DEFAULTS[engine][variable.name]
-        values[variable.name] = variable.canonical(raw)
+        values[variable.name] = variable.canonical(raw, release_defaults.get(variable.name))
     return values
 
 
@@ -161,17 +173,24 @@ def fingerprint(
     engine: str = DEFAULT_ENGINE,
     layout: CacheLayout | None = None,
     remember: bool = True,
+    release: str | None = None,
 ) -> Fingerprint:
     """This process's fingerprint; `environ` overrides the registered variables' source (tests);
     `layout` lets Triton's part come from what the cache remembers of libtriton's answers
-    (`remember` false: without adding to it)."""
-    return Fingerprint(registered_values(environ, engine), triton_values(layout, remember))
+    (`remember` false: without adding to it); `release`: the vLLM release whose defaults unset
+    flags take."""
+    return Fingerprint(registered_values(environ, engine, release), triton_values(layout, remember))
 
 
-def compute_hash(engine: str = DEFAULT_ENGINE) -> str:
+def compute_hash(engine: str = DEFAULT_ENGINE, release: str | None = None) -> str:
     """The fingerprint's hash: fold it into an engine's own cache hash (compile or graph caches).
 
     Values are effective ones, so `vllm-aiter` with VLLM_ROCM_USE_AITER unset hashes like
-    `vllm` with VLLM_ROCM_USE_AITER=1: the same kernels run.
+    `vllm` with VLLM_ROCM_USE_AITER=1: the same kernels run. `release` defaults to the installed
+    vLLM's (its defaults are what unset flags mean in this process).
     """
-    return fingerprint(engine=engine).hash
+    if release is None and engine != "aiter":
+        from .flag_defaults import installed_vllm_release
+
+        release = installed_vllm_release()
+    return fingerprint(engine=engine, release=release).hash

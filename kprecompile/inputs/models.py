@@ -77,6 +77,12 @@ class ModelConfig:
     attention_layers: tuple[AttentionLayer, ...] = ()
     layers_source: str = "kprecompile's reading of config.json"
 
+    @property
+    def quantized(self) -> bool:
+        """Whether the checkpoint is quantized (a `quantization_config`): its linear weights,
+        MLA's kv_b_proj among them, are not held in the model's dtype."""
+        return self.fp8_block_size is not None or "quantization_config" in json.loads(self.config_json)
+
     def layer_kinds(self, serving: ServingParams) -> tuple[AttentionLayer, ...]:
         """The distinct attention layers the kernels see: the engine's, else the config's."""
         return self.attention_layers or config_layers(self, serving)

@@ -26,6 +26,7 @@ from typing import Protocol
 
 from ..errors import InputError
 from ..inputs.environment import DEFAULT_ENGINE, ENGINES, registered_values
+from ..inputs.flag_defaults import release_defaults
 from ..inputs.models import ModelConfig
 from ..inputs.targets import Target
 from ..shapes.family import FamilyName
@@ -62,6 +63,7 @@ SELECTION_FLAGS = (
     "VLLM_ROCM_USE_AITER",
     "VLLM_ROCM_USE_AITER_MLA",
     "VLLM_ROCM_USE_AITER_FP8BMM",
+    "VLLM_ROCM_USE_AITER_FP4BMM",
     "VLLM_ROCM_USE_AITER_MHA",
     "VLLM_ROCM_USE_AITER_UNIFIED_ATTENTION",
     "VLLM_V1_USE_PREFILL_DECODE_ATTENTION",
@@ -69,6 +71,7 @@ SELECTION_FLAGS = (
     "VLLM_BATCH_INVARIANT",
 )
 BACKEND_VARIABLE = "VLLM_ATTENTION_BACKEND"
+FP4_BMM_FLAG = "VLLM_ROCM_USE_AITER_FP4BMM"
 # The "backend" of the aiter engine: AITER's Python API itself.
 AITER_API = "aiter"
 
@@ -137,9 +140,9 @@ class BackendSelector(Protocol):
     ) -> str | None: ...
 
 
-def read_flags(engine: str, environ: Mapping[str, str]) -> dict[str, bool]:
-    """The selection flags as vLLM reads them, under the engine profile's defaults."""
-    values = registered_values(environ, engine)
+def read_flags(engine: str, environ: Mapping[str, str], release: str | None = None) -> dict[str, bool]:
+    """The selection flags as vLLM `release` reads them, under the engine profile's defaults."""
+    values = registered_values(environ, engine, release)
     return {name: values[name] == "1" for name in SELECTION_FLAGS}
 
 
@@ -153,6 +156,7 @@ def select(
     block_size: int = 16,
     selector: BackendSelector | None = None,
     targets: Sequence[Target] = (),
+    dtype: str | None = None,
 ) -> Selection:
     """The families `engine` runs for `model` under these flags, each planned or with why not.
 
@@ -161,18 +165,20 @@ def select(
     VLLM_ATTENTION_BACKEND, as vLLM's --attention-backend does (the variable is gone from 0.19).
     `families`, when given, keeps only those (--family). `block_size` matters where the release
     line takes AITER's MLA for pages of one token (`aiter_mla_for_block_size_1`). `selector`, when
-    it answers, chooses the backend instead of the mirror (where vLLM is installed).
+    it answers, chooses the backend instead of the mirror (where vLLM is installed). `dtype`: the
+    dtype vLLM runs the model in (`--dtype`; default the config's), which MLA's BMM follows.
     """
     if engine not in ENGINES:
         raise InputError("--engine", engine, "one of " + ", ".join(ENGINES))
     environ = os.environ if environ is None else environ
-    flags = read_flags(engine, environ)
     if engine == "aiter":
         if attention_backend:
             raise InputError("--attention-backend", attention_backend, "no backend with --engine aiter (it has none)")
         choices = _aiter_choices(model)
+        flags = read_flags(engine, environ)
         return Selection(engine, AITER_API, flags, _filtered(model, choices, families), selected_by="no engine")
     release = resolve_release(vllm_release)
+    flags = read_flags(engine, environ, release)
     line = release_line(release)
     field, requested = "--attention-backend", attention_backend
     if not requested and line.backend_variable:
@@ -192,7 +198,7 @@ def select(
     chosen: tuple[str, ...] = layer_backends
     selected_by = by_layers
     if not chosen:
-        backend = selector(release, field, requested, registered_values(environ, engine)) if selector else None
+        backend = selector(release, field, requested, registered_values(environ, engine, release)) if selector else None
         selected_by = selector.description if backend else Selection.selected_by
         if backend is None:
             if model.attention == "mla":
@@ -206,7 +212,8 @@ def select(
             raise InputError("attention backend", backend, f"one of {', '.join(backends)} (vLLM {release} selected it)")
     backend = ", ".join(chosen)
     if model.attention == "mla":
-        choices = _mla_choices(chosen[0], flags, line, release)
+        bmm = _absorbed_bmm_choices(model, dtype or model.torch_dtype, flags, release)
+        choices = _mla_choices(chosen[0], flags, line, release, bmm)
     else:
         # A model whose layers take different backends plans each backend's families.
         planned: dict[FamilyName, FamilyChoice] = {}
@@ -399,13 +406,55 @@ _COMPILED_MERGE = (
 )
 
 
-def _mla_choices(backend: str, flags: dict[str, bool], line: ReleaseLine, release: str) -> tuple[FamilyChoice, ...]:
-    choices = []
-    if flags["VLLM_ROCM_USE_AITER"] and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
-        choices.append(FamilyChoice("fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM"))
+def _absorbed_bmm_choices(
+    model: ModelConfig, dtype: str, flags: dict[str, bool], release: str
+) -> tuple[FamilyChoice, FamilyChoice]:
+    """How vLLM multiplies MLA's absorbed weights: AITER's FP4 BMM on gfx950 where kv_b_proj's
+    weight is bf16 (an unquantized checkpoint served in bf16) and the release reads
+    VLLM_ROCM_USE_AITER_FP4BMM (0.15 on); else AITER's FP8 BMM with its flag; else torch.bmm.
+    Both flags default to off from 0.33 (`inputs/flag_defaults.py`)."""
+    aiter = flags["VLLM_ROCM_USE_AITER"]
+    reads_fp4 = FP4_BMM_FLAG in release_defaults(release)
+    bf16_weights = dtype == "bfloat16" and not model.quantized
+    fp4 = aiter and reads_fp4 and flags[FP4_BMM_FLAG] and bf16_weights
+    if fp4:
+        fp4_choice = FamilyChoice("fp4_bmm", FP4_BMM_FLAG)
     else:
-        reason = "vLLM runs AITER's FP8 BMM only with VLLM_ROCM_USE_AITER=1 and VLLM_ROCM_USE_AITER_FP8BMM=1"
-        choices.append(FamilyChoice("fp8_bmm", "torch bmm", reason))
+        if not reads_fp4:
+            reason = f"vLLM {release} has no FP4 BMM for MLA (0.15 and newer)"
+        elif not bf16_weights:
+            reason = f"vLLM runs AITER's FP4 BMM only where kv_b_proj's weight is bf16 ({model.name}: " + (
+                "a quantized checkpoint)" if model.quantized else f"{dtype})"
+            )
+        else:
+            reason = _flag_off("FP4 BMM", FP4_BMM_FLAG, release)
+        fp4_choice = FamilyChoice("fp4_bmm", "torch bmm", reason)
+    if aiter and flags["VLLM_ROCM_USE_AITER_FP8BMM"]:
+        where = "every GPU" if release_line(release).fp4_bmm_targets == "every" else "gfx950"
+        why = f"vLLM {release} runs AITER's FP4 BMM on {where} for {model.name}'s bf16 kv_b_proj ({FP4_BMM_FLAG})"
+        if fp4 and where == "every GPU":
+            fp8_choice = FamilyChoice("fp8_bmm", "torch bmm", why)
+        else:
+            fp8_choice = FamilyChoice(
+                "fp8_bmm", "VLLM_ROCM_USE_AITER_FP8BMM", skip_targets=(("gfx950", why),) if fp4 else ()
+            )
+    else:
+        fp8_choice = FamilyChoice("fp8_bmm", "torch bmm", _flag_off("FP8 BMM", "VLLM_ROCM_USE_AITER_FP8BMM", release))
+    return fp8_choice, fp4_choice
+
+
+def _flag_off(kernel: str, flag: str, release: str) -> str:
+    default = release_defaults(release).get(flag, "1")
+    return (
+        f"vLLM runs AITER's {kernel} only with VLLM_ROCM_USE_AITER=1 and {flag}=1 "
+        f"(vLLM {release} defaults it to {default})"
+    )
+
+
+def _mla_choices(
+    backend: str, flags: dict[str, bool], line: ReleaseLine, release: str, bmm: tuple[FamilyChoice, ...]
+) -> tuple[FamilyChoice, ...]:
+    choices = list(bmm)
     if backend == "TRITON_MLA":
         choices.append(_vllm_kernels("triton_mla", backend, release))
         return tuple(choices)

@@ -84,6 +84,7 @@ def resolve_requests(
             block_size=served.block_size,
             selector=selector,
             targets=targets,
+            dtype=served.activation_dtype(model) if engine != "aiter" else None,
         )
         # A combination the engine would refuse fails here, before any work.
         served.check(model)

@@ -68,7 +68,7 @@ def prepare(
     started = time.perf_counter()
     layout = activate(cache_dir)
     target = target or detect_local_target()
-    request = Request(model, serving, selection or select(model), (target,))
+    request = Request(model, serving, selection or select(model, dtype=serving.activation_dtype(model)), (target,))
     rank = _environment_int(("LOCAL_RANK", "RANK"), 0) if rank is None else rank
     ranks = _environment_int(("LOCAL_WORLD_SIZE",), 1) if local_world_size is None else local_world_size
     was_warm = verify(request, layout).warm

@@ -16,7 +16,7 @@ from .family import FamilyName, KernelFamily
 
 FAMILY_NAMES: tuple[FamilyName, ...] = get_args(FamilyName)
 # FAMILIES is built on first use (PEP 562), each family's module named as the family: what only
-# names families (the engine rules, `verify`, a warm `warm`) does not import all twelve.
+# names families (the engine rules, `verify`, a warm `warm`) does not import all thirteen.
 
 if TYPE_CHECKING:
     FAMILIES: dict[FamilyName, KernelFamily[Any]]

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 FamilyName = Literal[
     "aiter_fa_context",
     "block_fp8_linear",
+    "fp4_bmm",
     "fp8_bmm",
     "mla_decode",
     "mla_merge",

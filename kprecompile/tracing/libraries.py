@@ -54,6 +54,8 @@ def _ensure_aiter_package() -> None:
     package.__file__ = spec.origin
     sys.modules[AITER_PACKAGE] = package
     package.dtypes = sys.modules[f"{AITER_PACKAGE}.dtypes"] = _dtypes_standin()
+    # Where `aiter.dtypes` lives in AITER's source (v0.1.10 on): its Triton quantization imports it there.
+    sys.modules[f"{AITER_PACKAGE}.utility.dtypes"] = package.dtypes
     sys.modules[f"{AITER_PACKAGE}.jit.utils.chip_info"] = _chip_info_standin()
 
 
@@ -97,6 +99,9 @@ def _dtypes_standin() -> ModuleType:
         "i32": torch.int32,
         "i16": torch.int16,
         "i8": torch.int8,
+        "u8": torch.uint8,
+        "i64": torch.int64,
+        "u64": torch.uint64,
         "fp8_e8m0": getattr(torch, "float8_e8m0fnu", fallback),
         "i4x2": getattr(torch, "int4", fallback),
         "fp4x2": getattr(torch, "float4_e2m1fn_x2", fallback),
@@ -209,6 +214,38 @@ def operators_keep_first_definition() -> None:
 
     library.define, library.impl, library._register_fake = define_once, impl_once, register_fake_once
     _OPERATORS_KEEP_FIRST = True
+
+
+# AITER's decorator (v0.1.10 on) that registers a wrapper as a torch operator.
+_TORCH_GUARD = f"{AITER_PACKAGE}.jit.utils.torch_guard"
+
+
+def _left_as_python(*_: Any, **__: Any) -> Any:
+    return lambda function: function
+
+
+@contextlib.contextmanager
+def aiter_wrappers_as_python(fresh_modules: Sequence[str]) -> Iterator[None]:
+    """AITER's `torch_compile_guard` makes a wrapper (its FP4 BMM, its GEMMs) a torch operator
+    whose meta kernel is a fake that only returns an empty output: called on meta tensors, the
+    Triton launch inside never runs, and a trace captures nothing. In the block the decorator
+    leaves each function as it is, so AITER modules imported afresh in it (`fresh_modules`) bind
+    the wrapper's own body, which the server's operator runs on its tensors."""
+    if AITER_PACKAGE not in sys.modules and not any(name.startswith(AITER_PACKAGE) for name in fresh_modules):
+        yield
+        return
+    try:
+        _ensure_aiter_package()
+        guard = importlib.import_module(_TORCH_GUARD)
+    except (ImportError, LibraryUnavailableError):
+        yield
+        return
+    original = guard.torch_compile_guard
+    guard.torch_compile_guard = _left_as_python
+    try:
+        yield
+    finally:
+        guard.torch_compile_guard = original
 
 
 def import_library_module(name: str) -> ModuleType:

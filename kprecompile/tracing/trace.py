@@ -28,7 +28,7 @@ from ..cache.jobs import CompileJob
 from ..errors import TracingError
 from ..inputs.targets import Target
 from ..platforms.triton_driver import active_target, device_model
-from .libraries import operators_keep_first_definition
+from .libraries import aiter_wrappers_as_python, operators_keep_first_definition
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,13 @@ def capturing(target: Target, fresh_modules: tuple[str, ...] = (), triton_key: s
     from triton import knobs
 
     capture = Capture(target, triton_key)
-    with active_target(target), device_model(target), isolated_modules(fresh_modules), knobs.runtime.scope():
+    with (
+        active_target(target),
+        device_model(target),
+        aiter_wrappers_as_python(fresh_modules),
+        isolated_modules(fresh_modules),
+        knobs.runtime.scope(),
+    ):
         knobs.runtime.jit_cache_hook = capture.hook
         token = _ACTIVE.set(capture)
         try:

@@ -57,7 +57,9 @@ def configuration_parts(
         "engine": selection.key_part(),
         "target": target.name,
         "toolchain": toolchain.as_dict(),
-        "environment": fingerprint(engine=selection.engine, layout=layout, remember=remember).as_dict(),
+        "environment": fingerprint(
+            engine=selection.engine, layout=layout, remember=remember, release=selection.vllm_release
+        ).as_dict(),
     }
 
 

@@ -35,8 +35,9 @@ from ..selection.request import Request
 from .manifest_key import find_manifest
 
 # Families the engine runs while it loads the model, before any request: loaded first. vLLM's MLA
-# layers run the FP8 BMM over every batch size in `process_weights_after_loading`.
-_RUN_WHILE_LOADING = ("fp8_bmm",)
+# layers run the FP8 BMM over every batch size in `process_weights_after_loading`, or quantize
+# their weights to MXFP4 there for the FP4 BMM.
+_RUN_WHILE_LOADING = ("fp8_bmm", "fp4_bmm")
 
 
 @dataclass(frozen=True)

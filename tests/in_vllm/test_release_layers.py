@@ -49,7 +49,7 @@ CASES = [
 
 
 def built(model, serving: ServingParams, target: str):
-    flags = registered_values({}, "vllm")
+    flags = registered_values({}, "vllm", installed_release())
     answer = vllm_layers(model, serving, resolve_target(target), installed_release(), None, flags, None)
     assert answer is not None, f"vLLM {installed_release()} could not build {model.name} (see the WARNING)"
     return answer
@@ -124,7 +124,7 @@ def test_the_mirrors_selection_is_the_backend_vllm_gives_each_layer(release, spe
 
     model = load_model(spec)
     serving = ServingParams(**SERVING)
-    flags = registered_values({}, engine)
+    flags = registered_values({}, engine, installed_release())
     target = resolve_target("gfx942")
     answer = vllm_layers(model, serving, target, installed_release(), None, flags, None)
     if answer is None:
@@ -186,7 +186,10 @@ def test_the_plugin_reads_the_layers_of_the_model_vllm_built_as_the_cli_does(rel
     serving = ServingParams(**SERVING, dtype="bfloat16")
     layout = cache_layout(str(tmp_path / "cache"))
     [cli] = resolve_requests([spec], serving, [target], engine="vllm", layout=layout)
-    question = Question.of(model, serving, resolve_target(target), release, None, registered_values({}, "vllm"))
+    # The flags as the CLI reads them for this release (its defaults where unset): the plugin's
+    # process is started with them set.
+    flags = registered_values({}, "vllm", release)
+    question = Question.of(model, serving, resolve_target(target), release, None, flags)
     result = subprocess.run(
         [sys.executable, "-c", PLUGIN_SIDE, str(tmp_path / "cache")],
         input=json.dumps(asdict(question)),
@@ -237,7 +240,7 @@ def test_a_first_plan_builds_the_layers_in_its_own_process_as_the_subprocess_doe
 
     model = load_model(spec)
     question = model_layers.Question.of(
-        model, ServingParams(**SERVING), resolve_target(target), release, None, registered_values({}, "vllm")
+        model, ServingParams(**SERVING), resolve_target(target), release, None, registered_values({}, "vllm", release)
     )
     result = subprocess.run(
         [sys.executable, "-c", BUILT_HERE],

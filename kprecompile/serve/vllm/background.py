@@ -110,9 +110,17 @@ def main(request_file: str) -> None:
     # The same environment as the serving process: the flags select the same families.
     target = TARGETS[document["target"]]
     backend = None if layers else document["attention_backend"]
-    selection = select(model, document["engine"], backend, block_size=serving["block_size"], targets=[target])
+    served = ServingParams(**serving)
+    selection = select(
+        model,
+        document["engine"],
+        backend,
+        block_size=served.block_size,
+        targets=[target],
+        dtype=served.activation_dtype(model),
+    )
     report = warm(
-        Request(model, ServingParams(**serving), selection, (target,)),
+        Request(model, served, selection, (target,)),
         cache_layout(document["cache_dir"], tuple(document["layers"])),
         max_workers=document["workers"],
         rank=document["rank"],

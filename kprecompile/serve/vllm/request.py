@@ -83,7 +83,15 @@ def from_vllm_config(
     targets = (target,) if target is not None else ()
     # Where the layers name their backends, they decide (`selection/engines.py`).
     backend = None if config.attention_layers else backend
-    selection = select(config, "vllm", backend, vllm_release=release, block_size=serving.block_size, targets=targets)
+    selection = select(
+        config,
+        "vllm",
+        backend,
+        vllm_release=release,
+        block_size=serving.block_size,
+        targets=targets,
+        dtype=serving.activation_dtype(config),
+    )
     return Request(config, serving, selection, targets)
 
 
