@@ -68,6 +68,8 @@ UP_TO_0_18 = {
 }
 # The same since 0.11 (test_engines.py and test_vllm.py's CUDA and ROCm selection tests).
 EVERY_LINE = {
+    # test_flag_defaults.py: AITER's FP4 BMM on gfx950 alone, but in 0.15 and 0.16.
+    "fp4_bmm_targets": "cdna4",
     "rocm_gqa_backends": ("ROCM_AITER_UNIFIED_ATTN", "ROCM_AITER_FA", "TRITON_ATTN", "ROCM_ATTN"),
     "cuda_mla_priorities": CUDA_MLA,
     "cuda_gqa_priorities": CUDA_GQA,
@@ -159,9 +161,12 @@ RULES: dict[str, dict[str, object]] = {
         "capture_scales_with_speculation": False,
     },
     "0.13.0": FROM_0_13,
-    "0.15.0": FROM_0_15,
+    # 0.15.1's and 0.16.0's _aiter_ops.py: `is_fp4bmm_enabled` on every GPU.
+    "0.15.0": {**FROM_0_15, "fp4_bmm_targets": "every"},
     # 0.16.0's v1/attention/backends/mla/triton_mla.py: `forward_mqa`, 4 KV splits.
-    "0.16.0": {**FROM_0_15, "triton_mla_decode": "forward_mqa"},
+    "0.16.0": {**FROM_0_15, "triton_mla_decode": "forward_mqa", "fp4_bmm_targets": "every"},
+    # 0.17.1's _aiter_ops.py: `is_fp4bmm_enabled` on gfx950 only.
+    "0.17.1": {**FROM_0_15, "triton_mla_decode": "forward_mqa"},
     # 0.18.1's platforms/rocm.py: a list by AITER's flags, then TRITON_ATTN; MLA by AITER's MLA flag
     # alone. Its impl passes the window to AITER's paged attention (its rocm_aiter_fa.py); its
     # triton_mla.py takes fp8 (in_vllm: its TRITON_MLA runs).
@@ -177,9 +182,11 @@ RULES: dict[str, dict[str, object]] = {
         release: {**FROM_0_19, **capture}
         for release, capture in (
             ("0.19.1", CAPTURE_UP_TO_0_19),
-            # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20, sm100's
-            # ceiling of 1024 from 0.28, speculative decode batches from 0.29, max-num-seqs from 0.31.
-            ("0.20.0", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
+            # in_vllm/test_release_capture.py: max-num-batched-tokens captured from 0.20.1 (0.20.0's
+            # run, 2026-12-05: not captured), sm100's ceiling of 1024 from 0.28, speculative decode
+            # batches from 0.29, max-num-seqs from 0.31.
+            ("0.20.0", CAPTURE_UP_TO_0_19),
+            ("0.20.1", {**CAPTURE_UP_TO_0_19, "capture_batched_tokens": True}),
             (
                 "0.22.1",
                 {
@@ -256,6 +263,22 @@ RULES: dict[str, dict[str, object]] = {
                     "aiter_fa_sinks": True,
                 },
             ),
+            (
+                "0.34.0",
+                {
+                    # test_release_capture.py (0.34.0): prefill and decode graphs sized apart, and
+                    # sm100's grids up to 8,192 tokens.
+                    **CAPTURE_FROM_0_31,
+                    "capture_ceiling_sm100": 8192,
+                    "capture_decodes": "split_prefill_decode",
+                    "cuda_sm89_block_fp8": "marlin",
+                    "aiter_block_fp8": "aiter_blockscale",
+                    "mla_merge": "compiled_on_cdna3",
+                    "cuda_mla_priorities_sm100": SM100_MLA_FROM_0_21,
+                    "aiter_fa_windowed_decode": "trimmed_paged",
+                    "aiter_fa_sinks": True,
+                },
+            ),
         )
     },
 }
@@ -273,8 +296,9 @@ def test_the_lines_follow_one_another_and_each_has_its_rules_row():
     fields = set(ReleaseLine.__dataclass_fields__) - {"name", "since"}
     for release, row in RULES.items():
         assert set(row) == fields, release
-    releases = ("0.14.1", "0.15.1", "0.17.9", "0.18.9", "0.19.1", "0.20.2")
-    assert [release_line(release).name for release in releases] == ["0.13", "0.15", "0.16", "0.18", "0.19", "0.20"]
+    releases = ("0.14.1", "0.15.1", "0.16.9", "0.17.9", "0.18.9", "0.19.1", "0.20.0", "0.20.2")
+    lines = ["0.13", "0.15", "0.16", "0.17", "0.18", "0.19", "0.19", "0.20"]
+    assert [release_line(release).name for release in releases] == lines
     assert release_line("0.30.0").name == "0.29" and release_line("0.40").name == RELEASE_LINES[-1].name
     for too_old in ("0.11.1", "0.10.2", "vllm"):
         with pytest.raises(InputError, match="expected a vLLM release, 0.11.2 or newer"):
@@ -363,7 +387,8 @@ def test_the_capture_sizes_follow_every_records_rule(line):
     assert max(capture_sizes(release, 1024, 8192, 1, target=TARGETS["sm90"])) == 512
     # Four requests verifying two drafts each: 12 tokens, off the size grid, captured as a decode batch.
     assert (12 in capture_sizes(release, 8, 2048, 3)) == (line.capture_decodes != "none")
-    assert (3 in capture_sizes(release, 3, 2048, 1)) == (line.capture_decodes == "speculative_and_max_num_seqs")
+    with_max_num_seqs = ("speculative_and_max_num_seqs", "split_prefill_decode")
+    assert (3 in capture_sizes(release, 3, 2048, 1)) == (line.capture_decodes in with_max_num_seqs)
 
 
 @pytest.mark.parametrize("line", RELEASE_LINES, ids=lambda line: line.name)

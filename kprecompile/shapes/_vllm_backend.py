@@ -317,16 +317,18 @@ def _first_module_with(attribute: str, *modules: str) -> Any:
 
 def _block_table_width(config: Any, spec: Any, kernel_block: int, target: Target) -> int:
     """The width of the runner's block table for the layer group: `get_block_table_width` from
-    0.27; before it, the width vLLM's own `MultiGroupBlockTable` gives for the runner's arguments
-    (its alignment came and went between releases)."""
+    0.27 (in `kv_cache_interface` from 0.34); before it, the width vLLM's own
+    `MultiGroupBlockTable` gives for the runner's arguments (its alignment came and went between
+    releases)."""
     import torch
 
     from ..vllm.engine_config import cutlass_answered
 
-    block_table = import_library_module("vllm.v1.worker.block_table")
     max_model_len = config.model_config.max_model_len
-    if hasattr(block_table, "get_block_table_width"):
-        return block_table.get_block_table_width(-(-max_model_len // kernel_block), kernel_block)
+    with contextlib.suppress(ImportError):
+        width = release_attribute("get_block_table_width", ("vllm.v1.kv_cache_interface", "vllm.v1.worker.block_table"))
+        return width(-(-max_model_len // kernel_block), kernel_block)
+    block_table = import_library_module("vllm.v1.worker.block_table")
     with unpinned_host_memory(), cutlass_answered(target):
         table = _call_with(
             block_table.MultiGroupBlockTable,
@@ -404,6 +406,57 @@ _MERGE_COUNT = "prefill_tokens_with_context"
 _LSE_HEAD_STRIDE = "_lse_head_stride"
 
 
+@dataclass(frozen=True)
+class _Widening:
+    """What a launch is launched as well with: the argument positions that vary, every variant's
+    arguments (the first as Triton specializes the launch itself), and what else identifies it."""
+
+    varied: set[int | None]
+    variants: Callable[[], Iterator[list[Any]]]
+    identity: tuple = ()
+
+
+@contextlib.contextmanager
+def _launched_as_well(kernel: Any, name: str, widening: Callable[[tuple], _Widening | None]) -> Iterator[None]:
+    """Each launch of `kernel` (its `run`) launched as well with every variant `widening` gives
+    for it: untraced, once per launch that differs in anything else (dtypes, strides, flags; the
+    varied arguments by their dtype); traced, once per capture for each kernel its first variant
+    is, as Triton specializes it (two launches that agree there agree at every variant), however
+    many of the plan's steps launch it."""
+    original = kernel.run
+    widened: set[tuple] = set()
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        found = widening(args)
+        if found is None:
+            return result
+        capture = active_capture()
+        if capture is None:
+            done = widened
+            identity = tuple(
+                getattr(arg, "dtype", None) if position in found.varied else _launch_identity(arg)
+                for position, arg in enumerate(args)
+            )
+        else:
+            done = capture.done
+            first = next(found.variants())
+            identity = (name, capture.key_of(lambda: original(*first, **kwargs)))
+        identity += found.identity
+        if identity not in done:
+            done.add(identity)
+            for changed in found.variants():
+                if any(new is not old for new, old in zip(changed, args, strict=True)):
+                    original(*changed, **kwargs)
+        return result
+
+    kernel.run = run
+    try:
+        yield
+    finally:
+        del kernel.run
+
+
 @contextlib.contextmanager
 def merges_for_every_token_count(budget: int) -> Iterator[None]:
     """Each Triton merge a step launches, launched as well for the token counts a server meets,
@@ -425,48 +478,24 @@ def merges_for_every_token_count(budget: int) -> Iterator[None]:
         return
     index = names.index(_MERGE_COUNT)
     count_is_constexpr = kernel.params[index].is_constexpr
-    original = kernel.run
-    widened: set[tuple] = set()
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
+    def widening(args: tuple) -> _Widening | None:
         if count_is_constexpr:
             # (A count passed by keyword is left as it is.)
             groups = [_TokenGroup(integers=(index,), values=tuple(range(1, budget + 1)))] if len(args) > index else []
         else:
             groups = _token_groups(kernel, names, args, budget)
         if not groups:
-            return result
-        capture = active_capture()
-        if capture is None:
-            # Launches compile: once per launch that differs in anything else (dtypes, strides,
-            # flags; the varied tensors by their dtype), in this step.
-            done = widened
-            varied = {position for group in groups for position in (*group.integers, *group.tensors)}
-            identity = tuple(
-                getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
-                for position, arg in enumerate(args)
-            )
-        else:
-            # Traced: once per capture for each kernel the launch is with its token counts at
-            # their first values, as Triton specializes it (two launches that agree there agree
-            # at every count), however many of the plan's steps launch it.
-            done = capture.done
-            first = _with_choices(args, groups, [group.choices()[0] for group in groups])
-            identity = (_MERGE_COUNT, capture.key_of(lambda: original(*first, **kwargs)))
-        if identity not in done:
-            done.add(identity)
-            for choices in itertools.product(*(group.choices() for group in groups)):
-                changed = _with_choices(args, groups, choices)
-                if any(new is not old for new, old in zip(changed, args, strict=True)):
-                    original(*changed, **kwargs)
-        return result
+            return None
+        return _Widening(
+            {position for group in groups for position in (*group.integers, *group.tensors)},
+            lambda: (
+                _with_choices(args, groups, choices) for choices in itertools.product(*(g.choices() for g in groups))
+            ),
+        )
 
-    kernel.run = run
-    try:
+    with _launched_as_well(kernel, _MERGE_COUNT, widening):
         yield
-    finally:
-        del kernel.run
 
 
 @dataclass(frozen=True)
@@ -489,12 +518,7 @@ class _TokenGroup:
             if args[position] != value:
                 args[position] = value
         for position in self.tensors:
-            tensor = args[position]
-            # An offset of 16 elements is 16-byte aligned whatever the element size; one more is not.
-            offset = tensor.storage_offset() // 16 * 16
-            offset += alignment if offset + alignment <= tensor.storage_offset() else -alignment
-            if offset != tensor.storage_offset():
-                args[position] = tensor.as_strided(tuple(tensor.shape), tuple(tensor.stride()), offset)
+            args[position] = _aligned_or_not(args[position], alignment)
 
 
 def _with_choices(args: tuple, groups: list[_TokenGroup], choices: Iterable[tuple[int, int | None]]) -> list[Any]:
@@ -585,13 +609,10 @@ def empty_context_masks_for_every_class(serving: ServingParams) -> Iterator[None
     prefills_at, stride_at = names.index(_MASK_PREFILLS), names.index(_MASK_LSE_HEAD_STRIDE)
     starts_at = names.index(_MASK_CONTEXT_STARTS) if _MASK_CONTEXT_STARTS in names else None
     pairs = _mask_classes(serving)
-    original = kernel.run
-    widened: set[tuple] = set()
 
-    def run(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
+    def widening(args: tuple) -> _Widening | None:
         if len(args) <= max(prefills_at, stride_at) or not pairs:
-            return result  # (arguments passed by keyword are left as they are)
+            return None  # (arguments passed by keyword are left as they are)
         starts = args[starts_at] if starts_at is not None and starts_at < len(args) else None
         alignments = (0, 1) if getattr(starts, "storage_offset", lambda: 0)() else (None,)
 
@@ -602,32 +623,15 @@ def empty_context_masks_for_every_class(serving: ServingParams) -> Iterator[None
                 new[starts_at] = _aligned_or_not(starts, alignment)
             return new
 
-        capture = active_capture()
-        if capture is None:
-            varied = {prefills_at, stride_at, starts_at}
-            identity = tuple(
-                getattr(arg, "dtype", None) if position in varied else _launch_identity(arg)
-                for position, arg in enumerate(args)
-            ) + (alignments,)
-            done = widened
-        else:
-            # Once per capture for each kernel the launch is at the first pair, as Triton
-            # specializes it, and whether its row's alignment varies.
-            first = changed(pairs[0], alignments[0])
-            identity = (_MASK_KERNEL, capture.key_of(lambda: original(*first, **kwargs)), alignments)
-            done = capture.done
-        if identity not in done:
-            done.add(identity)
-            for pair in pairs:
-                for alignment in alignments:
-                    original(*changed(pair, alignment), **kwargs)
-        return result
+        # Whether its row's alignment varies is part of what identifies the launch.
+        return _Widening(
+            {prefills_at, stride_at, starts_at},
+            lambda: (changed(pair, alignment) for pair in pairs for alignment in alignments),
+            (alignments,),
+        )
 
-    kernel.run = run
-    try:
+    with _launched_as_well(kernel, _MASK_KERNEL, widening):
         yield
-    finally:
-        del kernel.run
 
 
 def _mask_classes(serving: ServingParams) -> list[tuple[int, int]]:

@@ -248,6 +248,15 @@ def _ask(question: Question, name: str) -> dict[str, Any] | None:
     return None
 
 
+def _operator_defined(qualified: str) -> bool:
+    import torch
+
+    namespace, _, name = qualified.partition("::")
+    return torch._C._dispatch_has_kernel(f"{namespace}::{name}") or bool(
+        torch._C._jit_get_schemas_for_operator(f"{namespace}::{name}")
+    )
+
+
 @contextlib.contextmanager
 def _prebuilt_operators() -> Iterator[None]:
     """vLLM's layers look up their compiled operators (`torch.ops._C.gelu_tanh_and_mul`) when they
@@ -280,6 +289,17 @@ def _prebuilt_operators() -> Iterator[None]:
     for name in names:
         setattr(torch.ops, name, Namespace(getattr(torch.ops, name), name))
 
+    # A stand-in answers `hasattr(torch.ops._C, name)` too, and vLLM 0.34 then registers a fake for
+    # the operator it found (`_cpu_ops`): a fake for an operator no library defined is left out.
+    register_fake = torch.library.register_fake
+
+    def register_fake_if_defined(op: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(op, str) and "::" in op and not _operator_defined(op):
+            return (lambda function: function) if not args or not callable(args[0]) else args[0]
+        return register_fake(op, *args, **kwargs)
+
+    torch.library.register_fake = register_fake_if_defined
+
     class Handle:  # MoE layers take an auxiliary CUDA stream and events when built
         def __init__(self, *args: object, **kwargs: object) -> None:
             pass
@@ -290,6 +310,7 @@ def _prebuilt_operators() -> Iterator[None]:
     try:
         yield
     finally:
+        torch.library.register_fake = register_fake
         for name, handle in handles.items():
             setattr(torch.cuda, name, handle)
         for name, namespace in saved.items():
@@ -457,7 +478,7 @@ def with_engine_layers(
     if installed is None or installed_vllm_dir() is None or resolve_release(release) != installed or not targets:
         return model, serving
     rocm = tuple(target for target in targets if target.is_rocm)
-    flags = registered_values(os.environ, engine)
+    flags = registered_values(os.environ, engine, installed)
     if requested is None and release_line(installed).backend_variable:
         requested = flags.get("VLLM_ATTENTION_BACKEND") or None
     flags = {name: value for name, value in flags.items() if name != "VLLM_ATTENTION_BACKEND"}

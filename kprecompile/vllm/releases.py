@@ -13,8 +13,11 @@ docs/engine-kernels.md, "vLLM release lines".
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Literal
@@ -73,8 +76,12 @@ AiterBlockFp8 = Literal["ck_on_gfx942", "vllm_tuned_list", "aiter_blockscale"]
 WindowedDecode = Literal["unified", "paged", "trimmed_paged"]
 # Which uniform decode batches vLLM captures beside its size grid when no sizes are given:
 # none; with speculative decoding, each standard request count x the query length; those, and
-# without speculation max-num-seqs itself.
-CaptureDecodes = Literal["none", "speculative", "speculative_and_max_num_seqs"]
+# without speculation max-num-seqs itself; (0.34) prefill and decode graphs sized apart, decode
+# by request counts (`_split_capture_sizes`).
+# Where vLLM runs AITER's FP4 BMM for bf16 MLA weights: every GPU (0.15, 0.16: on gfx942 AITER's
+# wrapper then asserts MXFP4 support), or CDNA4 only (0.17 on).
+Fp4BmmTargets = Literal["every", "cdna4"]
+CaptureDecodes = Literal["none", "speculative", "speculative_and_max_num_seqs", "split_prefill_decode"]
 
 # vLLM's CUDA priority lists (`_get_backend_priorities`), without the sparse-MLA backends and
 # those for multimodal prefixes: below sm100, and on sm100.
@@ -117,7 +124,8 @@ class ReleaseLine:
     capture_scales_with_speculation: bool
     # Whether a max-num-batched-tokens under the ceiling is captured as well (0.20).
     capture_batched_tokens: bool
-    # The default capture ceiling on sm100-family GPUs (1024 from 0.28; 512 elsewhere, always).
+    # The default capture ceiling on sm100-family GPUs (1024 from 0.28, 8192 tokens from 0.34;
+    # 512 elsewhere, always).
     capture_ceiling_sm100: int
     # Which decode batches are captured beside the size grid (`CaptureDecodes`: 0.29, 0.31).
     capture_decodes: CaptureDecodes
@@ -142,6 +150,9 @@ class ReleaseLine:
     # Whether ROCM_AITER_FA takes layers with attention sinks (0.23; before, vLLM's list passes it
     # over for them: AITER's unified attention where AITER is found).
     aiter_fa_sinks: bool
+    # Where AITER's FP4 BMM replaces the FP8 BMM for bf16 MLA weights (`Fp4BmmTargets`): every GPU
+    # in 0.15 and 0.16, CDNA4 (gfx950) from 0.17.
+    fp4_bmm_targets: Fp4BmmTargets = "cdna4"
 
     @property
     def first_release(self) -> str:
@@ -198,10 +209,12 @@ _LINE_0_15 = replace(
     since=(0, 15, 0),
     backend_variable=False,
     cuda_mla_priorities_sm100=("FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"),
+    fp4_bmm_targets="every",
 )
 _LINE_0_16 = replace(_LINE_0_15, name="0.16", since=(0, 16, 0), triton_mla_decode="forward_mqa")
+_LINE_0_17 = replace(_LINE_0_16, name="0.17", since=(0, 17, 0), fp4_bmm_targets="cdna4")
 _LINE_0_18 = replace(
-    _LINE_0_16,
+    _LINE_0_17,
     name="0.18",
     since=(0, 18, 0),
     gqa_rule="aiter_flags_list",
@@ -210,7 +223,8 @@ _LINE_0_18 = replace(
     triton_mla_fp8_kv_cache=True,
 )
 _LINE_0_19 = replace(_LINE_0_18, name="0.19", since=(0, 19, 0), gqa_rule="priority_list", aiter_mla_triton_reduce=False)
-_LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 0), capture_batched_tokens=True)
+# max-num-batched-tokens captured from 0.20.1 (0.20.0's `_set_cudagraph_sizes` does not add it).
+_LINE_0_20 = replace(_LINE_0_19, name="0.20", since=(0, 20, 1), capture_batched_tokens=True)
 _LINE_0_21 = replace(
     _LINE_0_20,
     name="0.21",
@@ -238,6 +252,9 @@ _LINE_0_31 = replace(
 )
 _LINE_0_32 = replace(_LINE_0_31, name="0.32", since=(0, 32, 0), mla_merge="compiled_on_cdna3")
 _LINE_0_33 = replace(_LINE_0_32, name="0.33", since=(0, 33, 0), aiter_fa_windowed_decode="trimmed_paged")
+_LINE_0_34 = replace(
+    _LINE_0_33, name="0.34", since=(0, 34, 0), capture_ceiling_sm100=8192, capture_decodes="split_prefill_decode"
+)
 # Every line, oldest first: a release belongs to the last line whose `since` it reaches.
 RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_11,
@@ -245,6 +262,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_13,
     _LINE_0_15,
     _LINE_0_16,
+    _LINE_0_17,
     _LINE_0_18,
     _LINE_0_19,
     _LINE_0_20,
@@ -255,6 +273,7 @@ RELEASE_LINES: tuple[ReleaseLine, ...] = (
     _LINE_0_31,
     _LINE_0_32,
     _LINE_0_33,
+    _LINE_0_34,
 )
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
@@ -350,6 +369,8 @@ def capture_sizes(
     when the user names none; `ceiling` is the largest size a model's config class sets (decode
     sizes are then not added)."""
     line = release_line(release, "vllm")
+    if line.capture_decodes == "split_prefill_decode":
+        return _split_capture_sizes(release, max_num_seqs, max_num_batched_tokens, decode_query_len, ceiling, target)
     per_seq = decode_query_len if line.capture_scales_with_speculation else 1
     sm100 = target is not None and not target.is_rocm and int(target.arch) // 10 == 10
     default = line.capture_ceiling_sm100 if sm100 else 512
@@ -367,6 +388,60 @@ def capture_sizes(
         sizes.append(max_num_batched_tokens)
     sizes += [size for size in decode_sizes if size <= max_num_batched_tokens]
     return tuple(sorted(set(sizes)))
+
+
+def _split_capture_sizes(
+    release: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    decode_query_len: int,
+    ceiling: int | None,
+    target: Target | None,
+) -> tuple[int, ...]:
+    """0.34's sizes: prefill graphs by token counts, uniform decode graphs by request counts times
+    the decode query length. On sm100 both default to wider grids (up to 8,192 tokens); under a
+    model's ceiling (gpt-oss's config class) prefill takes the standard sizes to it and decode
+    the request grid to ceiling / query length; elsewhere prefill takes the shared sizes of 0.33's
+    rule and decode the request counts each shared size rounds up to. (Draft-model, EAGLE and MTP drafts' own request
+    grids and dynamic speculation are not mirrored: vLLM's own config answers where installed.)"""
+    sm100 = target is not None and not target.is_rocm and int(target.arch) // 10 == 10
+    query = decode_query_len
+    decode_tokens = max_num_batched_tokens
+    if sm100:  # a model's ceiling is not applied there: sm100's defaults are wider
+        most = release_line(release).capture_ceiling_sm100
+        prefill = _walk_grid(min(most, max_num_batched_tokens), lambda t: min(t, max(8, t / 4), 0.07 * max(t, 4096)))
+        requests = _request_grid(max_num_seqs)
+        decode_tokens = min(max_num_batched_tokens, most)
+    elif ceiling is not None:  # gpt-oss's config class: prefill to the ceiling, decode by requests
+        most = min(max_num_batched_tokens, ceiling)
+        prefill = sorted({size for size in _standard_sizes(ceiling) if size < most} | {most})
+        requests = _request_grid(min(ceiling // query, max_num_seqs))
+    else:
+        shared = capture_sizes("0.33.0", max_num_seqs, max_num_batched_tokens, query, ceiling, target)
+        prefill, largest = list(shared), max(shared, default=0)
+        requests = sorted(
+            {min(-(-size // query), max_num_seqs) for size in shared if -(-size // query) * query <= largest}
+        )
+    limit = min(max_num_seqs, decode_tokens // query)
+    reachable = requests[: bisect.bisect_left(requests, limit) + 1] if limit >= 1 else []
+    decode = {min(n, limit) * query for n in reachable}
+    return tuple(sorted(decode | set(prefill)))
+
+
+def _request_grid(max_requests: int) -> list[int]:
+    """vLLM 0.34's request-count grid: every count up to 6, then strides growing as n^(2/3)."""
+    return _walk_grid(max_requests, lambda n: 0.65 * n ** (2 / 3))
+
+
+def _walk_grid(limit: int, step: Callable[[int], float]) -> list[int]:
+    """vLLM 0.34's grids: sizes 1 ... `limit`, each the next multiple of the largest power of two
+    not above `step(size)`."""
+    grid, size = [], 1
+    while size < limit:
+        grid.append(size)
+        stride = 1 << max(0, math.floor(math.log2(max(1.0, step(size)))))
+        size = (size // stride + 1) * stride
+    return [*grid, limit] if limit else []
 
 
 def serving_capture_sizes(

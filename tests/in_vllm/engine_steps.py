@@ -12,6 +12,7 @@ as the runner pads), the KV cache in the backend's shape, then the impl's KV upd
 from __future__ import annotations
 
 import contextlib
+import inspect
 import itertools
 import random
 from dataclasses import dataclass, replace
@@ -401,8 +402,13 @@ class MlaLayerDriver(LayerDriver):
             # when it defines a class (`quantization/online/fp8.py`): answered as on the target.
             cutlass_answered(target),
         ):
-            # W_UK_T and W_UV from the layer's kv_b_proj, as the model loader makes them.
-            self.layer.process_weights_after_loading(self.dtype)
+            # W_UK_T and W_UV from the layer's kv_b_proj, as the model loader makes them (0.34's
+            # layer reads the dtype it keeps; before, the loader hands it over).
+            process = self.layer.process_weights_after_loading
+            if inspect.signature(process).parameters:
+                process(self.dtype)
+            else:
+                process()
             self.spec = self.layer.get_kv_cache_spec(self.config)
             self.backend = self.layer.attn_backend
             if hasattr(self.backend, "customize_spec"):  # as the runner hands it on from 0.31

@@ -576,8 +576,7 @@ def mla_merge() -> dict[str, object]:
         "missing_from_plan_as_served": len(swept_keys - _merge_keys(shapes, as_served=True)),
         # And the plan without vLLM 0.26 and 0.27's mask of empty context chunks.
         "missing_from_plan_without_masks": len(
-            swept_keys
-            - {job.key for job in plan_jobs if job.kernel.rpartition(":")[2] != "mask_empty_context_kernel"}
+            swept_keys - {job.key for job in plan_jobs if job.kernel.rpartition(":")[2] != "mask_empty_context_kernel"}
         ),
     }
     return document

@@ -226,9 +226,7 @@ def test_mla_merge_keys_and_coverage(mla_merge, release):
     seqs = probes.SERVING["max_num_seqs"]
     first_chunk_masks = empty_context_masks(release, seqs, budget, several_chunks=False)
     masks = empty_context_masks(release, seqs, budget, several_chunks=True)
-    assert document["kernels"] == ["mask_empty_context_kernel"] * masks + ["merge_attn_states_kernel"] * (
-        final + chunk
-    )
+    assert document["kernels"] == ["mask_empty_context_kernel"] * masks + ["merge_attn_states_kernel"] * (final + chunk)
     one_chunk, two_chunks = document["keys"]
     assert one_chunk["traced"][:1] == one_chunk["launched"]
     assert len(one_chunk["traced"]) == final + first_chunk_masks

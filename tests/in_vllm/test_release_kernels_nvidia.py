@@ -107,9 +107,12 @@ def test_triton_mla_on_nvidia_keys_and_coverage(nvidia, release):
     masks = empty_context_masks(
         release, probes.SERVING["max_num_seqs"], probes.SERVING["max_num_batched_tokens"], several_chunks=True
     )
-    assert mla["kernels"] == ["_fwd_grouped_kernel_stage1"] * splits + ["_fwd_kernel_stage2"] * splits + [
-        "mask_empty_context_kernel"
-    ] * masks
+    assert (
+        mla["kernels"]
+        == ["_fwd_grouped_kernel_stage1"] * splits
+        + ["_fwd_kernel_stage2"] * splits
+        + ["mask_empty_context_kernel"] * masks
+    )
     assert nvidia["merge"] == 0
     keys = mla["keys"]
     assert keys["kernels"] == ["_fwd_grouped_kernel_stage1", "_fwd_kernel_stage2"]

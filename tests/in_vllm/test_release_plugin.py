@@ -41,7 +41,7 @@ from kprecompile.platforms.triton_driver import active_target
 from kprecompile.platforms.vllm_platform import rocm_platform
 from kprecompile.selection.engines import select
 from kprecompile.selection.request import Request
-from kprecompile.serve.vllm.plugin import _MARK, loader_hook
+from kprecompile.serve.vllm.plugin import _MARK, loader_hook, model_runner_class
 from kprecompile.serve.vllm.request import from_vllm_config
 from kprecompile.tracing.libraries import aiter_hip_absent, release_attribute
 from kprecompile.vllm.engine_config import models_inspected_here
@@ -73,6 +73,9 @@ def probes(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(output):
         patch.setenv("KPRECOMPILE_CACHE_DIR", str(cache))
         patch.setenv("VLLM_ROCM_USE_AITER", "1")
+        # The loop these tests drive is AITER's FP8 BMM sweep, which 0.33 and newer run only with
+        # its flag on (their default is off: unset, the plugin plans no BMM, as the server runs none).
+        patch.setenv("VLLM_ROCM_USE_AITER_FP8BMM", "1")
         patch.delenv("AITER_JIT_DIR", raising=False)
         document = run_probe(str(model_dir), str(cache))
     return cache, document, output.getvalue()
@@ -205,8 +208,8 @@ def run_probe(model_dir: str, cache_dir: str) -> dict:
 
 def probe(model_dir: str, cache_dir: str, before_plugins: list[str]) -> dict:
     from vllm.model_executor.model_loader import base_loader
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    GPUModelRunner = model_runner_class()  # noqa: N806 (vLLM's class)
     hook = loader_hook()
     document = {
         "aiter_before_plugins": before_plugins,

@@ -123,13 +123,13 @@ class LoaderHook:
         return hook
 
     def _patch_vllm(self) -> None:
-        """Wrap vLLM's model construction, weight post-processing and the runner's load_model."""
+        """Wrap vLLM's model construction, weight post-processing and the runner's load_model: the
+        V1 runner's where the release has it (up to 0.33), else the V2 runner's (0.34 has no other)."""
         from vllm.model_executor.model_loader import base_loader
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
         _wrap(base_loader, "initialize_model", after=self._model_built)
         _wrap(base_loader, "process_weights_after_loading", before=self._before_weights_processed)
-        _wrap(GPUModelRunner, "load_model", after=self._model_loaded)
+        _wrap(model_runner_class(), "load_model", after=self._model_loaded)
 
     # The moments of a load.
 
@@ -266,6 +266,16 @@ def _nothing_to_compile(request: Any) -> str | None:
     if not all(reasons):
         return None
     return "; ".join(dict.fromkeys(map(str, reasons))) or "no kernel family"
+
+
+def model_runner_class() -> type:
+    """The GPU model runner whose `load_model` the plugin hooks: V1's where the release has it
+    (up to 0.33), else V2's (0.34 has no other)."""
+    try:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ModuleNotFoundError:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+    return GPUModelRunner
 
 
 def _wrap(owner: Any, name: str, *, before=None, after=None) -> None:
