@@ -15,7 +15,6 @@ from helpers import (
 )
 
 from kprecompile.errors import TracingError
-from kprecompile.tracing.libraries import import_library_module
 from kprecompile.tracing.trace import trace_calls
 
 FAMILY = FP8_BMM.name
@@ -174,17 +173,9 @@ def test_the_modules_a_trace_swaps_are_read_while_another_thread_imports():
         sys.setswitchinterval(interval)
 
 
-def test_a_wrapper_aiter_makes_a_torch_operator_is_traced_through_its_own_body(sm90):
+def test_a_wrapper_aiter_makes_a_torch_operator_is_traced_through_its_own_body():
     """AITER's source wraps its FP4 BMM in `torch_compile_guard`; on meta tensors the operator
-    runs its fake and launches nothing. Traced, the wrapper is its own body: one kernel."""
-    import_library_module("aiter.jit.utils.torch_guard")
-    guarded = "guarded_kernels"
-
-    def call():
-        importlib.import_module(guarded).launch(1000)
-
-    traced = trace_calls([("guarded add", call)], sm90, "sample", (guarded,))
-    assert [json.loads(job.specialization)["name"].rpartition(".")[2] for job in traced.jobs] == ["add_kernel"]
-    # The control: the module imported outside a trace is the operator, and nothing is traced.
-    importlib.import_module(guarded)
-    assert trace_calls([("guarded add", call)], sm90, "sample", ()).jobs == ()
+    runs its fake and launches nothing. Traced, the wrapper is its own body: one kernel. The
+    control: the module imported outside a trace is the operator, and nothing is traced."""
+    document, _ = run_test_script("guarded_trace.py")
+    assert document == {"through_the_body": ["add_kernel"], "as_the_operator": []}

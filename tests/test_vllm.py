@@ -29,11 +29,14 @@ def test_without_vllm_register_does_nothing_and_says_so(caplog):
 FAILURES = """
 import sys, logging
 from kprecompile.serve.vllm import plugin
-# vLLM moved its model runner: the import fails.
-sys.modules["vllm.v1.worker.gpu_model_runner"] = None
+# vLLM moved its model runners, V1's and V2's: both imports fail.
+RUNNERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+for name in RUNNERS:
+    sys.modules[name] = None
 plugin.register()
 print("moved:", plugin.loader_hook() is None, flush=True)
-del sys.modules["vllm.v1.worker.gpu_model_runner"]
+for name in RUNNERS:
+    del sys.modules[name]
 plugin.register()
 hook = plugin.loader_hook()
 # Something kprecompile cannot plan (a config without an attention layout): one line, no raise.
