@@ -236,7 +236,21 @@ def main() -> None:
                 text=True,
             )
             imported |= _imported_distributions(release_dir, planned.stderr)
-    for architecture in ("DeepseekV2ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM"):
+    # The plans build each model from vLLM's own class without asking its registry to inspect it,
+    # while `vllm_e2e.py`'s engine configurations do: the registry answers here, and caches.
+    architectures = ("DeepseekV2ForCausalLM", "GptOssForCausalLM", "Gemma2ForCausalLM")
+    inspect = "import sys\nfrom vllm.model_executor.models.registry import ModelRegistry\n"
+    inspect += "for name in sys.argv[1:]:\n    assert ModelRegistry._try_inspect_model_cls(name), name\n"
+    inspected = subprocess.run(
+        [sys.executable, "-c", inspect, *architectures],
+        env=environment,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    imported |= _imported_distributions(release_dir, inspected.stderr)
+    for architecture in architectures:
         if not list((out / "vllm-cache" / "modelinfos").glob(f"*{architecture}.json")):
             sys.exit(f"vLLM wrote no model-info cache for {architecture}")
 
