@@ -7,7 +7,8 @@ Triton, `.vllm/<version>/`), then `tests/in_vllm` runs for it alone (KPRECOMPILE
 its selector against the mirror, capture sizes, each traced family's keys against the launch
 path, random engine steps that must miss nothing and negative controls that must miss, the
 plugin's warm and verify. One row per release goes into the table (replacing that release's
-row): Triton, tests passed / failed / skipped, wall time, date, and the first failures.
+row): Triton, tests passed / failed / skipped, wall time, date, and the first failures. The
+whole pytest output of each release is kept beside its directory, `.vllm/<version>.log`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def run_release(version: str) -> dict[str, object]:
         text=True,
         check=False,
     )
+    (ROOT / ".vllm" / f"{version}.log").write_text(result.stdout + result.stderr)
     tail = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else ""
     counts = {kind: int(number) for number, kind in _COUNT.findall(tail)}
     failures = [
@@ -94,7 +96,7 @@ def main() -> None:
         write_row(args.table, row)
         print(
             f"vLLM {version} (Triton {row['triton']}): {row['passed']} passed, {row['failed']} failed, "
-            f"{row['skipped']} skipped in {row['minutes']} min",
+            f"{row['skipped']} skipped in {row['minutes']} min (.vllm/{version}.log)",
             flush=True,
         )
 
