@@ -231,7 +231,7 @@ def give_triton_its_key(text: str) -> None:
 def rebind_triton_key(current: object, replacement: object) -> None:
     """`replacement` wherever a module holds `current` as its `triton_key`: Triton's cache module,
     and the modules that bound it at their import."""
-    for module in list(sys.modules.values()):
+    for module in sys.modules.copy().values():
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict) and namespace.get("triton_key") is current:
             namespace["triton_key"] = replacement

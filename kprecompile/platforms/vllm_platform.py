@@ -217,7 +217,9 @@ def _real_triton(target: Target) -> None:
         return
     from triton.backends import backends
 
-    utils = [name for name in list(sys.modules) if name == "vllm.triton_utils" or name.startswith("vllm.triton_utils.")]
+    utils = [
+        name for name in sys.modules.copy() if name == "vllm.triton_utils" or name.startswith("vllm.triton_utils.")
+    ]
     for name in utils:
         del sys.modules[name]
     wanted = "amd" if target.is_rocm else "nvidia"

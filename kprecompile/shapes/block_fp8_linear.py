@@ -291,7 +291,7 @@ def _target_platform_bound(platform: Any) -> list[tuple[object, str, object]]:
 
     return [
         (module, "current_platform", platform)
-        for name, module in list(sys.modules.items())
+        for name, module in sys.modules.copy().items()
         if name.startswith("vllm.")
         and module is not None
         and type(getattr(module, "current_platform", None)).__name__ == type(platform).__name__
@@ -322,7 +322,7 @@ def _cutlass_answers_bound(target: Target) -> list[tuple[object, str, object]]:
     answer, name = int(target.arch) >= CUTLASS_BLOCK_FP8_FROM, "CUTLASS_BLOCK_FP8_SUPPORTED"
     return [
         (module, name, answer)
-        for module_name, module in list(sys.modules.items())
+        for module_name, module in sys.modules.copy().items()
         if module_name.startswith("vllm.") and isinstance(getattr(module, name, None), bool)
     ]
 

@@ -241,7 +241,7 @@ def _cache_key(
 
 
 def _matching(prefixes: tuple[str, ...]) -> dict[str, Any]:
-    return {name: module for name, module in list(sys.modules.items()) if name.startswith(prefixes)}
+    return {name: module for name, module in sys.modules.copy().items() if name.startswith(prefixes)}
 
 
 def _swap_modules(prefixes: tuple[str, ...], replacement: dict[str, Any]) -> dict[str, Any]:
@@ -294,7 +294,7 @@ def _forward_to_fresh_imports(prefixes: tuple[str, ...]) -> list[tuple[dict[str,
     original, replacement) for each, to put back."""
     packages = {prefix.partition(".")[0] for prefix in prefixes}
     forwarded = []
-    for module_name, module in list(sys.modules.items()):
+    for module_name, module in sys.modules.copy().items():
         if module_name.partition(".")[0] not in packages or module_name.startswith(prefixes):
             continue
         namespace = getattr(module, "__dict__", None)

@@ -139,7 +139,7 @@ def _built_here(question: Question) -> dict[str, Any] | None:
     traces next then imports vLLM once, not once here and once in a child. None (a process of its
     own answers, as where this does not hold) where the build fails here."""
     # A GPU this process may see: torch may hold it before the build could hide it.
-    if any(name == "vllm" or name.startswith("vllm.") for name in list(sys.modules)) or any(
+    if any(name == "vllm" or name.startswith("vllm.") for name in sys.modules.copy()) or any(
         gpu_may_be_visible(backend) for backend in ("cuda", "hip")
     ):
         return None

@@ -28,7 +28,7 @@ def bind_platform() -> None:
     import vllm.platforms as platforms
 
     platform = platforms._current_platform
-    for name, module in list(sys.modules.items()):
+    for name, module in sys.modules.copy().items():
         if name.startswith("vllm.") and module is not None and hasattr(module, "current_platform"):
             if module.current_platform is not platform:
                 module.current_platform = platform
