@@ -36,6 +36,8 @@ def describe_layer(layer: AttentionLayer) -> str:
         parts.append(f"soft-cap {layer.logits_soft_cap:g}")
     if layer.sinks:
         parts.append(f"sinks {layer.sinks}")
+    if layer.kv_b_proj_dtype:
+        parts.append(f"kv_b_proj {layer.kv_b_proj_dtype}")
     backend = f" ({layer.backend})" if layer.backend else ""
     return f"{layer.count} x " + ", ".join(parts) + f", {layer.dtype}{backend}"
 

@@ -42,6 +42,9 @@ class AttentionLayer:
     # The attention backend the engine chose for the layer; "" where kprecompile's mirror read the
     # config (the selection decides).
     backend: str = ""
+    # MLA: the dtype of the layer's kv_b_proj weight as the engine built it (bfloat16 where the
+    # checkpoint leaves it unquantized, float8_e4m3fn for FP8); "" where the config was read.
+    kv_b_proj_dtype: str = ""
     # Layers of the model that are of this kind (not part of the kind).
     count: int = 1
 

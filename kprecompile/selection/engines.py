@@ -410,12 +410,16 @@ def _absorbed_bmm_choices(
     model: ModelConfig, dtype: str, flags: dict[str, bool], release: str
 ) -> tuple[FamilyChoice, FamilyChoice]:
     """How vLLM multiplies MLA's absorbed weights: AITER's FP4 BMM on gfx950 where kv_b_proj's
-    weight is bf16 (an unquantized checkpoint served in bf16) and the release reads
+    weight is bf16 (as vLLM's build of the layers says; without it, an unquantized checkpoint
+    served in bf16) and the release reads
     VLLM_ROCM_USE_AITER_FP4BMM (0.15 on); else AITER's FP8 BMM with its flag; else torch.bmm.
     Both flags default to off from 0.33 (`inputs/flag_defaults.py`)."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     reads_fp4 = FP4_BMM_FLAG in release_defaults(release)
-    bf16_weights = dtype == "bfloat16" and not model.quantized
+    built = {layer.kv_b_proj_dtype for layer in model.attention_layers if layer.mla} - {""}
+    # vLLM's own build says what kv_b_proj holds (a quantized checkpoint may leave it bf16);
+    # without it, a quantized checkpoint is taken to quantize it.
+    bf16_weights = built == {"bfloat16"} if built else dtype == "bfloat16" and not model.quantized
     fp4 = aiter and reads_fp4 and flags[FP4_BMM_FLAG] and bf16_weights
     if fp4:
         fp4_choice = FamilyChoice("fp4_bmm", FP4_BMM_FLAG)
@@ -423,9 +427,14 @@ def _absorbed_bmm_choices(
         if not reads_fp4:
             reason = f"vLLM {release} has no FP4 BMM for MLA (0.15 and newer)"
         elif not bf16_weights:
-            reason = f"vLLM runs AITER's FP4 BMM only where kv_b_proj's weight is bf16 ({model.name}: " + (
-                "a quantized checkpoint)" if model.quantized else f"{dtype})"
+            holds = (
+                f"vLLM builds it {', '.join(sorted(built))}"
+                if built
+                else "a quantized checkpoint"
+                if model.quantized
+                else dtype
             )
+            reason = f"vLLM runs AITER's FP4 BMM only where kv_b_proj's weight is bf16 ({model.name}: {holds})"
         else:
             reason = _flag_off("FP4 BMM", FP4_BMM_FLAG, release)
         fp4_choice = FamilyChoice("fp4_bmm", "torch bmm", reason)

@@ -1,11 +1,12 @@
 """FP4 batched GEMM of MLA's absorbed weights, as vLLM runs it on gfx950 for bf16 weights.
 
-Where kv_b_proj's weight is bf16 (an unquantized checkpoint), vLLM 0.15 to 0.32 on gfx950 (0.15
-and 0.16 on every GPU, where gfx942's AITER then asserts) with AITER (VLLM_ROCM_USE_AITER_FP4BMM,
-on by default until 0.33) quantizes W_UK and W_UV to MXFP4 when it processes the weights (AITER's
-`dynamic_mxfp4_quant`, through vLLM's `quark_quantize_weight_to_mxfp4`) and multiplies with
-AITER's `batched_gemm_a16wfp4` instead of the FP8 BMM, with no load-time sweep over batch sizes:
-each decode token count compiles on the request path unless warmed.
+Where kv_b_proj's weight is bf16 (an unquantized checkpoint, or one whose quantization leaves it
+out), vLLM 0.15 to 0.32 on gfx950 (0.15 and 0.16 on every GPU, where gfx942's AITER then asserts)
+with AITER (VLLM_ROCM_USE_AITER_FP4BMM, on by default until 0.33) quantizes W_UK and W_UV to
+MXFP4 when it processes the weights (AITER's `dynamic_mxfp4_quant`, through vLLM's
+`quark_quantize_weight_to_mxfp4`) and multiplies with AITER's `batched_gemm_a16wfp4` instead of
+the FP8 BMM, with no load-time sweep over batch sizes: each decode token count compiles on the
+request path unless warmed.
 
 - `w_uk_quant`, `w_uv_quant`: the weights quantized, once each at load ((L x heads, P) and
   (heads x V, L) bf16 rows; MXFP4 packs two values a byte, one e8m0 scale per 32);

@@ -194,11 +194,16 @@ def _parse(answer: dict[str, Any]) -> BuiltLayers:
     )
 
 
+# What an answer holds: a remembered answer of another schema is asked again.
+_ANSWER_SCHEMA = "layers-v2"
+
+
 def _memo_path(question: Question, layout: CacheLayout | None) -> Path | None:
     root = installed_vllm_dir()
     if layout is None or root is None:
         return None
     digest = hashlib.sha256(json.dumps(asdict(question), sort_keys=True).encode())
+    digest.update(f"{_ANSWER_SCHEMA}\n".encode())
     for distribution in ("kprecompile", "transformers"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             digest.update(f"{distribution}=={metadata.version(distribution)}\n".encode())
@@ -356,6 +361,10 @@ def _layer(layer: Any, config: Any, spec: Any) -> AttentionLayer:
     path = f"{backend.__module__}.{backend.__qualname__}"
     soft_cap = getattr(impl, "logits_soft_cap", None) or 0.0
     mla = type(spec).__name__.startswith("MLA") or "MLA" in type(spec).__name__
+    # MLA's kv_b_proj as the checkpoint's quantization built it (the layer holds it from 0.13, the
+    # impl in every release): its weight's dtype decides FP4 against FP8 BMM.
+    kv_b_proj = getattr(layer, "kv_b_proj", None) or getattr(impl, "kv_b_proj", None)
+    weight = getattr(kv_b_proj, "weight", None) if mla else None
     return AttentionLayer(
         mla=mla,
         num_heads=layer.num_heads,
@@ -367,6 +376,7 @@ def _layer(layer: Any, config: Any, spec: Any) -> AttentionLayer:
         dtype=str(config.model_config.dtype).removeprefix("torch."),
         kv_cache_dtype="auto" if layer.kv_cache_dtype == "auto" else "fp8",
         backend=registered_name(path) or backend.get_name(),
+        kv_b_proj_dtype=str(weight.dtype).removeprefix("torch.") if weight is not None else "",
     )
 
 

@@ -225,3 +225,48 @@ def test_trust_remote_code_reaches_vllms_config(tmp_path, release):
     [known_row] = json.loads(known.stdout)["families"]
     assert trusted_row["error"] is None and known_row["kernels"] > 0
     assert (trusted_row["calls"], trusted_row["kernels"]) == (known_row["calls"], known_row["kernels"])
+
+
+def test_the_absorbed_bmm_follows_the_kv_b_proj_vllm_builds(tmp_path, release):
+    """An FP8 checkpoint that leaves kv_b_proj unquantized (`ignored_layers`) has bf16 absorbed
+    weights in vLLM's build, which takes AITER's FP4 BMM on gfx950 where the release has it; the
+    same checkpoint quantizing kv_b_proj (the control) keeps the FP8 BMM."""
+    from importlib import resources
+
+    from kprecompile.inputs.flag_defaults import release_defaults
+    from kprecompile.selection.engines import FP4_BMM_FLAG
+
+    preset = json.loads((resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text())
+    kv_b_proj = [f"model.layers.{index}.self_attn.kv_b_proj" for index in range(preset["num_hidden_layers"])]
+    environment = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_FP8BMM": "1", FP4_BMM_FLAG: "1"}
+    plans = {}
+    for name, ignored in (("kv_b_proj left bf16", kv_b_proj), ("all quantized", [])):
+        # Blocks of 64: V2-Lite's MLP (10,944) is not a multiple of 128, which 0.12 refuses.
+        quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}
+        model = tmp_path / name.replace(" ", "-")
+        model.mkdir()
+        config = {**preset, "quantization_config": {**quantization, "ignored_layers": ignored}}
+        (model / "config.json").write_text(json.dumps(config))
+        result = kprecompile_cli(
+            "plan", "--model", model, "--target", "gfx950", "--max-num-seqs", "4", "--max-model-len", "1024",
+            "--family", "fp8_bmm", "--family", "fp4_bmm", "--cache-dir", tmp_path / "cache", "--json",
+            env=environment,
+        )  # fmt: skip
+        assert result.returncode in (0, 1), result.stderr[-2000:]
+        document = json.loads(result.stdout)
+        plans[name] = (
+            {kind["kv_b_proj_dtype"] for kind in document["layers"]["kinds"]},
+            {row["family"]: row for row in document["families"]},
+        )
+    (left_dtypes, left), (quantized_dtypes, quantized) = plans["kv_b_proj left bf16"], plans["all quantized"]
+    assert (left_dtypes, quantized_dtypes) == ({"bfloat16"}, {"float8_e4m3fn"})
+    assert quantized["fp8_bmm"]["kernels"] > 0 and quantized["fp8_bmm"]["skip_reason"] is None
+    if FP4_BMM_FLAG not in release_defaults(release):
+        assert left["fp8_bmm"]["kernels"] > 0 and "no FP4 BMM" in left["fp4_bmm"]["skip_reason"]
+        return
+    assert "vLLM builds it float8_e4m3fn" in quantized["fp4_bmm"]["skip_reason"]
+    # vLLM runs the FP4 BMM for the bf16 weights: no FP8 BMM; the FP4 one is planned, or the plan
+    # says which AITER it needs (the registry's lacks its wrapper before 0.33's).
+    assert left["fp8_bmm"]["kernels"] == 0 and "FP4 BMM" in left["fp8_bmm"]["skip_reason"]
+    fp4 = left["fp4_bmm"]
+    assert fp4["kernels"] > 0 or "lacks" in (fp4["error"] or fp4["skip_reason"] or ""), fp4
