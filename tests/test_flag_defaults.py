@@ -117,3 +117,33 @@ def test_elsewhere_the_fp8_bmm_or_torch_runs_on_gfx950(model, release, environ, 
     choices = _bmm(model, release, environ, dtype)
     assert why in choices["fp4_bmm"].skip_reason
     assert choices["fp8_bmm"].skip_reason_on("gfx950") is None
+
+
+def test_without_vllm_a_checkpoint_that_leaves_kv_b_proj_unquantized_takes_the_fp4_bmm(tmp_path):
+    """The config's reading of kv_b_proj (what vLLM's build says where it is installed,
+    tests/in_vllm/test_release_cli.py): left out of an FP8 or Quark quantization, it is bf16; the
+    controls, an FP8 checkpoint that quantizes it and an MXFP4 one that packs it, keep the FP8 BMM."""
+    import json
+
+    from kprecompile.inputs.layers import config_layers
+
+    base = json.loads(V2_LITE.config_json)
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    quark = {"quant_method": "quark", "global_quant_config": {}}
+    cases = {
+        "fp8-kv-b-proj-left": ({**fp8, "ignored_layers": ["model.layers.0.self_attn.kv_b_proj"]}, "bfloat16"),
+        "quark-kv-b-proj-excluded": ({**quark, "exclude": ["re:model.layers.*kv_b_proj", "lm_head"]}, "bfloat16"),
+        "fp8-all": ({**fp8, "ignored_layers": ["lm_head"]}, "float8_e4m3fn"),
+        "quark-all": ({**quark, "exclude": ["lm_head"]}, ""),
+    }
+    for name, (quantization, held) in cases.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps({**base, "quantization_config": quantization}))
+        model = load_model(str(tmp_path / f"{name}.json"))
+        [layer] = config_layers(model, ServingParams())
+        assert layer.kv_b_proj_dtype == held, name
+        choices = _bmm(model, "0.25.1", {**AITER, FP8: "1"})
+        if held == "bfloat16":
+            assert choices["fp4_bmm"].skip_reason is None and choices["fp8_bmm"].skip_reason_on("gfx950"), name
+        else:
+            assert "a quantized checkpoint" in choices["fp4_bmm"].skip_reason, name
+            assert choices["fp8_bmm"].skip_reason_on("gfx950") is None, name

@@ -11,6 +11,7 @@ config in the tests).
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -84,6 +85,25 @@ def resolved_dtype(model: ModelConfig, serving: ServingParams) -> str:
     return "bfloat16"
 
 
+# Where checkpoints' quantization configs list the modules they leave in the model's dtype
+# (FP8's `ignored_layers` and `modules_to_not_convert`, Quark's `exclude`, compressed-tensors' `ignore`).
+_UNQUANTIZED_LISTS = ("ignored_layers", "modules_to_not_convert", "exclude", "ignore")
+
+
+def kv_b_proj_dtype(model: ModelConfig, dtype: str) -> str:
+    """The dtype of MLA's kv_b_proj weight as vLLM builds it, read from the config: the activation
+    dtype where the checkpoint is unquantized or its quantization leaves kv_b_proj out, FP8's
+    where it is an FP8 checkpoint, "" where another quantization packs it (vLLM's build knows)."""
+    quantization = json.loads(model.config_json).get("quantization_config")
+    if not isinstance(quantization, dict):
+        return "" if model.quantized else dtype
+    for name in _UNQUANTIZED_LISTS:
+        listed = quantization.get(name)
+        if isinstance(listed, list) and any(isinstance(entry, str) and "kv_b_proj" in entry for entry in listed):
+            return dtype
+    return "float8_e4m3fn" if quantization.get("quant_method") == "fp8" or model.fp8_block_size else ""
+
+
 def config_layers(model: ModelConfig, serving: ServingParams) -> tuple[AttentionLayer, ...]:
     """The distinct attention layers of `model` read from its config (see the module doc)."""
     dtype = resolved_dtype(model, serving)
@@ -100,6 +120,7 @@ def config_layers(model: ModelConfig, serving: ServingParams) -> tuple[Attention
             sinks="",
             dtype=dtype,
             kv_cache_dtype=kv_cache_dtype,
+            kv_b_proj_dtype=kv_b_proj_dtype(model, dtype),
             count=model.num_layers,
         )
         return (layer,)

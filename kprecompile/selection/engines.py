@@ -27,6 +27,7 @@ from typing import Protocol
 from ..errors import InputError
 from ..inputs.environment import DEFAULT_ENGINE, ENGINES, registered_values
 from ..inputs.flag_defaults import release_defaults
+from ..inputs.layers import kv_b_proj_dtype
 from ..inputs.models import ModelConfig
 from ..inputs.targets import Target
 from ..shapes.family import FamilyName
@@ -416,10 +417,10 @@ def _absorbed_bmm_choices(
     Both flags default to off from 0.33 (`inputs/flag_defaults.py`)."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     reads_fp4 = FP4_BMM_FLAG in release_defaults(release)
-    built = {layer.kv_b_proj_dtype for layer in model.attention_layers if layer.mla} - {""}
     # vLLM's own build says what kv_b_proj holds (a quantized checkpoint may leave it bf16);
-    # without it, a quantized checkpoint is taken to quantize it.
-    bf16_weights = built == {"bfloat16"} if built else dtype == "bfloat16" and not model.quantized
+    # without it, the config's reading.
+    built = {layer.kv_b_proj_dtype for layer in model.attention_layers if layer.mla} - {""}
+    bf16_weights = (built or {kv_b_proj_dtype(model, dtype)}) == {"bfloat16"}
     fp4 = aiter and reads_fp4 and flags[FP4_BMM_FLAG] and bf16_weights
     if fp4:
         fp4_choice = FamilyChoice("fp4_bmm", FP4_BMM_FLAG)
@@ -427,13 +428,9 @@ def _absorbed_bmm_choices(
         if not reads_fp4:
             reason = f"vLLM {release} has no FP4 BMM for MLA (0.15 and newer)"
         elif not bf16_weights:
-            holds = (
-                f"vLLM builds it {', '.join(sorted(built))}"
-                if built
-                else "a quantized checkpoint"
-                if model.quantized
-                else dtype
-            )
+            holds = f"vLLM builds it {', '.join(sorted(built))}" if built else "a quantized checkpoint"
+            if not built and not model.quantized:
+                holds = dtype
             reason = f"vLLM runs AITER's FP4 BMM only where kv_b_proj's weight is bf16 ({model.name}: {holds})"
         else:
             reason = _flag_off("FP4 BMM", FP4_BMM_FLAG, release)
