@@ -241,11 +241,16 @@ def test_the_absorbed_bmm_follows_the_kv_b_proj_vllm_builds(tmp_path, release):
     environment = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_FP8BMM": "1", FP4_BMM_FLAG: "1"}
     plans = {}
     for name, ignored in (("kv_b_proj left bf16", kv_b_proj), ("all quantized", [])):
-        # Blocks of 64: V2-Lite's MLP (10,944) is not a multiple of 128, which 0.12 refuses.
-        quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [64, 64]}
+        quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
         model = tmp_path / name.replace(" ", "-")
         model.mkdir()
-        config = {**preset, "quantization_config": {**quantization, "ignored_layers": ignored}}
+        # Blocks of 128 (AITER's FP8 MoE takes no other from 0.30): the dense MLP widened from
+        # V2-Lite's 10,944 to a multiple of them, which vLLM requires.
+        config = {
+            **preset,
+            "intermediate_size": 11008,
+            "quantization_config": {**quantization, "ignored_layers": ignored},
+        }
         (model / "config.json").write_text(json.dumps(config))
         result = kprecompile_cli(
             "plan", "--model", model, "--target", "gfx950", "--max-num-seqs", "4", "--max-model-len", "1024",
@@ -254,6 +259,11 @@ def test_the_absorbed_bmm_follows_the_kv_b_proj_vllm_builds(tmp_path, release):
         )  # fmt: skip
         assert result.returncode in (0, 1), result.stderr[-2000:]
         document = json.loads(result.stdout)
+        if not document["layers"]["source"].startswith(f"vLLM {release}'s"):
+            [why] = [line for line in result.stderr.splitlines() if "could not build" in line]
+            if "aiter" not in why:
+                pytest.fail(why)
+            pytest.skip(f"vLLM {release}'s FP8 layers need more of AITER than the registry's: {why}")
         plans[name] = (
             {kind["kv_b_proj_dtype"] for kind in document["layers"]["kinds"]},
             {row["family"]: row for row in document["families"]},
