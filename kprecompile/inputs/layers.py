@@ -43,8 +43,9 @@ class AttentionLayer:
     # The attention backend the engine chose for the layer; "" where kprecompile's mirror read the
     # config (the selection decides).
     backend: str = ""
-    # MLA: the dtype of the layer's kv_b_proj weight as the engine built it (bfloat16 where the
-    # checkpoint leaves it unquantized, float8_e4m3fn for FP8); "" where the config was read.
+    # MLA: the dtype of the layer's kv_b_proj weight as the engine built it, or as the config's
+    # reading gives it (`kv_b_proj_dtype`): bfloat16 where the checkpoint leaves it unquantized,
+    # float8_e4m3fn for FP8; "" where neither knows.
     kv_b_proj_dtype: str = ""
     # Layers of the model that are of this kind (not part of the kind).
     count: int = 1

@@ -411,9 +411,8 @@ def _absorbed_bmm_choices(
     model: ModelConfig, dtype: str, flags: dict[str, bool], release: str
 ) -> tuple[FamilyChoice, FamilyChoice]:
     """How vLLM multiplies MLA's absorbed weights: AITER's FP4 BMM on gfx950 where kv_b_proj's
-    weight is bf16 (as vLLM's build of the layers says; without it, an unquantized checkpoint
-    served in bf16) and the release reads
-    VLLM_ROCM_USE_AITER_FP4BMM (0.15 on); else AITER's FP8 BMM with its flag; else torch.bmm.
+    weight is bf16 (as vLLM's build of the layers says, else the config's reading) and the release
+    reads VLLM_ROCM_USE_AITER_FP4BMM (0.15 on); else AITER's FP8 BMM with its flag; else torch.bmm.
     Both flags default to off from 0.33 (`inputs/flag_defaults.py`)."""
     aiter = flags["VLLM_ROCM_USE_AITER"]
     reads_fp4 = FP4_BMM_FLAG in release_defaults(release)

@@ -361,8 +361,8 @@ def _layer(layer: Any, config: Any, spec: Any) -> AttentionLayer:
     path = f"{backend.__module__}.{backend.__qualname__}"
     soft_cap = getattr(impl, "logits_soft_cap", None) or 0.0
     mla = type(spec).__name__.startswith("MLA") or "MLA" in type(spec).__name__
-    # MLA's kv_b_proj as the checkpoint's quantization built it (the layer holds it from 0.13, the
-    # impl in every release): its weight's dtype decides FP4 against FP8 BMM.
+    # MLA's kv_b_proj as the checkpoint's quantization built it (the impl holds it in every
+    # release, the layer too in later ones): its weight's dtype decides FP4 against FP8 BMM.
     kv_b_proj = getattr(layer, "kv_b_proj", None) or getattr(impl, "kv_b_proj", None)
     weight = getattr(kv_b_proj, "weight", None) if mla else None
     return AttentionLayer(
