@@ -419,8 +419,8 @@ def _release_parser(selection: dict[str, Any]) -> Any:
 def _check_quantization(model: Any, quantization: str) -> None:
     """vLLM refuses a --quantization other than the checkpoint's own; without one, it would quantize
     the weights at load, which kprecompile does not plan."""
-    config = json.loads(model.config_json or "{}").get("quantization_config")
-    method = config.get("quant_method") if isinstance(config, dict) else None
+    config = model.quantization
+    method = config.get("quant_method") if config is not None else None
     if method is None:
         raise InputError(
             "--quantization",

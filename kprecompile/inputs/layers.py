@@ -11,7 +11,6 @@ config in the tests).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -95,14 +94,14 @@ def kv_b_proj_dtype(model: ModelConfig, dtype: str) -> str:
     """The dtype of MLA's kv_b_proj weight as vLLM builds it, read from the config: the activation
     dtype where the checkpoint is unquantized or its quantization leaves kv_b_proj out, FP8's
     where it is an FP8 checkpoint, "" where another quantization packs it (vLLM's build knows)."""
-    quantization = json.loads(model.config_json).get("quantization_config")
-    if not isinstance(quantization, dict):
+    quantization = model.quantization
+    if quantization is None:
         return "" if model.quantized else dtype
     for name in _UNQUANTIZED_LISTS:
         listed = quantization.get(name)
         if isinstance(listed, list) and any(isinstance(entry, str) and "kv_b_proj" in entry for entry in listed):
             return dtype
-    return "float8_e4m3fn" if quantization.get("quant_method") == "fp8" or model.fp8_block_size else ""
+    return "float8_e4m3fn" if quantization.get("quant_method") == "fp8" else ""
 
 
 def config_layers(model: ModelConfig, serving: ServingParams) -> tuple[AttentionLayer, ...]:

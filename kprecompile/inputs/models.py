@@ -78,6 +78,12 @@ class ModelConfig:
     layers_source: str = "kprecompile's reading of config.json"
 
     @property
+    def quantization(self) -> dict[str, Any] | None:
+        """The checkpoint's `quantization_config`, where it is one."""
+        config = json.loads(self.config_json or "{}").get("quantization_config")
+        return config if isinstance(config, dict) else None
+
+    @property
     def quantized(self) -> bool:
         """Whether the checkpoint is quantized (a `quantization_config`): its linear weights,
         MLA's kv_b_proj among them, are not held in the model's dtype."""

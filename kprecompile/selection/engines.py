@@ -427,8 +427,11 @@ def _absorbed_bmm_choices(
         if not reads_fp4:
             reason = f"vLLM {release} has no FP4 BMM for MLA (0.15 and newer)"
         elif not bf16_weights:
-            holds = f"vLLM builds it {', '.join(sorted(built))}" if built else "a quantized checkpoint"
-            if not built and not model.quantized:
+            if built:
+                holds = f"vLLM builds it {', '.join(sorted(built))}"
+            elif model.quantized:
+                holds = "a quantized checkpoint"
+            else:
                 holds = dtype
             reason = f"vLLM runs AITER's FP4 BMM only where kv_b_proj's weight is bf16 ({model.name}: {holds})"
         else:

@@ -239,9 +239,9 @@ def test_the_absorbed_bmm_follows_the_kv_b_proj_vllm_builds(tmp_path, release):
     preset = json.loads((resources.files("kprecompile.inputs.presets") / "deepseek-v2-lite.json").read_text())
     kv_b_proj = [f"model.layers.{index}.self_attn.kv_b_proj" for index in range(preset["num_hidden_layers"])]
     environment = {"VLLM_ROCM_USE_AITER": "1", "VLLM_ROCM_USE_AITER_FP8BMM": "1", FP4_BMM_FLAG: "1"}
+    quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
     plans = {}
     for name, ignored in (("kv_b_proj left bf16", kv_b_proj), ("all quantized", [])):
-        quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
         model = tmp_path / name.replace(" ", "-")
         model.mkdir()
         # Blocks of 128 (AITER's FP8 MoE takes no other from 0.30): the dense MLP widened from
