@@ -151,20 +151,30 @@ def test_jobs_handed_over_while_the_workers_start_are_collected_not_compiled_aga
         assert not pool.started
 
 
-def test_a_plan_hands_each_familys_new_jobs_over_as_it_is_traced(gfx942):
+def test_a_plan_hands_jobs_over_while_each_family_traces(gfx942):
+    """A warm's workers compile a family's first kernels while its later steps trace: jobs come
+    from inside the trace (a capture active), each step's, and once more with each family's end;
+    every key the plan holds is handed over, in the plan's order."""
     from kprecompile.inputs.models import load_model
     from kprecompile.inputs.serving import ServingParams
     from kprecompile.selection.engines import select
     from kprecompile.selection.request import Request
+    from kprecompile.tracing.trace import active_capture
     from kprecompile.warmup.planning import plan
 
     model = load_model("deepseek-v2-lite")
     request = Request(model, ServingParams(max_num_seqs=3), select(model), (gfx942,))
-    handed = []
-    streamed = plan(request, on_jobs=handed.append)
+    handed: list[tuple[bool, tuple]] = []
+    streamed = plan(request, on_jobs=lambda jobs: handed.append((active_capture() is not None, jobs)))
     whole = plan(request)
-    assert len(handed) == sum(family.kernels > 0 for family in streamed.families) >= 2
-    assert [job for jobs in handed for job in jobs] == list(streamed.jobs) == list(whole.jobs)
+    during = [jobs for tracing, jobs in handed if tracing]
+    # The control: what a family hands over at its end comes outside its trace.
+    assert during and len(during) < len(handed)
+    traced_families = sum(family.kernels > 0 for family in streamed.families)
+    assert traced_families >= 2 and len(during) > traced_families
+    firsts = list({job.key: job for _, jobs in handed for job in jobs}.values())
+    assert list(streamed.jobs) == list(whole.jobs)
+    assert len(firsts) == len(whole.jobs) and {job.key for job in firsts} == {job.key for job in whole.jobs}
 
 
 def test_workers_take_the_parents_triton_key_instead_of_hashing_libtriton(cache_layout, monkeypatch, sm90):

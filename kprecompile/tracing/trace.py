@@ -17,6 +17,7 @@ import hashlib
 import importlib
 import json
 import logging
+import os
 import sys
 import time
 import types
@@ -53,13 +54,17 @@ def trace_calls(
     family: str,
     fresh_modules: tuple[str, ...] = (),
     triton_key: str | None = None,
+    on_jobs: Callable[[tuple[CompileJob, ...]], None] | None = None,
 ) -> TraceResult:
     """Run `calls` (label, function) under `target` and collect the kernels they would compile.
 
     Modules whose names start with one of `fresh_modules` are imported anew for this trace
     and put back afterwards, so that per-arch state a library keeps in its modules (tuned
     config tables, autotuner results, kernels' per-device caches) never leaks between targets.
-    `triton_key` is Triton's `triton_key()` when the caller has it remembered.
+    `triton_key` is Triton's `triton_key()` when the caller has it remembered. `on_jobs` is
+    handed the kernels each step found first, after the step (a warm's workers compile them
+    while the trace goes on); what forked processes found comes with the result alone. A trace
+    that fails later has handed over what it found before.
     """
     from .forked import processes_for, run_split
 
@@ -74,8 +79,13 @@ def trace_calls(
                 call()
             except Exception as error:
                 raise TracingError(family, label, f"{type(error).__name__}: {error}") from error
+            if on_jobs is not None and os.getpid() == parent:  # a forked process hands back at its end
+                found = capture.take_new(family)
+                if found:
+                    on_jobs(found)
 
     processes = 1
+    parent = os.getpid()
     with capturing(target, fresh_modules, triton_key) as capture:
         run(range(min(1, len(calls))))  # the first step imports what the others need
         rest = range(1, len(calls))
@@ -107,6 +117,8 @@ class Capture:
         self.options = _OptionsParser(target)
         # Specialization data -> (JITFunction, Triton cache key), in the order first seen.
         self.captured: dict[str, tuple[Any, str]] = {}
+        # Specializations captured since `take_new` last ran.
+        self.new: list[str] = []
         # The step of a trace running now, and the one each specialization was first seen in.
         self.step = 0
         self.first_step: dict[str, int] = {}
@@ -123,6 +135,7 @@ class Capture:
             jit_function = fn.jit_function
             self.captured[data] = (jit_function, _cache_key(jit_function, compile, data, self.options, self.triton_key))
             self.first_step[data] = self.step
+            self.new.append(data)
         self.last = (data, self.captured[data][1])
         return True  # nothing compiles, nothing launches
 
@@ -151,6 +164,14 @@ class Capture:
             for order, (data, (jit_function, key)) in enumerate(self.captured.items())
             if self.first_step[data] in wanted
         ]
+
+    def take_new(self, family: str) -> tuple[CompileJob, ...]:
+        """A job for each specialization captured since the last call."""
+        new, self.new = self.new, []
+        return tuple(
+            CompileJob(family, self.target.name, _import_path(self.captured[data][0]), self.captured[data][1], data)
+            for data in new
+        )
 
     def add_found(self, found: Iterable[tuple[int, int, str, str, str]]) -> None:
         self.found.extend(found)

@@ -140,7 +140,9 @@ def plan_family(
     triton_key: str | None = None,
     engine: str = DEFAULT_ENGINE,
     release: str | None = None,
+    on_jobs: Callable[[tuple[CompileJob, ...]], None] | None = None,
 ) -> tuple[FamilyPlan, tuple[CompileJob, ...]]:
+    """One family's row and jobs on `target`; `on_jobs` is handed its jobs while it traces."""
     family = FAMILIES[name]
     parameters = family.describe_shapes(shapes) if shapes else {}
     skip_reason = family.skip_reason(model, serving, target, line)
@@ -148,7 +150,7 @@ def plan_family(
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
     try:
         with engine_environment(engine):
-            result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key)
+            result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key, on_jobs)
     except TracingError as error:
         cause = error.__cause__
         if isinstance(cause, InputError):
@@ -206,8 +208,9 @@ def plan(
     `shapes` defaults to `planned_shapes`. Families the engine runs but kprecompile does not
     compile are listed with the reason; a family whose trace failed, with its error (`Plan.failed`:
     the plan lacks its kernels; the rest is planned). `layout` is where Triton's toolchain key is remembered
-    between runs. `on_jobs` is handed each family's new jobs as soon as it is traced (a warm's
-    workers compile them while the next family traces).
+    between runs. `on_jobs` is handed jobs as they are traced, each step's (a warm's workers compile
+    them while the trace goes on), then each family's again with those forked processes found: it
+    takes each key once. A family that fails has handed over what it traced before failing.
     """
     imports_started = time.perf_counter()
     model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
@@ -252,6 +255,7 @@ def plan(
                 triton_key,
                 selection.engine,
                 selection.vllm_release,
+                on_jobs,
             )
             plans.append(family_plan)
             new = tuple(job for job in family_jobs if job.key not in jobs)
