@@ -85,11 +85,12 @@ DEPENDENCIES = (
 # Installed over the host's own: kprecompile's, and transformers' where the release takes 4.x.
 FORCED = ("pebble", "platformdirs")
 TRANSFORMERS_4 = ("transformers", "tokenizers", "huggingface_hub")
-# The host's own toolchain, never packed; and what vLLM imports only where it is installed (under
-# `try: import ray`), imported by the plans here because the release's install has it: ray's wheel
-# alone is over what a call carries.
+# The host's own toolchain, never packed; and what is imported only where it is installed, which
+# the plans here import because the release's install has it: vLLM's `try: import ray`, and
+# mistral_common's `cv2` (imported only where `is_opencv_installed()`; mistral_common comes in
+# through gguf's vocabulary, vLLM's config). Each of those wheels alone is over what a call carries.
 HOST_OWN = {"vllm", "torch", "triton"}
-OPTIONAL = {"ray"}
+OPTIONAL = {"ray", "opencv_python_headless"}
 
 SETUP = """\
 # Source on the GPU host from the repository root (written by scripts/vllm_carry.py). Its paths
