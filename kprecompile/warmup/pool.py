@@ -3,7 +3,7 @@
 Jobs already in the cache are found in this process first; workers are started only for the
 rest, because starting them costs imports (torch and Triton: paid once by a fork server, or by
 each spawned worker where asked, `worker_start.py`); on a cold cache they are started early,
-from a thread of their own, and take each family's jobs as soon as it is traced, so that
+from a thread of their own, and take each traced step's jobs at once, so that
 starting and compiling overlap with the parent's tracing. Workers are never forked from this process
 (Triton and torch do not survive fork once used).
 `pebble` runs each job with its own timeout and turns a worker that dies (a segfault in the

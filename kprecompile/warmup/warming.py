@@ -84,7 +84,7 @@ class WarmReport:
     # already warm (docs/design.md, fact 7); 0 elsewhere. A new manifest's are `driver_modules`.
     launchers: int
     # Wall time of the whole warm, of its tracing, and of compiling once tracing ended (on a cold
-    # cache the workers compile each family's kernels while the next one traces); 0 when the
+    # cache the workers compile each step's kernels while the trace goes on); 0 when the
     # manifest showed the configuration warm.
     seconds: float
     trace_seconds: float
@@ -367,7 +367,7 @@ class _WarmRun:
     ) -> tuple[tuple[CompileJob, ...], list[FamilyPlan]]:
         """The target's planned jobs and family rows: traced, or, when the manifest is warm but
         for new records, the manifest's own (untraced). Where the workers were started before
-        the trace, each family's jobs go to them as it is traced."""
+        the trace, each step's new jobs go to them as it is traced."""
         if manifest is not None:
             jobs = tuple(job for job in manifest.jobs if job.family != RECORDED_FAMILY)
             return jobs, [FamilyPlan(**row) for row in manifest.families if row["family"] != RECORDED_FAMILY]
