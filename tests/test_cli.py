@@ -190,6 +190,44 @@ def test_console_script_prints_no_traceback(tmp_path):
     )
 
 
+# Run as `python -c`: an object whose finalizer says when the interpreter tears its modules down,
+# and an exit handler; then the command, through the process's entry point or `main` alone.
+_ENDING = (
+    "import atexit, sys\n"
+    "class Torn:\n"
+    "    def __del__(self):\n"
+    "        print('torn down', flush=True)\n"
+    "kept = Torn()\n"
+    "atexit.register(print, 'exit handlers ran')\n"
+    "sys.argv[0] = 'kprecompile'\n"
+    "from kprecompile.cli import {entry}\n"
+    "{entry}()\n"
+)
+
+
+def test_the_command_ends_with_its_status_and_output_without_tearing_down_its_imports(tmp_path):
+    """The process ends once the command has (tearing down torch and Triton's modules takes a
+    second or more): its exit handlers run, its output is whole, its status is the command's;
+    the finalizers of what it imported never run. `main` alone is the control: it tears down."""
+    env = {**os.environ, "KPRECOMPILE_CACHE_DIR": str(tmp_path)}
+    plan = ["plan", "--model", "deepseek-r1", "--tp", "8", "--target", "gfx942", "--family", "fp8_bmm", "--json"]
+    bad = ["plan", "--model", "deepseek-v2-lite", "--tp", "3", "--target", "gfx942"]
+
+    def ended(entry: str, arguments: list[str]) -> subprocess.CompletedProcess:
+        script = _ENDING.format(entry=entry)
+        return subprocess.run([sys.executable, "-c", script, *arguments], capture_output=True, text=True, env=env)
+
+    planned = ended("run", plan)
+    assert planned.returncode == 0, planned.stderr[-2000:]
+    document, _, after = planned.stdout.rpartition("}\n")
+    assert json.loads(document + "}")["kernels"] > 0 and after == "exit handlers ran\n"
+    refused = ended("run", bad)
+    assert refused.returncode == 2 and refused.stdout == "exit handlers ran\n"
+    assert refused.stderr.startswith("kprecompile: --tp: got 3, expected a divisor") and refused.stderr.count("\n") == 1
+    control = ended("main", bad)
+    assert control.returncode == 2 and control.stdout == "exit handlers ran\ntorn down\n"
+
+
 @pytest.mark.compiles
 def test_failed_kernels_exit_1_are_listed_and_leave_no_manifest(capsys, tmp_path):
     status, out, _ = run_cli(capsys, *small_warm(tmp_path, "--job-timeout", "0.01"))

@@ -7,11 +7,14 @@ the cache is not warm), 2 a usage or input error, reported on one line.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import importlib
 import logging
+import os
 import re
 import sys
+import threading
 
 import click
 
@@ -163,6 +166,35 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(status if isinstance(status, int) else ExitStatus.SUCCESS)
 
 
+def run() -> None:
+    """The process's entry point (`kprecompile`, `python -m kprecompile`): `main`, then the
+    process ends as soon as the command has: exit handlers run and the streams are flushed, but
+    the interpreter does not tear down the modules it imported, which takes a second or more
+    once torch and Triton are imported (and does nothing a finished command needs: every file is
+    written and closed by then). `main` itself stays a function that returns, for callers that
+    go on."""
+    try:
+        main()
+        status: object = ExitStatus.SUCCESS
+    except SystemExit as exit_:
+        status = exit_.code
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    if status is None:
+        status = ExitStatus.SUCCESS
+    elif not isinstance(status, int):  # what `sys.exit("message")` would do
+        print(status, file=sys.stderr)
+        status = ExitStatus.FAILURE
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): what was not read is lost either way
+            pass
+    os._exit(int(status))
+
+
 _FIXES = {
     errno.ENOSPC: "free space on that file system, or choose another --cache-dir",
     errno.EDQUOT: "free space within your quota, or choose another --cache-dir",
@@ -183,4 +215,4 @@ def describe_os_error(error: OSError) -> str:
     return "; ".join(part for part in (f"{reason}: {paths[0] if paths else 'a cache file'}", fix) if part)
 
 
-__all__ = ["ExitStatus", "cli", "main"]
+__all__ = ["ExitStatus", "cli", "main", "run"]
