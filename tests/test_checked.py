@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import BAKED_MODEL as MODEL
@@ -180,3 +181,41 @@ def test_a_server_takes_files_unchanged_since_the_whole_check_at_a_stat_each(war
             files.problem(entry.name, children, [layout.manifests_dir])
     problem = files.problem(entry.name, children, [layout.manifests_dir])
     assert problem == "its files' checksums are not the ones recorded"
+
+
+def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are_unchanged(warm_copy):
+    """A warm hashes each entry as its kernel comes from the worker; the manifest takes that hash
+    where every file still has the stat it had then, and hashes again an entry written since."""
+    from kprecompile.cache.checked import entries_stats
+
+    layout = warm_copy
+    jobs = baked_manifest(layout, GFX942).manifest.jobs[:2]
+    early = {job.key: entries.hashed_entry(layout, job.key) for job in jobs}
+    kept, changed = jobs
+    [binary] = layout.triton_entry(changed.key).glob("*.hsaco")
+    rewrite_in_place(binary, flipped(binary.read_bytes()))
+    _, identities = entries_stats(layout, [job.key for job in jobs])
+    recorded = manifest.record_artifacts(layout, jobs, early, identities)
+    assert recorded[kept.key] == early[kept.key].digests == entries.artifact_digests(layout, kept.key)
+    # The control: the early hash of the rewritten entry is not the file's any more, nor recorded.
+    now = entries.artifact_digests(layout, changed.key)
+    assert recorded[changed.key] == now != early[changed.key].digests
+    assert now[binary.name]["sha256"] != early[changed.key].digests[binary.name]["sha256"]
+
+
+@pytest.mark.compiles
+def test_a_cold_warm_hashes_each_entry_as_its_kernel_compiles(tmp_path, caplog):
+    import logging
+
+    from kprecompile.cache.layout import CacheLayout
+
+    layout = CacheLayout.of(tmp_path)
+    with caplog.at_level(logging.INFO, logger="kprecompile.warmup.warming"):
+        report = warm(request(), layout, max_workers=2)
+    assert report.ok and report.compiled == report.kernels > 0
+    [line] = [record.getMessage() for record in caplog.records if record.getMessage().startswith("manifest of")]
+    assert f"manifest of {report.kernels} kernels (every file hashed, {report.kernels} as it compiled)" in line
+    [written] = report.manifests
+    recorded = manifest.read_manifest(layout, Path(written).stem).artifacts
+    assert len(recorded) == report.kernels
+    assert all(entries.artifact_digests(layout, key) == files for key, files in recorded.items())

@@ -110,6 +110,40 @@ def artifact_digests(layout: CacheLayout, key: str) -> dict[str, dict[str, objec
     return {path.name: {"sha256": sha256_file(path), "size": path.stat().st_size} for path in sorted(files)}
 
 
+@dataclass(frozen=True)
+class HashedEntry:
+    """An entry's `artifact_digests`, with the stat identity (`checked.stat_identity`) each of its
+    files had before and after it was hashed, by path: the digests hold for as long as the files
+    keep those identities (any write changes one)."""
+
+    digests: dict[str, dict[str, object]]
+    identities: dict[str, tuple[int, ...]]
+
+    def holds(self, identities: dict[str, tuple[int, ...]]) -> bool:
+        """Whether every file hashed still has its identity in `identities` (every file's now)."""
+        return all(identities.get(path) == identity for path, identity in self.identities.items())
+
+
+def hashed_entry(layout: CacheLayout, key: str) -> HashedEntry | None:
+    """The entry for `key` hashed now (a warm hashes each as its kernel compiles, beside the
+    workers, instead of all of them after the last); None where it is incomplete or a file
+    changed while it was hashed."""
+    from .checked import stat_identity
+
+    files = compiled_files(layout, key)
+    if files is None:
+        return None
+    files = sorted(files)
+    before = [stat_identity(os.stat(path, follow_symlinks=False)) for path in files]
+    digests = {
+        path.name: {"sha256": sha256_file(path), "size": identity[3]}
+        for path, identity in zip(files, before, strict=True)
+    }
+    if [stat_identity(os.stat(path, follow_symlinks=False)) for path in files] != before:
+        return None
+    return HashedEntry(digests, {str(path): identity for path, identity in zip(files, before, strict=True)})
+
+
 @functools.lru_cache(maxsize=64)
 def _triton_dirs(layout: CacheLayout) -> tuple[str, ...]:
     return tuple(str(layout.bucket(Bucket.TRITON, root)) for root in layout.roots)

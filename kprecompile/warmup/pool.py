@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from multiprocessing.context import BaseContext
@@ -237,11 +237,13 @@ class CompilePool:
         progress: Progress | None = None,
         label: str = "compiling",
         damaged: frozenset[str] = frozenset(),
+        on_outcome: Callable[[JobOutcome], None] | None = None,
     ) -> tuple[JobOutcome, ...]:
         """Compile every job not yet in the cache; one outcome per job, in job order. Jobs not
         handed over before are checked in this process first: no worker starts when nothing is
         missing. Keys in `damaged` are looked up, and compiled, in the writable root only: their
-        entries in read-only layers failed their checks and must not count as cached."""
+        entries in read-only layers failed their checks and must not count as cached.
+        `on_outcome` is handed each worker's outcome as it comes, while the others compile."""
         handed = [job for job in jobs if job.key in self._submitted]
         outcomes, missing = _check_cache([job for job in jobs if job.key not in self._submitted], self.layout, damaged)
         wanted = handed + missing
@@ -257,6 +259,8 @@ class CompilePool:
             try:
                 for outcome in self._collect(wanted):
                     outcomes[outcome.job.key] = outcome
+                    if on_outcome is not None:
+                        on_outcome(outcome)
                     progress.advance()
             finally:
                 progress.finish()

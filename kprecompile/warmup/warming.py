@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..cache.checked import checked_before, entries_digest, remember_checked
-from ..cache.entries import driver_module_problem, has_entries, remove_entry
+from ..cache.checked import checked_before, entries_digest, entries_stats, remember_checked
+from ..cache.entries import HashedEntry, driver_module_problem, has_entries, hashed_entry, remove_entry
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
@@ -297,6 +297,8 @@ class _WarmRun:
         self.replaced = self.launchers = self.workers = self.driver_modules = 0
         self.driver_modules_not_built: list[str] = []
         self.worker_start = worker_start
+        # Entries hashed as their kernels came from the workers, for the manifests (`_hash`).
+        self.hashed: dict[str, HashedEntry] = {}
 
     @property
     def shapes(self) -> PlannedShapes:
@@ -405,10 +407,22 @@ class _WarmRun:
         label = f"{self.request.model.name} on {target.name}"
         # A damaged entry in a read-only layer stays there: its kernel is compiled into the
         # writable root, which every reader searches first, and the manifest records that copy.
-        outcomes = list(self.pool.compile(ordered, self.progress, label, damaged))
+        outcomes = list(self.pool.compile(ordered, self.progress, label, damaged, self._hash))
         self.workers = max(self.workers, self.pool.workers)
         self.compile_seconds += time.perf_counter() - started
         return outcomes
+
+    def _hash(self, outcome: JobOutcome) -> None:
+        """Hash a kernel's entry as it comes from its worker, while the others compile: the manifest
+        then hashes only what changed since, instead of every entry after the last kernel."""
+        if outcome.status == "failed":
+            return
+        try:
+            entry = hashed_entry(self.layout, outcome.job.key)
+        except OSError:  # hashed with the manifest, which says what is wrong
+            return
+        if entry is not None:
+            self.hashed[outcome.job.key] = entry
 
     def _write_manifest(
         self,
@@ -424,13 +438,13 @@ class _WarmRun:
         # meanwhile, the next warm need not hash them again.
         keys = [job.key for job in jobs]
         started = time.perf_counter()
-        before = entries_digest(self.layout, keys)
+        before, identities = entries_stats(self.layout, keys)
         manifest = Manifest(
             lookup.key,
             lookup.parts,
             tuple(family.as_dict() for family in families),
             jobs,
-            record_artifacts(self.layout, jobs),
+            record_artifacts(self.layout, jobs, self.hashed, identities),
             {"name": model.name, "source": model.source},
             replayed.outcomes if replayed else {},
         )
@@ -442,7 +456,10 @@ class _WarmRun:
         if before == entries_digest(self.layout, keys):
             remember_checked(self.layout, lookup.key, Path(path), before)
         logger.info(
-            "manifest of %d kernels (every file hashed) written in %.2f s", len(jobs), time.perf_counter() - started
+            "manifest of %d kernels (every file hashed, %d as it compiled) written in %.2f s",
+            len(jobs),
+            sum(job.key in self.hashed for job in jobs),
+            time.perf_counter() - started,
         )
 
     def _count_driver_modules(self, target: Target, modules: DriverModules) -> None:
