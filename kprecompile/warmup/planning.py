@@ -209,8 +209,8 @@ def plan(
     compile are listed with the reason; a family whose trace failed, with its error (`Plan.failed`:
     the plan lacks its kernels; the rest is planned). `layout` is where Triton's toolchain key is remembered
     between runs. `on_jobs` is handed jobs as they are traced, each step's (a warm's workers compile
-    them while the trace goes on), then each family's again with those forked processes found: it
-    takes each key once. A family that fails has handed over what it traced before failing.
+    them while the trace goes on), then each family's again with those forked processes found (a key
+    can come twice: the receiver keeps the first). A family that fails has handed over what it traced before failing.
     """
     imports_started = time.perf_counter()
     model, serving, selection, targets = request.model, request.serving, request.selection, request.targets
