@@ -90,7 +90,10 @@ TRANSFORMERS_4 = ("transformers", "tokenizers", "huggingface_hub")
 # mistral_common's `cv2` (imported only where `is_opencv_installed()`; mistral_common comes in
 # through gguf's vocabulary, vLLM's config). Each of those wheels alone is over what a call carries.
 HOST_OWN = {"vllm", "torch", "triton"}
-OPTIONAL = {"ray", "opencv_python_headless"}
+OPTIONAL = {
+    "ray",
+    *(f"opencv_{kind}" for kind in ("python", "python_headless", "contrib_python", "contrib_python_headless")),
+}
 
 SETUP = """\
 # Source on the GPU host from the repository root (written by scripts/vllm_carry.py). Its paths

@@ -183,7 +183,7 @@ def test_a_server_takes_files_unchanged_since_the_whole_check_at_a_stat_each(war
     assert problem == "its files' checksums are not the ones recorded"
 
 
-def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are_unchanged(warm_copy):
+def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are_unchanged(warm_copy, monkeypatch):
     """A warm hashes each entry as its kernel comes from the worker; the manifest takes that hash
     where every file still has the stat it had then, and hashes again an entry written since."""
     from kprecompile.cache.checked import entries_stats
@@ -195,7 +195,13 @@ def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are
     [binary] = layout.triton_entry(changed.key).glob("*.hsaco")
     rewrite_in_place(binary, flipped(binary.read_bytes()))
     _, identities = entries_stats(layout, [job.key for job in jobs])
+    hashed_now = []
+    original = entries.sha256_file
+    monkeypatch.setattr(entries, "sha256_file", lambda path: hashed_now.append(str(path)) or original(path))
     recorded = manifest.record_artifacts(layout, jobs, early, identities)
+    # The kept entry's early hash is taken, not hashed again; the rewritten one is hashed again.
+    assert not [path for path in hashed_now if path in early[kept.key].identities]
+    assert str(binary) in hashed_now
     assert recorded[kept.key] == early[kept.key].digests == entries.artifact_digests(layout, kept.key)
     # The control: the early hash of the rewritten entry is not the file's any more, nor recorded.
     now = entries.artifact_digests(layout, changed.key)

@@ -1,4 +1,5 @@
 import sys
+import time
 
 import pytest
 from helpers import SAMPLE_MODULE, sample_call
@@ -131,8 +132,6 @@ def test_jobs_handed_over_while_the_workers_start_are_collected_not_compiled_aga
     """A warm hands each family's jobs to the workers as it traces (`submit`), some before the
     workers exist; `compile` then collects those from the workers (they say "compiled" even once
     they are in the cache) and checks the rest here."""
-    import time
-
     calls = [sample_call("launch_add", 100, block) for block in (16, 32, 64, 128)]
     jobs = trace_calls(calls, sm90, "sample", (SAMPLE_MODULE,)).jobs
     assert len(jobs) == 4
@@ -149,6 +148,24 @@ def test_jobs_handed_over_while_the_workers_start_are_collected_not_compiled_aga
     with CompilePool(cache_layout, max_workers=2) as pool:
         assert [outcome.status for outcome in pool.compile(jobs)] == ["cached"] * 4
         assert not pool.started
+
+
+def test_jobs_taken_back_while_the_workers_start_never_compile(cache_layout, sm90):
+    """A warm takes back what a family handed over before its trace failed: held while the workers
+    start, those jobs are never scheduled; the rest compile."""
+    calls = [sample_call("launch_add", 100, block) for block in (16, 32, 64, 128)]
+    jobs = trace_calls(calls, sm90, "sample", (SAMPLE_MODULE,)).jobs
+    with CompilePool(cache_layout, max_workers=2, preload_modules=(SAMPLE_MODULE,)) as pool:
+        pool.start()
+        pool.submit(jobs)
+        pool.cancel([job.key for job in jobs[2:]])
+        outcomes = pool.compile(jobs[:2])
+        # The workers are idle now: a job still handed over would compile within these seconds.
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and not any(is_compiled(cache_layout, job.key) for job in jobs[2:]):
+            time.sleep(0.2)
+    assert [outcome.status for outcome in outcomes] == ["compiled"] * 2
+    assert [is_compiled(cache_layout, job.key) for job in jobs] == [True, True, False, False]
 
 
 def test_a_plan_hands_jobs_over_while_each_family_traces(gfx942):

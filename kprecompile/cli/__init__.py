@@ -168,28 +168,32 @@ def main(argv: list[str] | None = None) -> None:
 
 def run() -> None:
     """The process's entry point (`kprecompile`, `python -m kprecompile`): `main`, then the
-    process ends as soon as the command has: exit handlers run and the streams are flushed, but
-    the interpreter does not tear down the modules it imported, which takes a second or more
-    once torch and Triton are imported (and does nothing a finished command needs: every file is
-    written and closed by then). `main` itself stays a function that returns, for callers that
-    go on."""
+    process ends as soon as the command has, as Python ends it (other threads joined, exit
+    handlers run, streams flushed) but without tearing down the modules it imported, which takes
+    a second or more once torch and Triton are imported. kprecompile closes every file it writes
+    before its command returns. `main` itself stays a function that returns, for callers that go
+    on."""
     try:
         main()
         status: object = ExitStatus.SUCCESS
     except SystemExit as exit_:
         status = exit_.code
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
     if status is None:
         status = ExitStatus.SUCCESS
     elif not isinstance(status, int):  # what `sys.exit("message")` would do
         print(status, file=sys.stderr)
         status = ExitStatus.FAILURE
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
+    try:
+        # What the interpreter's own end does first: threading's exit hooks (executors' workers
+        # stop), then every non-daemon thread joined.
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    except KeyboardInterrupt:
+        status = ExitStatus.INTERRUPTED
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
-            stream.flush()
+            if stream is not None:
+                stream.flush()
         except (OSError, ValueError):  # a closed pipe (`| head`): what was not read is lost either way
             pass
     os._exit(int(status))

@@ -64,7 +64,7 @@ def trace_calls(
     `triton_key` is Triton's `triton_key()` when the caller has it remembered. `on_jobs` is
     handed the kernels each step found first, after the step (a warm's workers compile them
     while the trace goes on); what forked processes found comes with the result alone. A trace
-    that fails later has handed over what it found before.
+    that fails later has handed over what it found before (a warm takes it back).
     """
     from .forked import processes_for, run_split
 

@@ -210,7 +210,8 @@ def plan(
     the plan lacks its kernels; the rest is planned). `layout` is where Triton's toolchain key is remembered
     between runs. `on_jobs` is handed jobs as they are traced, each step's (a warm's workers compile
     them while the trace goes on), then each family's again with those forked processes found (a key
-    can come twice: the receiver keeps the first). A family that fails has handed over what it traced before failing.
+    can come twice: the receiver keeps the first). A family that fails has handed over what it
+    traced before failing (a warm takes it back: `CompilePool.cancel`).
     """
     imports_started = time.perf_counter()
     model, serving, selection, targets = request.model, request.serving, request.selection, request.targets

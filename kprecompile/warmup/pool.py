@@ -222,6 +222,16 @@ class CompilePool:
             for job, layout in new:
                 self._schedule(job, layout)
 
+    def cancel(self, keys: Sequence[str]) -> None:
+        """Take back jobs handed over that are no longer wanted (a family whose trace failed after
+        its first steps were handed over): those not started never run, a running one's worker is
+        stopped and replaced (pebble), and a later `submit` may hand the key over again."""
+        with self._lock:
+            taken = [self._submitted.pop(key) for key in keys if key in self._submitted]
+        for _, _, future in taken:
+            if future is not None:
+                future.cancel()
+
     def _schedule(self, job: CompileJob, layout: CacheLayout) -> None:
         try:
             future = self._pool.schedule(compile_job, args=(job, layout), timeout=self.job_timeout_seconds)

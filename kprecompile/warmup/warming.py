@@ -389,9 +389,20 @@ class _WarmRun:
             self.progress.status(f"{request.model.name} on {target.name}", "tracing the engine's calls")
         # Ranks split the job list between them (`_compile`), which a stream would not.
         streaming = self.pool is not None and self.pool.started and not damaged and self.ranks == 1
+        handed: list[str] = []
+
+        def hand_over(jobs: tuple[CompileJob, ...]) -> None:
+            handed.extend(job.key for job in jobs)
+            self.pool.submit(jobs)
+
         target_plan = plan(
-            request.on(target), shapes=self.shapes, layout=self.layout, on_jobs=self.pool.submit if streaming else None
+            request.on(target), shapes=self.shapes, layout=self.layout, on_jobs=hand_over if streaming else None
         )
+        # What a family handed over before its trace failed (or found it cannot run here) is not
+        # the plan's: never compiled, nor waited for.
+        planned = {job.key for job in target_plan.jobs}
+        if self.pool is not None:
+            self.pool.cancel([key for key in dict.fromkeys(handed) if key not in planned])
         self.trace_seconds += target_plan.trace_seconds
         return target_plan.jobs, list(target_plan.families)
 
@@ -439,12 +450,13 @@ class _WarmRun:
         keys = [job.key for job in jobs]
         started = time.perf_counter()
         before, identities = entries_stats(self.layout, keys)
+        taken = {key: entry for key in keys if (entry := self.hashed.get(key)) is not None and entry.holds(identities)}
         manifest = Manifest(
             lookup.key,
             lookup.parts,
             tuple(family.as_dict() for family in families),
             jobs,
-            record_artifacts(self.layout, jobs, self.hashed, identities),
+            record_artifacts(self.layout, jobs, taken, identities),
             {"name": model.name, "source": model.source},
             replayed.outcomes if replayed else {},
         )
@@ -458,7 +470,7 @@ class _WarmRun:
         logger.info(
             "manifest of %d kernels (every file hashed, %d as it compiled) written in %.2f s",
             len(jobs),
-            sum(job.key in self.hashed for job in jobs),
+            len(taken),
             time.perf_counter() - started,
         )
 
