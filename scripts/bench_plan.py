@@ -61,6 +61,8 @@ from kprecompile.tracing.libraries import import_library_module
 with active_target(TARGETS[sys.argv[2]]):
     import_library_module(sys.argv[3])
     import_library_module("vllm.engine.arg_utils")
+import os
+os._exit(0)  # as `kprecompile` ends (`cli.run`): the interpreter's teardown is not importing
 """
 
 
