@@ -198,7 +198,7 @@ def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are
     hashed_now = []
     original = entries.sha256_file
     monkeypatch.setattr(entries, "sha256_file", lambda path: hashed_now.append(str(path)) or original(path))
-    recorded = manifest.record_artifacts(layout, jobs, early, identities)
+    recorded = manifest.record_artifacts(layout, jobs, entries.still_true(early, identities))
     # The kept entry's early hash is taken, not hashed again; the rewritten one is hashed again.
     assert not [path for path in hashed_now if path in early[kept.key].identities]
     assert str(binary) in hashed_now

@@ -5,10 +5,12 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from .checked import stat_identity
 from .files import sha256_file
 from .layout import GROUP_PREFIX, Bucket, CacheLayout, triton_entry_name
 
@@ -124,12 +126,16 @@ class HashedEntry:
         return all(identities.get(path) == identity for path, identity in self.identities.items())
 
 
+def still_true(hashed: Mapping[str, HashedEntry], identities: dict[str, tuple[int, ...]]) -> dict[str, dict]:
+    """The digests of the entries of `hashed` whose files all still have the identities they had
+    when hashed (`identities`: every file's now, `checked.entries_stats`), by key."""
+    return {key: entry.digests for key, entry in hashed.items() if entry.holds(identities)}
+
+
 def hashed_entry(layout: CacheLayout, key: str) -> HashedEntry | None:
     """The entry for `key` hashed now (a warm hashes each as its kernel compiles, beside the
     workers, instead of all of them after the last); None where it is incomplete or a file
     changed while it was hashed."""
-    from .checked import stat_identity
-
     files = compiled_files(layout, key)
     if files is None:
         return None

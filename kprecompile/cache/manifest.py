@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .checked import manifest_checked_before
-from .entries import EntryProblem, HashedEntry, artifact_digests, entry_problem
+from .entries import EntryProblem, artifact_digests, entry_problem
 from .files import write_atomic
 from .jobs import CompileJob
 from .keys import hash_named_dict
@@ -242,19 +242,9 @@ def job_problems(layout: CacheLayout, manifest: Manifest, deep: bool) -> list[tu
 
 
 def record_artifacts(
-    layout: CacheLayout,
-    jobs: tuple[CompileJob, ...],
-    hashed: Mapping[str, HashedEntry] | None = None,
-    identities: dict[str, tuple[int, ...]] | None = None,
+    layout: CacheLayout, jobs: tuple[CompileJob, ...], known: Mapping[str, dict[str, dict[str, Any]]] | None = None
 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """Sizes and checksums of every job's cache entry, for the manifest. An entry in `hashed`
-    (hashed earlier) is taken as it was hashed where each of its files still has the identity it
-    had then (`identities`: every file's now, `checked.entries_stats`); any other is hashed now."""
-    records = {}
-    for job in jobs:
-        early = (hashed or {}).get(job.key)
-        if early is not None and identities is not None and early.holds(identities):
-            records[job.key] = early.digests
-        else:
-            records[job.key] = artifact_digests(layout, job.key) or {}
-    return records
+    """Sizes and checksums of every job's cache entry, for the manifest: `known`'s where it has
+    the key (hashed earlier and still true: `entries.still_true`), else hashed now."""
+    known = known or {}
+    return {job.key: known[job.key] if job.key in known else artifact_digests(layout, job.key) or {} for job in jobs}

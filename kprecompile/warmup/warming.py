@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..cache.checked import checked_before, entries_digest, entries_stats, remember_checked
-from ..cache.entries import HashedEntry, driver_module_problem, has_entries, hashed_entry, remove_entry
+from ..cache.entries import HashedEntry, driver_module_problem, has_entries, hashed_entry, remove_entry, still_true
 from ..cache.jobs import CompileJob
 from ..cache.layout import CacheLayout
 from ..cache.manifest import Manifest, job_problems, record_artifacts, write_manifest
@@ -450,13 +450,13 @@ class _WarmRun:
         keys = [job.key for job in jobs]
         started = time.perf_counter()
         before, identities = entries_stats(self.layout, keys)
-        taken = {key: entry for key in keys if (entry := self.hashed.get(key)) is not None and entry.holds(identities)}
+        taken = still_true({key: self.hashed[key] for key in keys if key in self.hashed}, identities)
         manifest = Manifest(
             lookup.key,
             lookup.parts,
             tuple(family.as_dict() for family in families),
             jobs,
-            record_artifacts(self.layout, jobs, taken, identities),
+            record_artifacts(self.layout, jobs, taken),
             {"name": model.name, "source": model.source},
             replayed.outcomes if replayed else {},
         )
