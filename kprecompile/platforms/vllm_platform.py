@@ -192,6 +192,19 @@ def use_target_platform(target: Target) -> None:
         setattr(platform, _TARGET_MARK, target.name)
 
 
+def target_platform_in_place(target: Target) -> bool:
+    """Whether `use_target_platform(target)` has nothing left to do: vLLM's current platform is
+    the target's stand-in and its `triton_utils` hold the real Triton."""
+    platforms = sys.modules.get("vllm.platforms")
+    importing = sys.modules.get("vllm.triton_utils.importing")
+    return (
+        platforms is not None
+        and importing is not None
+        and bool(getattr(importing, "HAS_TRITON", False))
+        and getattr(platforms.__dict__.get("_current_platform"), _TARGET_MARK, None) == target.name
+    )
+
+
 def quiet_vllm_logging() -> None:
     """kprecompile's stdout carries its data (`--json`); vLLM logs to stdout, and on a builder
     without a GPU it warns about every GPU extension it cannot load. Before vLLM configures its

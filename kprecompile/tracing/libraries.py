@@ -277,12 +277,18 @@ def _import_vllm_module(name: str) -> ModuleType:
     target = cross_compile_target()
     if target is None:
         return importlib.import_module(name)
+    from ..platforms.vllm_platform import target_imports, target_platform_in_place
+
+    # A trace's steps ask for modules imported already, hundreds of times: where the platform is
+    # in place (and the module is not still being imported), nothing would be imported or set.
+    module = sys.modules.get(name)
+    spec = getattr(module, "__spec__", None)
+    if module is not None and not getattr(spec, "_initializing", False) and target_platform_in_place(target):
+        return module
     if importlib.util.find_spec(VLLM_PACKAGE) is None:
         raise LibraryUnavailableError(
             VLLM_DISTRIBUTION, "kprecompile engine install vllm==VERSION, then --vllm-version VERSION"
         )
-    from ..platforms.vllm_platform import target_imports
-
     with target_imports(target):
         installed_aiter_without_hip()
         return importlib.import_module(name)
