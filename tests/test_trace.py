@@ -179,3 +179,28 @@ def test_a_wrapper_aiter_makes_a_torch_operator_is_traced_through_its_own_body()
     control: the module imported outside a trace is the operator, and nothing is traced."""
     document, _ = run_test_script("guarded_trace.py")
     assert document == {"through_the_body": ["add_kernel"], "as_the_operator": []}
+
+
+def test_a_split_trace_keeps_each_group_of_steps_in_one_process():
+    """A family's steps in storage-major order (a request mix's steps 20 apart, as
+    ROCM_AITER_FA's KV-cache storage classes are): dealt over 2 and 3 processes by group, each
+    mix's steps land in one share, every step once, in order, the shares within a group of each
+    other. Control: dealt step by step, as without groups, some mix is split over two shares."""
+    from kprecompile.tracing.forked import shares_of
+
+    mixes = 20
+    steps = list(range(1, 2 * mixes))  # the trace's first step ran before the split
+    groups = [step % mixes for step in range(2 * mixes)]
+    for processes in (2, 3):
+        shares = shares_of(steps, processes, groups)
+        assert sorted(step for share in shares for step in share) == steps
+        assert all(share == sorted(share) for share in shares)
+        for share in shares:
+            others = {step for other in shares if other is not share for step in other}
+            assert not {groups[step] for step in share} & {groups[step] for step in others}
+        assert max(map(len, shares)) - min(map(len, shares)) <= 2
+    dealt = shares_of(steps, 3)
+    assert any(
+        len({index for index, share in enumerate(dealt) if step in share or step + mixes in share}) > 1
+        for step in range(1, mixes)
+    )

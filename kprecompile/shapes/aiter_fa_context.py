@@ -21,6 +21,7 @@ from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
 from ..tracing.libraries import VLLM_DISTRIBUTION, import_library_module
 from ..tracing.prebuilt import aiter_attention_prebuilt, compiled_ops_skipped
+from ..tracing.trace import active_capture
 from ..vllm.releases import ReleaseLine
 from ._paged_kv import (
     KV_CACHE_STORAGE_CLASSES,
@@ -222,6 +223,11 @@ def _enumerate_engine_steps(model: ModelConfig, serving: ServingParams, line: Re
     )
 
 
+def _request_mix(shape: ExtendStep) -> ExtendStep:
+    """The step but for its KV-cache storage class: what vLLM's metadata builder sees of it."""
+    return replace(shape, kv_cache_storage=KV_CACHE_STORAGE_CLASSES[0])
+
+
 def describe_shapes(shapes: tuple[ExtendStep, ...]) -> dict[str, object]:
     decodes = {shape for shape in shapes if max(shape.query_lens) == 1}
     steps = "prefills with cached context" + (", decodes" if decodes else "")
@@ -348,16 +354,23 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     meta = torch.device("meta")
     dtype = getattr(torch, shape.dtype)
     refresh_switches()
-    vllm_config = engine_config(shape.config_json, shape.serving, target)
     backend = module.AiterFlashAttentionBackend
-    with set_current_vllm_config(vllm_config), _attention_layer(vllm_config, shape, backend) as layer:
-        spec = layer.get_kv_cache_spec(vllm_config)
-        builder = backend.get_builder_cls()(spec, [LAYER_NAME], vllm_config, meta)
-        common, host_values = common_attention_metadata(
-            list(shape.query_lens), list(shape.context_lens), shape.max_blocks_per_seq
-        )
-        with unpinned_host_memory(), host_copies(host_values):
-            metadata = builder.build(common_prefix_len=0, common_attn_metadata=common)
+    # The builder never sees the KV cache: a request mix's layer and metadata serve each of its
+    # storage classes (its steps are one group, `_request_mix`).
+    capture = active_capture()
+    shared = capture.shared if capture is not None else {}
+    mix = (FAMILY.name, _request_mix(shape))
+    if mix not in shared:
+        vllm_config = engine_config(shape.config_json, shape.serving, target)
+        with set_current_vllm_config(vllm_config), _attention_layer(vllm_config, shape, backend) as layer:
+            spec = layer.get_kv_cache_spec(vllm_config)
+            builder = backend.get_builder_cls()(spec, [LAYER_NAME], vllm_config, meta)
+            common, host_values = common_attention_metadata(
+                list(shape.query_lens), list(shape.context_lens), shape.max_blocks_per_seq
+            )
+            with unpinned_host_memory(), host_copies(host_values):
+                shared[mix] = layer, builder.build(common_prefix_len=0, common_attn_metadata=common)
+    layer, metadata = shared[mix]
     element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
     element = torch.empty((), dtype=element_type, device=meta).element_size()
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element
@@ -390,4 +403,5 @@ FAMILY = KernelFamily(
     describe_call=describe_call,
     launch=launch,
     limits=limits,
+    step_group=_request_mix,
 )

@@ -13,7 +13,7 @@ reads the line's record, never the installed vLLM's version.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar
 
@@ -65,6 +65,10 @@ class KernelFamily(Generic[ShapeT]):
     launch: Callable[[ShapeT, Target], None]
     # Why the family does not run under these settings on this target in the planned release line, or None.
     limits: Callable[[ModelConfig, ServingParams, Target, ReleaseLine | None], str | None]
+    # What a step shares with others of its trace (`Capture.shared`: vLLM's layer and metadata
+    # for a request mix, which each KV-cache storage class of the mix runs): a trace split over
+    # processes keeps each group in one (None: every step alone).
+    step_group: Callable[[ShapeT], Hashable] | None = None
 
     def skip_reason(
         self, model: ModelConfig, serving: ServingParams, target: Target, line: ReleaseLine | None
@@ -76,3 +80,7 @@ class KernelFamily(Generic[ShapeT]):
     def calls(self, shapes: tuple[ShapeT, ...], target: Target) -> list[tuple[str, Callable[[], None]]]:
         """(label, call) pairs for tracing."""
         return [(self.describe_call(shape), lambda shape=shape: self.launch(shape, target)) for shape in shapes]
+
+    def groups(self, shapes: tuple[ShapeT, ...]) -> list[Hashable] | None:
+        """Each shape's `step_group`, for `trace_calls`."""
+        return None if self.step_group is None else [self.step_group(shape) for shape in shapes]

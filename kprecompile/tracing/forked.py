@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from ..inputs import settings
 
@@ -39,11 +39,13 @@ def run_split(
     processes: int,
     run: Callable[[Sequence[int]], None],
     captured_since: Callable[[Sequence[int]], list],
+    groups: Sequence[Hashable] | None = None,
 ) -> list:
     """Run `steps` over `processes` processes: this one runs the first share with `run`, each
     forked one another share, returning `captured_since(its share)`. Returns what the forked
-    ones captured; shares whose process failed are run here again."""
-    shares = [list(steps[index::processes]) for index in range(processes)]
+    ones captured; shares whose process failed are run here again. `groups[step]` is the step's
+    group (see `shares`)."""
+    shares = shares_of(steps, processes, groups)
     children: list[tuple[int, int]] = []
     try:
         for share in shares[1:]:
@@ -63,6 +65,20 @@ def run_split(
         else:
             found.extend(result)
     return found
+
+
+def shares_of(steps: Sequence[int], processes: int, groups: Sequence[Hashable] | None = None) -> list[list[int]]:
+    """`steps` dealt over `processes` shares, each in order: step by step in turn (neighbours
+    cost alike, so the shares do), or, with `groups`, group by group in the order each group
+    first comes, so that a group's steps share in one process what they build once."""
+    shares: list[list[int]] = [[] for _ in range(processes)]
+    share_of: dict[Hashable, int] = {}
+    for position, step in enumerate(steps):
+        if groups is None:
+            shares[position % processes].append(step)
+        else:
+            shares[share_of.setdefault(groups[step], len(share_of) % processes)].append(step)
+    return shares
 
 
 def _collected(pid: int, read: int) -> list | None:

@@ -21,7 +21,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +55,7 @@ def trace_calls(
     fresh_modules: tuple[str, ...] = (),
     triton_key: str | None = None,
     on_jobs: Callable[[tuple[CompileJob, ...]], None] | None = None,
+    groups: Sequence[Hashable] | None = None,
 ) -> TraceResult:
     """Run `calls` (label, function) under `target` and collect the kernels they would compile.
 
@@ -64,7 +65,9 @@ def trace_calls(
     `triton_key` is Triton's `triton_key()` when the caller has it remembered. `on_jobs` is
     handed the kernels each step found first, after the step (a warm's workers compile them
     while the trace goes on); what forked processes found comes with the result alone. A trace
-    that fails later has handed over what it found before (a warm takes it back).
+    that fails later has handed over what it found before (a warm takes it back). `groups` gives
+    each call's group (`KernelFamily.step_group`): a split trace runs a group's calls in one
+    process, where they share what `Capture.shared` holds.
     """
     from .forked import processes_for, run_split
 
@@ -91,7 +94,7 @@ def trace_calls(
         rest = range(1, len(calls))
         processes = processes_for(len(rest))
         if processes > 1:
-            capture.add_found(run_split(rest, processes, run, capture.captured_in))
+            capture.add_found(run_split(rest, processes, run, capture.captured_in, groups))
         else:
             run(rest)
     jobs = capture.jobs(family)
@@ -128,6 +131,9 @@ class Capture:
         # What a family's step does once per capture (a merge's widening to every token count):
         # every later step finds its kernels captured already.
         self.done: set[object] = set()
+        # What a family's steps build once and share (`KernelFamily.step_group`), by the
+        # family's own key; objects of the libraries as imported for this capture's target.
+        self.shared: dict[Hashable, Any] = {}
 
     def hook(self, *, key, repr, fn, compile, is_manual_warmup, already_compiled):  # noqa: A002
         data = compile["specialization_data"]

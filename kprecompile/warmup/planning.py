@@ -150,7 +150,9 @@ def plan_family(
         return FamilyPlan(name, target.name, len(shapes), 0, parameters, skip_reason, backend), ()
     try:
         with engine_environment(engine):
-            result = trace_calls(family.calls(shapes, target), target, name, family.traced_modules, triton_key, on_jobs)
+            calls = family.calls(shapes, target)
+            groups = family.groups(shapes)
+            result = trace_calls(calls, target, name, family.traced_modules, triton_key, on_jobs, groups)
     except TracingError as error:
         cause = error.__cause__
         if isinstance(cause, InputError):

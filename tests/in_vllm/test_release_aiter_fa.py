@@ -19,7 +19,8 @@ from kprecompile.errors import InputError
 from kprecompile.inputs.serving import ServingParams
 from kprecompile.inputs.targets import TARGETS
 from kprecompile.selection.request import resolve_requests
-from kprecompile.shapes import FAMILIES
+from kprecompile.shapes import FAMILIES, aiter_fa_context
+from kprecompile.shapes._paged_kv import KV_CACHE_STORAGE_CLASSES
 from kprecompile.shapes.aiter_fa_context import BACKEND_MODULE as AITER_FA_MODULE
 from kprecompile.tracing.trace import trace_calls
 from kprecompile.vllm.releases import release_line
@@ -138,3 +139,34 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
         collapsed = [replace(layer, sliding_window=layers[0].sliding_window) for layer in layers]
         without, _ = engine_steps.planned(request.model, SERVING, "ROCM_AITER_FA", GFX942, collapsed)
         assert bool(swept.keys - without) == since(release, "0.12"), len(swept.keys - without)
+
+
+@pytest.mark.vllm
+@pytest.mark.compiles
+@pytest.mark.slow
+@pytest.mark.vllm_process("aiter-fa")
+def test_each_request_mix_is_built_once_for_every_kv_cache_storage_class(release, monkeypatch):
+    """Up to 0.18 the backend's metadata builder never sees the KV cache: Llama's plan builds each
+    request mix's metadata once and runs the impl's forward on it in each storage class, with the
+    keys that steps building their own give (each class traced alone). Control: traced alone,
+    each class builds once per step. From 0.19 (engine steps) every step builds its own."""
+    if _lacking_aiter_is_planned_as_such("llama-3.1-8b-instruct"):
+        return
+    monkeypatch.setenv("KPRECOMPILE_TRACE_WORKERS", "1")  # every build counted in this process
+    built = []
+    build = aiter_fa_context.common_attention_metadata
+    monkeypatch.setattr(aiter_fa_context, "common_attention_metadata", lambda *args: built.append(args) or build(*args))
+    request = _request("llama-3.1-8b-instruct")
+    [shapes] = planned_shapes(request.model, SERVING, request.selection).values()
+    mixes = {aiter_fa_context._request_mix(shape) for shape in shapes}
+    assert len(shapes) == len(KV_CACHE_STORAGE_CLASSES) * len(mixes) > 0
+    together = _keys(shapes)
+    shared = release_line(release).tracing != "engine_step"
+    assert len(built) == (len(mixes) if shared else len(shapes)), len(built)
+    alone: set[str] = set()
+    for storage in KV_CACHE_STORAGE_CLASSES:
+        built.clear()
+        steps = [shape for shape in shapes if shape.kv_cache_storage == storage]
+        alone |= _keys(steps)
+        assert len(built) == len(steps)
+    assert together == alone and together
