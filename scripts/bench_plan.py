@@ -2,11 +2,12 @@
 """`plan` with vLLM against the cost of importing the vLLM modules it needs, side by side.
 
 For each case, alternating in fresh processes: importing what the plan needs (torch, Triton,
-kprecompile, vLLM's engine arguments and the backend's module under the target's platform, as
-the plan's first step imports it), then `kprecompile plan` on a new cache (the first: vLLM's
-selector asked in a process of its own) and again on that cache (the selector's answer
-remembered), the trace split over the CPUs (the default) and in one process
-(KPRECOMPILE_TRACE_WORKERS=1). Prints medians and each plan's ratio to the import.
+kprecompile, vLLM's engine arguments, the backend's module, vLLM's model loader and the module of
+the model's class, under the target's platform: the plan builds the model's layers with vLLM's
+own classes, then traces the backend), then `kprecompile plan` on a new cache (the first: vLLM
+builds the layers and selects the backend in the plan's process, and the answers are
+remembered) and again on that cache, the trace split over the CPUs (the default) and in one
+process (KPRECOMPILE_TRACE_WORKERS=1). Prints medians and each plan's ratio to the import.
 
     python scripts/bench_plan.py [--runs 3] [--vllm-version 0.12.0] [--cases llama-aiter-fa,r1,v2-lite]
 
@@ -30,23 +31,27 @@ CASES = {
         ["--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--attention-backend", "ROCM_AITER_FA"],
         "gfx942",
         "vllm.v1.attention.backends.rocm_aiter_fa",
+        "vllm.model_executor.models.llama",
     ),
     "llama-triton-attn": (
         ["--model", "llama-3.1-8b-instruct", "--target", "gfx942", "--engine", "vllm"]
         + ["--attention-backend", "TRITON_ATTN", "--max-model-len", "32768"],
         "gfx942",
         "vllm.v1.attention.backends.triton_attn",
+        "vllm.model_executor.models.llama",
     ),
     "r1": (
         ["--model", "deepseek-r1", "--tp", "8", "--target", "gfx942"],
         "gfx942",
         "vllm.v1.attention.backends.mla.rocm_aiter_mla",
+        "vllm.model_executor.models.deepseek_v2",
     ),
     "v2-lite": (
         ["--model", "deepseek-v2-lite", "--engine", "vllm", "--attention-backend", "TRITON_MLA", "--target", "gfx942"]
         + ["--max-model-len", "8192", "--max-num-seqs", "64"],
         "gfx942",
         "vllm.v1.attention.backends.mla.triton_mla",
+        "vllm.model_executor.models.deepseek_v2",
     ),
 }
 
@@ -61,6 +66,8 @@ from kprecompile.tracing.libraries import import_library_module
 with active_target(TARGETS[sys.argv[2]]):
     import_library_module(sys.argv[3])
     import_library_module("vllm.engine.arg_utils")
+    import_library_module("vllm.model_executor.model_loader.utils")
+    import_library_module(sys.argv[4])
 import os
 os._exit(0)  # as `kprecompile` ends (`cli.run`): the interpreter's teardown is not importing
 """
@@ -86,12 +93,12 @@ def main() -> None:
     one = {**env, "KPRECOMPILE_TRACE_WORKERS": "1"}
     with tempfile.TemporaryDirectory(prefix="bench-plan-") as scratch:
         for name in arguments.cases.split(","):
-            args, target, module = CASES[name]
+            args, target, module, model_module = CASES[name]
             times: dict[str, list[float]] = {"import": [], "first": [], "again": [], "again, one process": []}
             for run in range(arguments.runs):
                 cache = Path(scratch) / f"{name}-{run}"
                 plan = [sys.executable, "-m", "kprecompile", "plan", *args, *version, "--cache-dir", str(cache)]
-                importing = [sys.executable, "-c", IMPORT, arguments.vllm_version or "-", target, module]
+                importing = [sys.executable, "-c", IMPORT, arguments.vllm_version or "-", target, module, model_module]
                 times["import"].append(timed(importing, env))
                 times["first"].append(timed(plan, env))
                 times["again"].append(timed(plan, env))
