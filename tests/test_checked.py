@@ -209,6 +209,34 @@ def test_entries_hashed_as_they_compiled_are_recorded_only_while_their_files_are
     assert now[binary.name]["sha256"] != early[changed.key].digests[binary.name]["sha256"]
 
 
+def test_an_entry_whose_group_file_names_another_file_since_it_was_hashed_is_hashed_again(warm_copy):
+    """An entry's group file rewritten after the early hash (Triton's write: a new file beside,
+    the group file replaced to name it too) leaves every file hashed as it was: the early hash no
+    longer holds, and the manifest records the file it lacked. Control: the untouched entry's does."""
+    from kprecompile.cache.checked import entries_stats
+
+    layout = warm_copy
+    jobs = baked_manifest(layout, GFX942).manifest.jobs[:2]
+    early = {job.key: entries.hashed_entry(layout, job.key) for job in jobs}
+    kept, changed = jobs
+    [group] = layout.triton_entry(changed.key).glob(entries.GROUP_PREFIX + "*")
+    added = group.parent / "extra.json"
+    added.write_text("{}")
+    document = json.loads(group.read_text())
+    document["child_paths"]["extra.json"] = str(added)
+    replacement = group.with_name(group.name + ".tmp")
+    replacement.write_text(json.dumps(document))
+    os.replace(replacement, group)
+    _, identities = entries_stats(layout, [job.key for job in jobs])
+    assert all(
+        identities[path] == identity for path, identity in early[changed.key].identities.items() if path != str(group)
+    )
+    holding = entries.still_true(early, identities)
+    assert kept.key in holding and changed.key not in holding
+    recorded = manifest.record_artifacts(layout, jobs, holding)
+    assert "extra.json" in recorded[changed.key] and "extra.json" not in early[changed.key].digests
+
+
 @pytest.mark.compiles
 def test_a_cold_warm_hashes_each_entry_as_its_kernel_compiles(tmp_path, caplog):
     import logging

@@ -69,10 +69,15 @@ def group_file(entry: Path) -> Path | None:
         return None
 
 
-def _entry_files(entry: Path) -> list[Path] | None:
-    group = group_file(entry)
-    children = group_children(entry, group.name) if group is not None else None
-    return [Path(path) for path in children.values()] if children else None
+def _complete_entry(layout: CacheLayout, key: str) -> tuple[Path, list[Path]] | None:
+    """The group file of a complete entry for `key` in any of the layout's roots and the files it
+    names, or None (see `compiled_files`)."""
+    for entry in layout.triton_entries(key):
+        group = group_file(entry)
+        children = group_children(entry, group.name) if group is not None else None
+        if children:
+            return group, [Path(path) for path in children.values()]
+    return None
 
 
 def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
@@ -81,11 +86,8 @@ def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
     The entry is complete when its group file exists and every file it names is there, in the
     entry's own directory (so that a cache that moved is still read).
     """
-    for entry in layout.triton_entries(key):
-        files = _entry_files(entry)
-        if files is not None:
-            return files
-    return None
+    complete = _complete_entry(layout, key)
+    return None if complete is None else complete[1]
 
 
 def has_entries(layout: CacheLayout) -> bool:
@@ -115,8 +117,9 @@ def artifact_digests(layout: CacheLayout, key: str) -> dict[str, dict[str, objec
 @dataclass(frozen=True)
 class HashedEntry:
     """An entry's `artifact_digests`, with the stat identity (`checked.stat_identity`) each of its
-    files had before and after it was hashed, by path: the digests hold for as long as the files
-    keep those identities (any write changes one)."""
+    files and its group file had before and after it was hashed, by path: the digests hold for as
+    long as those keep their identities (any write changes one; a group file naming other files
+    is a write)."""
 
     digests: dict[str, dict[str, object]]
     identities: dict[str, tuple[int, ...]]
@@ -136,18 +139,20 @@ def hashed_entry(layout: CacheLayout, key: str) -> HashedEntry | None:
     """The entry for `key` hashed now (a warm hashes each as its kernel compiles, beside the
     workers, instead of all of them after the last); None where it is incomplete or a file
     changed while it was hashed."""
-    files = compiled_files(layout, key)
-    if files is None:
+    complete = _complete_entry(layout, key)
+    if complete is None:
         return None
+    group, files = complete
     files = sorted(files)
-    before = [stat_identity(os.stat(path, follow_symlinks=False)) for path in files]
+    stated = [group, *files]
+    before = [stat_identity(os.stat(path, follow_symlinks=False)) for path in stated]
     digests = {
         path.name: {"sha256": sha256_file(path), "size": identity[3]}
-        for path, identity in zip(files, before, strict=True)
+        for path, identity in zip(files, before[1:], strict=True)
     }
-    if [stat_identity(os.stat(path, follow_symlinks=False)) for path in files] != before:
+    if [stat_identity(os.stat(path, follow_symlinks=False)) for path in stated] != before:
         return None
-    return HashedEntry(digests, {str(path): identity for path, identity in zip(files, before, strict=True)})
+    return HashedEntry(digests, {str(path): identity for path, identity in zip(stated, before, strict=True)})
 
 
 @functools.lru_cache(maxsize=64)
