@@ -100,3 +100,41 @@ def test_the_registry_has_one_module_per_family_name():
     for name, family in FAMILIES.items():
         assert family.name == name
         assert family.enumerate_shapes.__module__ == f"kprecompile.shapes.{name}"
+
+
+def test_block_fp8_linear_plans_kv_b_proj_only_where_some_layer_holds_it_in_fp8(tmp_path):
+    """DeepSeek-R1's FP8 checkpoint left unchanged plans kv_b_proj's GEMM; one whose quantization
+    leaves kv_b_proj out of every layer (by module, by name, by pattern) plans none for it, and
+    the other layers stay. Controls: left out of layer 0 alone it stays (the other 60 layers run
+    the GEMM); where vLLM's build of the layers says bf16 it goes, FP8 it stays."""
+    import dataclasses
+    import json
+
+    from kprecompile.inputs.layers import config_layers
+    from kprecompile.shapes.block_fp8_linear import enumerate_block_fp8_linear
+
+    base = json.loads(load_model("deepseek-r1").config_json)
+    quantization = base["quantization_config"]
+    every = [f"model.layers.{index}.self_attn.kv_b_proj" for index in range(base["num_hidden_layers"])]
+    serving = ServingParams(tensor_parallel_size=8, max_num_seqs=64, max_num_batched_tokens=256)
+
+    def layers(left_out: dict | None = None, built: str | None = None) -> set[str]:
+        path = tmp_path / "config.json"
+        path.write_text(json.dumps({**base, "quantization_config": {**quantization, **(left_out or {})}}))
+        model = load_model(str(path))
+        if built is not None:
+            [layer] = config_layers(model, serving)
+            model = dataclasses.replace(model, attention_layers=(dataclasses.replace(layer, kv_b_proj_dtype=built),))
+        return {shape.layer for shape in enumerate_block_fp8_linear(model, serving, LINE)}
+
+    planned = layers()
+    assert "kv_b_proj" in planned and len(planned) > 1
+    for left_out in (
+        {"ignored_layers": every},
+        {"modules_to_not_convert": ["kv_b_proj", "lm_head"]},
+        {"ignored_layers": ["re:model\\.layers\\.\\d+\\.self_attn\\.kv_b_proj"]},
+    ):
+        assert layers(left_out) == planned - {"kv_b_proj"}, left_out
+    assert layers({"ignored_layers": every[:1]}) == planned
+    assert layers(built="bfloat16") == planned - {"kv_b_proj"}
+    assert layers(built="float8_e4m3fn") == planned

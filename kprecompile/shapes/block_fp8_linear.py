@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ModelConfigError
+from ..inputs.layers import UNQUANTIZED_LISTS
 from ..inputs.models import FieldReader, ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
@@ -157,6 +159,38 @@ def linear_layers(model: ModelConfig, tp: int) -> tuple[_Layer, ...]:
     return tuple(layers)
 
 
+def kv_b_proj_in_fp8(model: ModelConfig) -> bool:
+    """Whether some layer holds MLA's kv_b_proj in FP8, so that its block-FP8 GEMM runs: as
+    vLLM's build of the layers says where it built them, else unless the checkpoint's
+    quantization leaves it out of every layer (a layer left out takes vLLM's unquantized GEMM)."""
+    built = {layer.kv_b_proj_dtype for layer in model.attention_layers if layer.mla} - {""}
+    if built:
+        return any(dtype.startswith("float8") for dtype in built)
+    quantization = model.quantization or {}
+    listed = [
+        entry
+        for name in UNQUANTIZED_LISTS
+        if isinstance(quantization.get(name), list)
+        for entry in quantization[name]
+        if isinstance(entry, str)
+    ]
+    return not all(_left_out(f"model.layers.{index}.self_attn.kv_b_proj", listed) for index in range(model.num_layers))
+
+
+def _left_out(prefix: str, listed: list[str]) -> bool:
+    """Whether a checkpoint's list of unquantized modules names `prefix`: the module itself, a
+    name it ends with (`kv_b_proj`, as HF's `modules_to_not_convert` gives it) or a pattern
+    (`re:...`, Quark's and compressed-tensors')."""
+    for entry in listed:
+        if entry.startswith("re:"):
+            with contextlib.suppress(re.error):
+                if re.fullmatch(entry[3:], prefix):
+                    return True
+        elif prefix == entry or prefix.endswith("." + entry):
+            return True
+    return False
+
+
 def _mlp(name: str, intermediate: int, hidden: int, tp: int) -> list[_Layer]:
     return [
         _Layer(f"{name}.gate_up_proj", (intermediate, intermediate), hidden, hidden, 2 * intermediate * tp, tp),
@@ -217,6 +251,8 @@ def enumerate_block_fp8_linear(
     dtype = serving.activation_dtype(model)
     shapes = []
     for layer in linear_layers(model, serving.tensor_parallel_size):
+        if layer.name == "kv_b_proj" and not kv_b_proj_in_fp8(model):
+            continue
         n = sum(layer.output_sizes)
         for arch, names in DEVICE_NAMES.items():
             untuned_seen = False
