@@ -12,7 +12,7 @@ through the engine's own step). What runs, release by release: docs/engine-kerne
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -258,45 +258,70 @@ def launch(shape: ExtendStep, target: Target) -> None:
             _extend_step(shape, target)
 
 
-@contextlib.contextmanager
-def _attention_layer(config: Any, shape: ExtendStep, backend: type) -> Iterator[Any]:
+def _attention_layers(config: Any, shape: ExtendStep, backend: type) -> list[Any]:
     """vLLM's `Attention` layer for the step, built as the model builds it (on meta, under the
-    model's dtype) and registered in the engine configuration, whose builder reads its sliding
-    window there; beside it one layer of each other window of the model (up to 0.18 the builder
-    reads every layer's). The configuration is shared by the plan's steps: while the block runs
-    its forward context holds these layers alone, as it holds the model's when vLLM serves."""
+    model's dtype), first; beside it one layer of each other window of the model (up to 0.18 the
+    builder reads every layer's)."""
     import torch
 
     attention = attention_class()
     context = config.compilation_config.static_forward_context
     saved = dict(context)
-    context.clear()
     others = [window for window in shape.model_windows if window != shape.sliding_window]
     default_dtype = torch.get_default_dtype()
     try:
+        # Each layer registers itself in the configuration as it is built (`_registered` does
+        # for the step): built beside no other, so that no name is taken.
+        context.clear()
         torch.set_default_dtype(getattr(torch, shape.dtype))
-        try:
-            with torch.device("meta"):
-                layers = [
-                    attention(
-                        shape.q_heads,
-                        shape.head_size,
-                        shape.head_size**-0.5,
-                        shape.kv_heads,
-                        cache_config=config.cache_config,
-                        prefix=LAYER_NAME.replace(".0.", f".{index}."),
-                        per_layer_sliding_window=window or None,
-                        attn_backend=backend,
-                        **layer_arguments(shape),
-                    )
-                    for index, window in enumerate([shape.sliding_window, *others])
-                ]
-        finally:
-            torch.set_default_dtype(default_dtype)
+        with torch.device("meta"):
+            return [
+                attention(
+                    shape.q_heads,
+                    shape.head_size,
+                    shape.head_size**-0.5,
+                    shape.kv_heads,
+                    cache_config=config.cache_config,
+                    prefix=LAYER_NAME.replace(".0.", f".{index}."),
+                    per_layer_sliding_window=window or None,
+                    attn_backend=backend,
+                    **layer_arguments(shape),
+                )
+                for index, window in enumerate([shape.sliding_window, *others])
+            ]
+    finally:
+        torch.set_default_dtype(default_dtype)
+        context.clear()
+        context.update(saved)
+
+
+@contextlib.contextmanager
+def _registered(config: Any, layers: list[Any]) -> Iterator[Any]:
+    """`layers` registered in the engine configuration, whose builder reads the step's sliding
+    window there: the configuration is shared by the plan's steps, so while the block runs its
+    forward context holds these layers alone, as it holds the model's when vLLM serves. Yields
+    the step's layer."""
+    context = config.compilation_config.static_forward_context
+    saved = dict(context)
+    context.clear()
+    context.update({layer.layer_name: layer for layer in layers})
+    try:
         yield layers[0]
     finally:
         context.clear()
         context.update(saved)
+
+
+def _shared(key: tuple, build: Callable[[], Any]) -> Any:
+    """What `build` returns, built once per trace for `key` (`Capture.shared`): the builder never
+    sees the KV cache, so a request mix's layers and metadata serve each of its storage classes
+    (the family's steps of one mix are one group, `_request_mix`)."""
+    capture = active_capture()
+    shared = capture.shared if capture is not None else {}
+    key = (FAMILY.name, *key)
+    if key not in shared:
+        shared[key] = build()
+    return shared[key]
 
 
 def _engine_step(shape: EngineStep, target: Target) -> None:
@@ -312,19 +337,24 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     # One configuration per backend, as each server has (`_vllm_backend.engine_step`).
     config = engine_config(shape.config_json, shape.serving, target, backend.get_name())
     refresh_switches()
-    with (
-        import_library_module("vllm.config").set_current_vllm_config(config),
-        _attention_layer(config, shape, backend) as layer,
-    ):
+    mix = _request_mix(shape)
+    with import_library_module("vllm.config").set_current_vllm_config(config):
+        layers = _shared(("layers", mix), lambda: _attention_layers(config, shape, backend))
+    with import_library_module("vllm.config").set_current_vllm_config(config), _registered(config, layers) as layer:
         spec = runner_spec(backend, layer.get_kv_cache_spec(config), target)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
-        builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
-        common, host_values = common_attention_metadata(
-            list(shape.query_lens), list(shape.context_lens), width, shape.max_seq_len
-        )
+
+        def build() -> Any:
+            builder = backend.get_builder_cls()(spec, [LAYER_NAME], config, meta)
+            common, host_values = common_attention_metadata(
+                list(shape.query_lens), list(shape.context_lens), width, shape.max_seq_len
+            )
+            with unpinned_host_memory(), host_copies(host_values):
+                return builder.build(0, common)
+
+        # The block table's width is the configuration's, whatever the storage class.
+        metadata = _shared(("metadata", mix, width), build)
         tokens = sum(shape.query_lens)
-        with unpinned_host_memory(), host_copies(host_values):
-            metadata = builder.build(0, common)
         query = torch.empty((tokens, shape.q_heads, shape.head_size), dtype=getattr(torch, shape.dtype), device=meta)
         key = torch.empty((tokens, shape.kv_heads, shape.head_size), dtype=query.dtype, device=meta)
         output = torch.empty_like(query)
@@ -355,22 +385,20 @@ def _extend_step(shape: ExtendStep, target: Target) -> None:
     dtype = getattr(torch, shape.dtype)
     refresh_switches()
     backend = module.AiterFlashAttentionBackend
-    # The builder never sees the KV cache: a request mix's layer and metadata serve each of its
-    # storage classes (its steps are one group, `_request_mix`).
-    capture = active_capture()
-    shared = capture.shared if capture is not None else {}
-    mix = (FAMILY.name, _request_mix(shape))
-    if mix not in shared:
+
+    def build() -> tuple[Any, Any]:
         vllm_config = engine_config(shape.config_json, shape.serving, target)
-        with set_current_vllm_config(vllm_config), _attention_layer(vllm_config, shape, backend) as layer:
+        layers = _attention_layers(vllm_config, shape, backend)
+        with set_current_vllm_config(vllm_config), _registered(vllm_config, layers) as layer:
             spec = layer.get_kv_cache_spec(vllm_config)
             builder = backend.get_builder_cls()(spec, [LAYER_NAME], vllm_config, meta)
             common, host_values = common_attention_metadata(
                 list(shape.query_lens), list(shape.context_lens), shape.max_blocks_per_seq
             )
             with unpinned_host_memory(), host_copies(host_values):
-                shared[mix] = layer, builder.build(common_prefix_len=0, common_attn_metadata=common)
-    layer, metadata = shared[mix]
+                return layer, builder.build(common_prefix_len=0, common_attn_metadata=common)
+
+    layer, metadata = _shared(("metadata", _request_mix(shape)), build)
     element_type = torch.uint8 if shape.kv_cache_fp8 else dtype
     element = torch.empty((), dtype=element_type, device=meta).element_size()
     per_block = 2 * shape.block_size * shape.kv_heads * shape.head_size * element

@@ -146,10 +146,10 @@ def test_random_steps_through_the_real_builder_and_impl_are_planned(spec, releas
 @pytest.mark.slow
 @pytest.mark.vllm_process("aiter-fa")
 def test_each_request_mix_is_built_once_for_every_kv_cache_storage_class(release, monkeypatch):
-    """Up to 0.18 the backend's metadata builder never sees the KV cache: Llama's plan builds each
-    request mix's metadata once and runs the impl's forward on it in each storage class, with the
-    keys that steps building their own give (each class traced alone). Control: traced alone,
-    each class builds once per step. From 0.19 (engine steps) every step builds its own."""
+    """The backend's metadata builder never sees the KV cache: Llama's plan builds each request
+    mix's layers and metadata once and runs the impl's forward on them in each storage class (up
+    to 0.18 its own steps, from 0.19 the engine's), with the keys that steps building their own
+    give (each class traced alone). Control: traced alone, each class builds once per step."""
     if _lacking_aiter_is_planned_as_such("llama-3.1-8b-instruct"):
         return
     monkeypatch.setenv("KPRECOMPILE_TRACE_WORKERS", "1")  # every build counted in this process
@@ -161,8 +161,7 @@ def test_each_request_mix_is_built_once_for_every_kv_cache_storage_class(release
     mixes = {aiter_fa_context._request_mix(shape) for shape in shapes}
     assert len(shapes) == len(KV_CACHE_STORAGE_CLASSES) * len(mixes) > 0
     together = _keys(shapes)
-    shared = release_line(release).tracing != "engine_step"
-    assert len(built) == (len(mixes) if shared else len(shapes)), len(built)
+    assert len(built) == len(mixes), len(built)
     alone: set[str] = set()
     for storage in KV_CACHE_STORAGE_CLASSES:
         built.clear()
