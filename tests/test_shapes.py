@@ -104,9 +104,10 @@ def test_the_registry_has_one_module_per_family_name():
 
 def test_block_fp8_linear_plans_kv_b_proj_only_where_some_layer_holds_it_in_fp8(tmp_path):
     """DeepSeek-R1's FP8 checkpoint left unchanged plans kv_b_proj's GEMM; one whose quantization
-    leaves kv_b_proj out of every layer (by module, by name, by pattern) plans none for it, and
-    the other layers stay. Controls: left out of layer 0 alone it stays (the other 60 layers run
-    the GEMM); where vLLM's build of the layers says bf16 it goes, FP8 it stays."""
+    leaves kv_b_proj out of every layer as vLLM's FP8 config reads it (`ignored_layers`, else
+    `modules_to_not_convert`, by exact module name) plans none for it, and the other layers stay.
+    Controls: left out of layer 0 alone, or named in a way vLLM's FP8 config does not match (a bare
+    name, a pattern), it stays; where vLLM's build of the layers says bf16 it goes, FP8 it stays."""
     import dataclasses
     import json
 
@@ -129,12 +130,14 @@ def test_block_fp8_linear_plans_kv_b_proj_only_where_some_layer_holds_it_in_fp8(
 
     planned = layers()
     assert "kv_b_proj" in planned and len(planned) > 1
-    for left_out in (
-        {"ignored_layers": every},
-        {"modules_to_not_convert": ["kv_b_proj", "lm_head"]},
+    for left_out in ({"ignored_layers": every}, {"modules_to_not_convert": [*every, "lm_head"]}):
+        assert layers(left_out) == planned - {"kv_b_proj"}, left_out
+    for kept in (
+        {"ignored_layers": every[:1]},
+        {"ignored_layers": ["lm_head"], "modules_to_not_convert": every},
+        {"ignored_layers": ["kv_b_proj"]},
         {"ignored_layers": ["re:model\\.layers\\.\\d+\\.self_attn\\.kv_b_proj"]},
     ):
-        assert layers(left_out) == planned - {"kv_b_proj"}, left_out
-    assert layers({"ignored_layers": every[:1]}) == planned
+        assert layers(kept) == planned, kept
     assert layers(built="bfloat16") == planned - {"kv_b_proj"}
     assert layers(built="float8_e4m3fn") == planned

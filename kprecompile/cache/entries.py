@@ -69,14 +69,23 @@ def group_file(entry: Path) -> Path | None:
         return None
 
 
-def _complete_entry(layout: CacheLayout, key: str) -> tuple[Path, list[Path]] | None:
-    """The group file of a complete entry for `key` in any of the layout's roots and the files it
-    names, or None (see `compiled_files`)."""
+def _complete_entry(
+    layout: CacheLayout, key: str, stat_group: bool = False
+) -> tuple[Path, os.stat_result | None, list[Path]] | None:
+    """The group file of a complete entry for `key` in any of the layout's roots, its stat taken
+    before it is read (`stat_group`; else None) and the files it names, or None (see
+    `compiled_files`)."""
     for entry in layout.triton_entries(key):
         group = group_file(entry)
-        children = group_children(entry, group.name) if group is not None else None
+        if group is None:
+            continue
+        try:
+            status = os.stat(group, follow_symlinks=False) if stat_group else None
+        except OSError:
+            continue
+        children = group_children(entry, group.name)
         if children:
-            return group, [Path(path) for path in children.values()]
+            return group, status, [Path(path) for path in children.values()]
     return None
 
 
@@ -87,7 +96,7 @@ def compiled_files(layout: CacheLayout, key: str) -> list[Path] | None:
     entry's own directory (so that a cache that moved is still read).
     """
     complete = _complete_entry(layout, key)
-    return None if complete is None else complete[1]
+    return None if complete is None else complete[2]
 
 
 def has_entries(layout: CacheLayout) -> bool:
@@ -139,13 +148,14 @@ def hashed_entry(layout: CacheLayout, key: str) -> HashedEntry | None:
     """The entry for `key` hashed now (a warm hashes each as its kernel compiles, beside the
     workers, instead of all of them after the last); None where it is incomplete or a file
     changed while it was hashed."""
-    complete = _complete_entry(layout, key)
+    # The group file's stat is taken before it is read: one replaced since names other files.
+    complete = _complete_entry(layout, key, stat_group=True)
     if complete is None:
         return None
-    group, files = complete
+    group, status, files = complete
     files = sorted(files)
     stated = [group, *files]
-    before = [stat_identity(os.stat(path, follow_symlinks=False)) for path in stated]
+    before = [stat_identity(status), *(stat_identity(os.stat(path, follow_symlinks=False)) for path in files)]
     digests = {
         path.name: {"sha256": sha256_file(path), "size": identity[3]}
         for path, identity in zip(files, before[1:], strict=True)

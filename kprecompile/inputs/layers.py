@@ -87,7 +87,7 @@ def resolved_dtype(model: ModelConfig, serving: ServingParams) -> str:
 
 # Where checkpoints' quantization configs list the modules they leave in the model's dtype
 # (FP8's `ignored_layers` and `modules_to_not_convert`, Quark's `exclude`, compressed-tensors' `ignore`).
-UNQUANTIZED_LISTS = ("ignored_layers", "modules_to_not_convert", "exclude", "ignore")
+_UNQUANTIZED_LISTS = ("ignored_layers", "modules_to_not_convert", "exclude", "ignore")
 
 
 def kv_b_proj_dtype(model: ModelConfig, dtype: str) -> str:
@@ -97,7 +97,7 @@ def kv_b_proj_dtype(model: ModelConfig, dtype: str) -> str:
     quantization = model.quantization
     if quantization is None:
         return "" if model.quantized else dtype
-    for name in UNQUANTIZED_LISTS:
+    for name in _UNQUANTIZED_LISTS:
         listed = quantization.get(name)
         if isinstance(listed, list) and any(isinstance(entry, str) and "kv_b_proj" in entry for entry in listed):
             return dtype

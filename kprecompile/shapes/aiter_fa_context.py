@@ -315,7 +315,9 @@ def _registered(config: Any, layers: list[Any]) -> Iterator[Any]:
 def _shared(key: tuple, build: Callable[[], Any]) -> Any:
     """What `build` returns, built once per trace for `key` (`Capture.shared`): the builder never
     sees the KV cache, so a request mix's layers and metadata serve each of its storage classes
-    (the family's steps of one mix are one group, `_request_mix`)."""
+    (the family's steps of one mix are one group, `_request_mix`). From 0.19, with the shuffled
+    layout and an FP8 KV cache, the builder sizes its scales from the layer's bound KV cache,
+    which a step leaves unbound (empty) in every class; one that binds it must key by class."""
     capture = active_capture()
     shared = capture.shared if capture is not None else {}
     key = (FAMILY.name, *key)

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import importlib.util
 import json
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..errors import ModelConfigError
-from ..inputs.layers import UNQUANTIZED_LISTS
 from ..inputs.models import FieldReader, ModelConfig
 from ..inputs.serving import ServingParams
 from ..inputs.targets import Target
@@ -161,34 +159,17 @@ def linear_layers(model: ModelConfig, tp: int) -> tuple[_Layer, ...]:
 
 def kv_b_proj_in_fp8(model: ModelConfig) -> bool:
     """Whether some layer holds MLA's kv_b_proj in FP8, so that its block-FP8 GEMM runs: as
-    vLLM's build of the layers says where it built them, else unless the checkpoint's
-    quantization leaves it out of every layer (a layer left out takes vLLM's unquantized GEMM)."""
+    vLLM's build of the layers says where it built them, else unless the checkpoint leaves it out
+    of every layer as vLLM's FP8 config reads it (`ignored_layers`, else `modules_to_not_convert`;
+    each layer's module by its exact name). A layer left out takes vLLM's unquantized GEMM; where
+    in doubt the GEMM is planned (a kernel too many, not one compiled while serving)."""
     built = {layer.kv_b_proj_dtype for layer in model.attention_layers if layer.mla} - {""}
     if built:
         return any(dtype.startswith("float8") for dtype in built)
     quantization = model.quantization or {}
-    listed = [
-        entry
-        for name in UNQUANTIZED_LISTS
-        if isinstance(quantization.get(name), list)
-        for entry in quantization[name]
-        if isinstance(entry, str)
-    ]
-    return not all(_left_out(f"model.layers.{index}.self_attn.kv_b_proj", listed) for index in range(model.num_layers))
-
-
-def _left_out(prefix: str, listed: list[str]) -> bool:
-    """Whether a checkpoint's list of unquantized modules names `prefix`: the module itself, a
-    name it ends with (`kv_b_proj`, as HF's `modules_to_not_convert` gives it) or a pattern
-    (`re:...`, Quark's and compressed-tensors')."""
-    for entry in listed:
-        if entry.startswith("re:"):
-            with contextlib.suppress(re.error):
-                if re.fullmatch(entry[3:], prefix):
-                    return True
-        elif prefix == entry or prefix.endswith("." + entry):
-            return True
-    return False
+    listed = quantization.get("ignored_layers") or quantization.get("modules_to_not_convert") or []
+    left_out = set(listed) if isinstance(listed, list) and all(isinstance(entry, str) for entry in listed) else set()
+    return any(f"model.layers.{index}.self_attn.kv_b_proj" not in left_out for index in range(model.num_layers))
 
 
 def _mlp(name: str, intermediate: int, hidden: int, tp: int) -> list[_Layer]:

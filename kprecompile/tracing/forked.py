@@ -45,7 +45,7 @@ def run_split(
     forked one another share, returning `captured_since(its share)`. Returns what the forked
     ones captured; shares whose process failed are run here again. `groups[step]` is the step's
     group (see `shares`)."""
-    shares = shares_of(steps, processes, groups)
+    shares = [share for share in shares_of(steps, processes, groups) if share]  # fewer groups than processes
     children: list[tuple[int, int]] = []
     try:
         for share in shares[1:]:
