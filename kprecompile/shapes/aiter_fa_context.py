@@ -340,9 +340,11 @@ def _engine_step(shape: EngineStep, target: Target) -> None:
     config = engine_config(shape.config_json, shape.serving, target, backend.get_name())
     refresh_switches()
     mix = _request_mix(shape)
-    with import_library_module("vllm.config").set_current_vllm_config(config):
-        layers = _shared(("layers", mix), lambda: _attention_layers(config, shape, backend))
-    with import_library_module("vllm.config").set_current_vllm_config(config), _registered(config, layers) as layer:
+    with (
+        import_library_module("vllm.config").set_current_vllm_config(config),
+        # Built under the configuration (its custom ops read it), once per mix.
+        _registered(config, _shared(("layers", mix), lambda: _attention_layers(config, shape, backend))) as layer,
+    ):
         spec = runner_spec(backend, layer.get_kv_cache_spec(config), target)
         kv_cache, width = layer_kv_cache(config, backend, spec, shape, target)
 

@@ -44,7 +44,7 @@ def run_split(
     """Run `steps` over `processes` processes: this one runs the first share with `run`, each
     forked one another share, returning `captured_since(its share)`. Returns what the forked
     ones captured; shares whose process failed are run here again. `groups[step]` is the step's
-    group (see `shares`)."""
+    group (see `shares_of`)."""
     shares = [share for share in shares_of(steps, processes, groups) if share]  # fewer groups than processes
     children: list[tuple[int, int]] = []
     try:
